@@ -1,0 +1,138 @@
+"""One place that builds every confluent-kafka client configuration in rollstream.
+
+Every producer, consumer and admin client is configured from a `KafkaConfig`: the bootstrap address
+(``ROLLSTREAM_BOOTSTRAP_SERVERS`` or ``--bootstrap-servers``), any librdkafka property from a
+``--kafka-config FILE`` (security.protocol, sasl.*, ssl.*, tuning), and size limits derived from the
+same number as the topic plan's ``max.message.bytes`` so that producer, consumer and topic cannot
+disagree. Settings that carry a rollstream guarantee (idempotence, acks=all, manual commits) cannot be
+overridden from the file; trying is a `ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from schemas import ConfigError
+
+BOOTSTRAP_ENV = "ROLLSTREAM_BOOTSTRAP_SERVERS"
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+MiB = 1024 * 1024
+DEFAULT_MAX_MESSAGE_BYTES = 64 * MiB
+# Protocol framing on top of a record: librdkafka wants receive.message.max.bytes >= fetch.max.bytes + 512.
+_FRAMING_BYTES = 64 * 1024
+
+_PRODUCER_GUARANTEES = {"enable.idempotence": True, "acks": "all"}
+_CONSUMER_GUARANTEES = {"enable.auto.commit": False, "enable.auto.offset.store": False}
+
+
+def default_bootstrap() -> str:
+    """The bootstrap address from ``ROLLSTREAM_BOOTSTRAP_SERVERS``, else ``127.0.0.1:9092``."""
+    return os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """Parse a Java-style properties file (``key=value`` or ``key: value``; ``#``/``!`` comments).
+
+    Raises:
+        ConfigError: the file is missing or a line has no ``=``; the message names file and line.
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read Kafka config file {path}: {exc.strerror}") from exc
+    props: dict[str, str] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        sep = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
+        if sep < 0:
+            raise ConfigError(f"{path}:{lineno}: expected 'key=value', got {raw!r}")
+        props[line[:sep].strip()] = line[sep + 1:].strip()
+    return props
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """How to reach Kafka and the size limits every client derives from.
+
+    Attributes:
+        bootstrap_servers: comma-separated host:port list.
+        extra: any librdkafka properties (copied); applied to every client, below the guarantees.
+        max_message_bytes: the largest record (a whole ScoredGroup), the same as the topics'.
+        client_id: prefix of each client's ``client.id`` (shows up in broker logs and metrics).
+    """
+
+    bootstrap_servers: str = field(default_factory=default_bootstrap)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    client_id: str = "rollstream"
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers or not isinstance(self.bootstrap_servers, str):
+            raise ConfigError(f"bootstrap_servers must be 'host:port[,host:port]', got {self.bootstrap_servers!r}; "
+                              f"set {BOOTSTRAP_ENV} or pass --bootstrap-servers")
+        if self.max_message_bytes < 1024:
+            raise ConfigError(f"max_message_bytes={self.max_message_bytes} is too small (at least 1024)")
+        object.__setattr__(self, "extra", dict(self.extra))
+        if "bootstrap.servers" in self.extra:
+            raise ConfigError("set the bootstrap address with --bootstrap-servers or "
+                              f"{BOOTSTRAP_ENV}, not bootstrap.servers in the Kafka config file")
+
+    @classmethod
+    def load(cls, bootstrap_servers: str | None = None, kafka_config_file: Path | None = None,
+             **kwargs: Any) -> KafkaConfig:
+        """Build from CLI-style inputs: an optional bootstrap address and an optional properties file."""
+        extra = read_properties(kafka_config_file) if kafka_config_file else {}
+        return cls(bootstrap_servers=bootstrap_servers or default_bootstrap(), extra=extra, **kwargs)
+
+    def with_client_id(self, client_id: str) -> KafkaConfig:
+        return replace(self, client_id=client_id)
+
+    def common(self) -> dict[str, Any]:
+        """Settings shared by every client: bootstrap, client id, and the user's extra properties."""
+        return {"bootstrap.servers": self.bootstrap_servers, "client.id": self.client_id, **self.extra}
+
+    def producer(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """An idempotent, acks=all producer config sized for `max_message_bytes`."""
+        conf = {
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "message.max.bytes": self.max_message_bytes + _FRAMING_BYTES,
+            "queue.buffering.max.kbytes": max(1024 * 1024, 2 * self.max_message_bytes // 1024),
+            **self.common(),
+            **(overrides or {}),
+        }
+        return _with_guarantees(conf, _PRODUCER_GUARANTEES)
+
+    def consumer(self, group_id: str, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A manually committing consumer config for `group_id`, able to fetch a `max_message_bytes` record."""
+        fetch_max = self.max_message_bytes + _FRAMING_BYTES
+        conf = {
+            "group.id": group_id,
+            "auto.offset.reset": "earliest",
+            "max.partition.fetch.bytes": fetch_max,
+            "fetch.max.bytes": fetch_max,
+            "receive.message.max.bytes": fetch_max + _FRAMING_BYTES,
+            "queued.max.messages.kbytes": max(64 * 1024, 2 * fetch_max // 1024),
+            **self.common(),
+            **(overrides or {}),
+        }
+        return _with_guarantees(conf, _CONSUMER_GUARANTEES)
+
+    def admin(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """An admin client config."""
+        return {**self.common(), **(overrides or {})}
+
+
+def _with_guarantees(conf: dict[str, Any], guarantees: Mapping[str, Any]) -> dict[str, Any]:
+    for key, value in guarantees.items():
+        if key in conf and str(conf[key]).lower() != str(value).lower():
+            raise ConfigError(f"{key}={conf[key]!r} would break a rollstream guarantee; "
+                              f"remove it from the Kafka config (rollstream sets {key}={value})")
+        conf[key] = value
+    return conf

@@ -1,0 +1,93 @@
+"""Consumer-group lag on a topic, read through the admin API (no consumer joins the group).
+
+Lag of a partition = its end offset minus the group's committed offset (or minus the partition's
+start offset when the group has committed nothing there yet, since the group would start there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from infra.config import KafkaConfig
+from schemas import RollstreamError
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    partition: int
+    committed: int | None
+    start: int
+    end: int
+
+    @property
+    def lag(self) -> int:
+        return self.end - (self.start if self.committed is None else max(self.committed, self.start))
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    group: str
+    topic: str
+    partitions: tuple[PartitionLag, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+
+class LagReader:
+    """Reads a consumer group's lag on a topic. Blocking: call it off any event loop.
+
+    Not thread-safe per instance (one admin client); cheap to create one per thread. Close it, or use
+    it as a context manager.
+    """
+
+    def __init__(self, config: KafkaConfig) -> None:
+        self._admin = AdminClient(config.admin())
+
+    def __enter__(self) -> LagReader:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Idempotent. The admin client holds no group membership, so there is nothing to leave."""
+
+    def partitions(self, topic: str, *, timeout: float = 10.0) -> list[int]:
+        """Partition ids of `topic`. Raises RollstreamError if the topic does not exist."""
+        meta = self._admin.list_topics(topic, timeout=timeout)
+        info = meta.topics.get(topic)
+        if info is None or info.error is not None:
+            raise RollstreamError(f"topic {topic} does not exist: run 'rollstream topics create' first")
+        return sorted(info.partitions)
+
+    def group_lag(self, group: str, topic: str, *, timeout: float = 10.0) -> GroupLag:
+        """The lag of `group` on every partition of `topic`. Blocks up to about 3 x `timeout` s.
+
+        Raises:
+            RollstreamError (retriable): the broker did not answer in time.
+        """
+        try:
+            parts = self.partitions(topic, timeout=timeout)
+            tps = [TopicPartition(topic, p) for p in parts]
+            request = [ConsumerGroupTopicPartitions(group, tps)]
+            committed_future = self._admin.list_consumer_group_offsets(request, request_timeout=timeout)[group]
+            committed = {tp.partition: tp.offset for tp in committed_future.result(timeout=timeout).topic_partitions}
+            ends = self._offsets(tps, OffsetSpec.latest(), timeout)
+            starts = self._offsets(tps, OffsetSpec.earliest(), timeout)
+        except KafkaException as exc:
+            raise RollstreamError(f"cannot read lag of group {group} on {topic}: {exc.args[0]}",
+                                  retriable=True) from exc
+        rows = tuple(
+            PartitionLag(p, committed[p] if committed.get(p, -1) >= 0 else None, starts[p], ends[p])
+            for p in parts
+        )
+        return GroupLag(group, topic, rows)
+
+    def _offsets(self, tps: list[TopicPartition], spec: OffsetSpec, timeout: float) -> dict[int, int]:
+        futures = self._admin.list_offsets({tp: spec for tp in tps}, request_timeout=timeout)
+        return {tp.partition: f.result(timeout=timeout).offset for tp, f in futures.items()}

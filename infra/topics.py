@@ -1,0 +1,163 @@
+"""The topic plan of a namespace: names, partitions, replication and every topic config, explicit.
+
+``NS.prompts`` and ``NS.rollouts`` carry the work; ``NS.steps`` (one partition, ordered) carries the
+trainer's step manifests; ``NS.control`` (compacted) carries policy versions. Retention is by time
+and long enough to replay (days); ``max.message.bytes`` is the same number the clients are sized
+from (`KafkaConfig.max_message_bytes`), so a group the producer accepts is one the topic and the
+consumer accept too.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from infra.config import DEFAULT_MAX_MESSAGE_BYTES, KafkaConfig
+from schemas import ConfigError, RollstreamError
+
+log = logging.getLogger(__name__)
+_NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
+_DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicNames:
+    """The topics of one namespace."""
+
+    namespace: str = "rollstream"
+
+    def __post_init__(self) -> None:
+        if not _NAMESPACE.match(self.namespace):
+            raise ConfigError(f"namespace {self.namespace!r} must be 1-200 letters, digits, '_' or '-'")
+
+    @property
+    def prompts(self) -> str:
+        return f"{self.namespace}.prompts"
+
+    @property
+    def rollouts(self) -> str:
+        return f"{self.namespace}.rollouts"
+
+    @property
+    def steps(self) -> str:
+        return f"{self.namespace}.steps"
+
+    @property
+    def control(self) -> str:
+        return f"{self.namespace}.control"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str]
+
+
+@dataclass(frozen=True)
+class TopicPlan:
+    """Partitions, replication and configs for every topic of a namespace.
+
+    Attributes:
+        partitions: partitions of the prompts and rollouts topics (the unit of producer parallelism).
+        replication_factor: replicas of every topic (3 in production, 1 on a single local broker).
+        min_insync_replicas: replicas that must have a write before acks=all succeeds;
+            default ``min(2, replication_factor)``.
+        retention_days: time retention of prompts, rollouts and steps (long enough to replay).
+        max_message_bytes: the largest record; clients are sized from the same number.
+        compression: topic compression; matches the producers' so the broker never recompresses.
+    """
+
+    names: TopicNames = TopicNames()
+    partitions: int = 3
+    replication_factor: int = 1
+    min_insync_replicas: int | None = None
+    retention_days: float = 7.0
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    compression: str = "lz4"
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            raise ConfigError(f"partitions={self.partitions}: need at least 1")
+        if self.replication_factor < 1:
+            raise ConfigError(f"replication_factor={self.replication_factor}: need at least 1")
+        if self.min_insync_replicas is not None and not 1 <= self.min_insync_replicas <= self.replication_factor:
+            raise ConfigError(f"min_insync_replicas={self.min_insync_replicas} must be between 1 and "
+                              f"replication_factor={self.replication_factor}")
+        if self.retention_days <= 0:
+            raise ConfigError(f"retention_days={self.retention_days} must be positive")
+
+    @property
+    def min_isr(self) -> int:
+        return self.min_insync_replicas or min(2, self.replication_factor)
+
+    def topics(self) -> list[TopicSpec]:
+        """Every topic of the namespace with its full, explicit configuration."""
+        base = {
+            "min.insync.replicas": str(self.min_isr),
+            "max.message.bytes": str(self.max_message_bytes),
+            "compression.type": self.compression,
+            "cleanup.policy": "delete",
+            "retention.ms": str(int(self.retention_days * _DAY_MS)),
+            "retention.bytes": "-1",
+        }
+        compacted = {**base, "cleanup.policy": "compact", "retention.ms": "-1"}
+        n, rf = self.names, self.replication_factor
+        return [
+            TopicSpec(n.prompts, self.partitions, rf, base),
+            TopicSpec(n.rollouts, self.partitions, rf, base),
+            TopicSpec(n.steps, 1, rf, base),
+            TopicSpec(n.control, 1, rf, compacted),
+        ]
+
+    def kafka_config(self, config: KafkaConfig) -> KafkaConfig:
+        """`config` with client size limits taken from this plan."""
+        return replace(config, max_message_bytes=self.max_message_bytes)
+
+
+def create_topics(plan: TopicPlan, config: KafkaConfig, *, timeout: float = 30.0) -> dict[str, str]:
+    """Create every topic of `plan` that does not exist yet (idempotent). Blocks up to `timeout` s.
+
+    Returns:
+        topic name -> "created" or "exists". An existing topic is left as it is (its configs are
+        not altered; `describe_topics` shows them).
+    Raises:
+        RollstreamError: the broker refused a topic (e.g. replication factor above the broker count).
+    """
+    admin = AdminClient(config.admin())
+    new = [NewTopic(t.name, num_partitions=t.partitions, replication_factor=t.replication_factor,
+                    config=t.config) for t in plan.topics()]
+    futures = admin.create_topics(new, request_timeout=timeout, operation_timeout=timeout)
+    result: dict[str, str] = {}
+    for name, future in futures.items():
+        try:
+            future.result(timeout=timeout)
+            result[name] = "created"
+            log.info("created topic %s", name)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.name() == "TOPIC_ALREADY_EXISTS":
+                result[name] = "exists"
+                continue
+            raise RollstreamError(f"cannot create topic {name}: {err.str()}",
+                                  retriable=err.retriable()) from exc
+    return result
+
+
+def describe_topic_configs(names: list[str], config: KafkaConfig, *, timeout: float = 30.0
+                           ) -> dict[str, dict[str, str]]:
+    """Read topic configs back from the broker (blocks up to `timeout` s)."""
+    admin = AdminClient(config.admin())
+    futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, n) for n in names],
+                                     request_timeout=timeout)
+    out: dict[str, dict[str, str]] = {}
+    for resource, future in futures.items():
+        entries: dict[str, Any] = future.result(timeout=timeout)
+        out[resource.name] = {k: v.value for k, v in entries.items()}
+    return out

@@ -1,0 +1,55 @@
+"""The `rollstream` command line: a thin layer that parses arguments and calls library code.
+
+Each group of commands lives in its own module and registers itself on the root app here.
+Errors derived from `RollstreamError` are printed as one clear line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from rollstream.cli import _broker, _topics
+from rollstream.cli._common import setup_logging
+from schemas import RollstreamError
+
+app = typer.Typer(
+    name="rollstream",
+    help="Kafka-based streaming rollouts for LLM RL: producers publish scored groups, the trainer takes exactly N.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root(verbose: Annotated[int, typer.Option("--verbose", "-v", count=True,
+                                                help="-v for INFO logs, -vv for DEBUG.")] = 0) -> None:
+    setup_logging(verbose)
+
+
+def _register() -> None:
+    app.add_typer(_broker.app, name="broker")
+    app.add_typer(_topics.app, name="topics")
+    for name in ("_prompts", "_produce", "_consume", "_demo"):
+        try:
+            module = __import__(f"rollstream.cli.{name}", fromlist=["register"])
+        except ModuleNotFoundError as exc:
+            if exc.name != f"rollstream.cli.{name}":
+                raise
+            continue
+        module.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    """Entry point of the `rollstream` console script."""
+    try:
+        app()
+    except RollstreamError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        sys.exit(2)

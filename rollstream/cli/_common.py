@@ -1,0 +1,41 @@
+"""Options every command shares, and the one way the CLI turns them into library configuration."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infra import KafkaConfig, TopicNames
+from infra.config import BOOTSTRAP_ENV
+
+BootstrapOpt = Annotated[str | None, typer.Option(
+    "--bootstrap-servers", "-b", envvar=BOOTSTRAP_ENV, show_envvar=True,
+    help="Kafka bootstrap address host:port[,host:port] (default 127.0.0.1:9092).")]
+KafkaConfigOpt = Annotated[Path | None, typer.Option(
+    "--kafka-config", exists=True, dir_okay=False,
+    help="A properties file of librdkafka settings (security.protocol, sasl.*, ssl.*, ...) for every client.")]
+NamespaceOpt = Annotated[str, typer.Option(
+    "--namespace", "-N", envvar="ROLLSTREAM_NAMESPACE",
+    help="Topic namespace: topics are NS.prompts, NS.rollouts, NS.steps, NS.control.")]
+TrainerGroupOpt = Annotated[str, typer.Option(
+    "--group", "-g", envvar="ROLLSTREAM_TRAINER_GROUP", help="The trainer's consumer group id.")]
+
+DEFAULT_NAMESPACE = "rollstream"
+DEFAULT_TRAINER_GROUP = "rollstream-trainer"
+
+
+def kafka_config(bootstrap_servers: str | None, kafka_config_file: Path | None, client_id: str) -> KafkaConfig:
+    """The KafkaConfig every command builds its clients from."""
+    return KafkaConfig.load(bootstrap_servers, kafka_config_file, client_id=client_id)
+
+
+def topic_names(namespace: str) -> TopicNames:
+    return TopicNames(namespace)
+
+
+def setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

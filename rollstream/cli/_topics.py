@@ -1,0 +1,45 @@
+"""`rollstream topics ...`: create the namespace's topics from an explicit plan, and show them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from infra import TopicPlan, create_topics, describe_topic_configs
+from rollstream.cli._common import DEFAULT_NAMESPACE, BootstrapOpt, KafkaConfigOpt, NamespaceOpt, kafka_config, topic_names
+
+app = typer.Typer(help="Create and inspect the topics of a namespace.", no_args_is_help=True)
+
+
+@app.command("create")
+def create(
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    partitions: Annotated[int, typer.Option(help="Partitions of the prompts and rollouts topics.")] = 3,
+    replication_factor: Annotated[int, typer.Option(help="Replicas of every topic (3 on a real cluster).")] = 1,
+    min_insync_replicas: Annotated[int | None, typer.Option(
+        help="Replicas that must have a write for acks=all (default min(2, replication factor)).")] = None,
+    retention_days: Annotated[float, typer.Option(help="Time retention, long enough to replay.")] = 7.0,
+    max_message_mib: Annotated[int, typer.Option(help="Largest record (one scored group) in MiB.")] = 64,
+    bootstrap_servers: BootstrapOpt = None,
+    kafka_config_file: KafkaConfigOpt = None,
+) -> None:
+    """Create NS.prompts, NS.rollouts, NS.steps and NS.control (idempotent: existing topics are kept)."""
+    plan = TopicPlan(names=topic_names(namespace), partitions=partitions, replication_factor=replication_factor,
+                     min_insync_replicas=min_insync_replicas, retention_days=retention_days,
+                     max_message_bytes=max_message_mib * 1024 * 1024)
+    config = plan.kafka_config(kafka_config(bootstrap_servers, kafka_config_file, "rollstream-topics"))
+    for name, outcome in create_topics(plan, config).items():
+        typer.echo(f"{name}: {outcome}")
+
+
+@app.command("describe")
+def describe(namespace: NamespaceOpt = DEFAULT_NAMESPACE, bootstrap_servers: BootstrapOpt = None,
+             kafka_config_file: KafkaConfigOpt = None) -> None:
+    """Print the configs the broker holds for the namespace's topics."""
+    names = topic_names(namespace)
+    config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-topics")
+    keys = ("min.insync.replicas", "max.message.bytes", "retention.ms", "cleanup.policy", "compression.type")
+    for topic, conf in describe_topic_configs([names.prompts, names.rollouts, names.steps, names.control],
+                                              config).items():
+        typer.echo(topic + "  " + "  ".join(f"{k}={conf.get(k)}" for k in keys))

@@ -1,0 +1,84 @@
+"""Shared fixtures: one real Kafka broker per test session, and a fresh namespace per test.
+
+The broker is ``ROLLSTREAM_BOOTSTRAP_SERVERS`` when set (a cluster, or a broker you started), else a
+local KRaft broker started here on a free port with a temporary data dir and stopped at the end.
+Tests isolate by namespace and consumer group, never by broker (quix-streams' topic_factory idea).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames, TopicPlan, create_topics
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The session's broker: the env's, or a local one started for this run."""
+    external = os.environ.get(BOOTSTRAP_ENV)
+    if external:
+        yield external
+        return
+    from infra.broker import BrokerSpec, start_broker, stop_broker
+
+    data_dir = Path(tmp_path_factory.mktemp("broker"))
+    spec = BrokerSpec(port=free_port(), data_dir=data_dir, heap_mb=768)
+    bootstrap = start_broker(spec, timeout=180.0)
+    os.environ[BOOTSTRAP_ENV] = bootstrap  # subprocesses started by tests (CLI, producers) find it
+    try:
+        yield bootstrap
+    finally:
+        os.environ.pop(BOOTSTRAP_ENV, None)
+        stop_broker(data_dir)
+
+
+@pytest.fixture(scope="session")
+def kafka_config(bootstrap_servers: str) -> KafkaConfig:
+    return KafkaConfig(bootstrap_servers=bootstrap_servers, client_id="rollstream-tests")
+
+
+NamespaceFactory = Callable[..., TopicNames]
+
+
+@pytest.fixture
+def namespace_factory(kafka_config: KafkaConfig, request: pytest.FixtureRequest) -> NamespaceFactory:
+    """Create a fresh namespace (all its topics) per call: ``namespace_factory(partitions=1)``."""
+
+    def make(partitions: int = 3, **plan_kwargs: object) -> TopicNames:
+        test = request.node.name.split("[")[0].replace("test_", "")[:40]
+        names = TopicNames(f"t-{test}-{uuid.uuid4().hex[:8]}")
+        create_topics(TopicPlan(names=names, partitions=partitions, **plan_kwargs), kafka_config)  # type: ignore[arg-type]
+        return names
+
+    return make
+
+
+@pytest.fixture
+def namespace(namespace_factory: NamespaceFactory) -> TopicNames:
+    """A fresh namespace with 3 partitions per work topic."""
+    return namespace_factory()
+
+
+@pytest.fixture
+def group_id() -> str:
+    """A fresh trainer consumer group id."""
+    return f"trainer-{uuid.uuid4().hex[:8]}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/integration/ is marked integration."""
+    for item in items:
+        if "integration" in Path(str(item.fspath)).parts:
+            item.add_marker(pytest.mark.integration)
