@@ -117,7 +117,7 @@ def _chat_message(m: Any) -> ChatMessage:
     raise InvalidRecordError(f"a chat message needs string 'role' and 'content', got {m!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Sample:
     """One generated response: token ids (int32), optional per-token logprobs (float32), reward."""
 
@@ -143,6 +143,12 @@ class Sample:
         if self.reward is not None:
             object.__setattr__(self, "reward", float(self.reward))
         object.__setattr__(self, "weight_versions", tuple(int(v) for v in self.weight_versions))
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when every field is, arrays compared by their packed bytes."""
+        return type(other) is type(self) and self.to_avro() == other.to_avro()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # holds arrays: not hashable
 
     @property
     def weight_version(self) -> int | None:
@@ -172,7 +178,7 @@ class Sample:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ScoredGroup:
     """All samples for one prompt in one epoch, scored. `status == "failed"` carries `error`."""
 
@@ -197,6 +203,12 @@ class ScoredGroup:
             raise InvalidRecordError(f"group status {self.status!r} is not 'ok' or 'failed'")
         if self.status == "failed" and not self.error:
             raise InvalidRecordError(f"failed group {self.group_id!r} needs an error message")
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when every field is, arrays compared by their packed bytes."""
+        return type(other) is type(self) and self.to_avro() == other.to_avro()  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # holds arrays: not hashable
 
     @property
     def rewards(self) -> list[float | None]:

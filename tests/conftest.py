@@ -1,7 +1,8 @@
 """Shared fixtures: one real Kafka broker per test session, and a fresh namespace per test.
 
-The broker is ``ROLLSTREAM_BOOTSTRAP_SERVERS`` when set (a cluster, or a broker you started), else a
-local KRaft broker started here on a free port with a temporary data dir and stopped at the end.
+The broker is ``ROLLSTREAM_BOOTSTRAP_SERVERS`` when set (a cluster, or a broker you started); else, with
+``ROLLSTREAM_TEST_BROKER=docker``, the apache/kafka image through testcontainers; else a local KRaft broker
+started here on a free port with a temporary data dir and stopped at the end.
 Tests isolate by namespace and consumer group, never by broker (quix-streams' topic_factory idea).
 """
 
@@ -24,6 +25,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_broker_port() -> int:
+    """A client port whose controller port (port + CONTROLLER_PORT_OFFSET) is free too."""
+    from infra.broker import CONTROLLER_PORT_OFFSET
+
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + CONTROLLER_PORT_OFFSET))
+            except OSError:
+                continue
+        if port + CONTROLLER_PORT_OFFSET < 65536:
+            return port
+    raise RuntimeError("no free pair of broker ports on 127.0.0.1")
+
+
 @pytest.fixture(scope="session")
 def bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The session's broker: the env's, or a local one started for this run."""
@@ -31,17 +48,32 @@ def bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     if external:
         yield external
         return
+    if os.environ.get("ROLLSTREAM_TEST_BROKER") == "docker":
+        yield from _docker_broker()
+        return
     from infra.broker import BrokerSpec, start_broker, stop_broker
 
     data_dir = Path(tmp_path_factory.mktemp("broker"))
-    spec = BrokerSpec(port=free_port(), data_dir=data_dir, heap_mb=768)
-    bootstrap = start_broker(spec, timeout=180.0)
+    bootstrap = start_broker(BrokerSpec(port=free_broker_port(), data_dir=data_dir, heap_mb=768), timeout=180.0)
     os.environ[BOOTSTRAP_ENV] = bootstrap  # subprocesses started by tests (CLI, producers) find it
     try:
         yield bootstrap
     finally:
         os.environ.pop(BOOTSTRAP_ENV, None)
         stop_broker(data_dir)
+
+
+def _docker_broker() -> Iterator[str]:
+    """For users with a Docker engine: the official apache/kafka image through testcontainers."""
+    from testcontainers.community.kafka import KafkaContainer
+
+    with KafkaContainer("apache/kafka:4.1.1").with_kraft() as kafka:
+        bootstrap = kafka.get_bootstrap_server()
+        os.environ[BOOTSTRAP_ENV] = bootstrap
+        try:
+            yield bootstrap
+        finally:
+            os.environ.pop(BOOTSTRAP_ENV, None)
 
 
 @pytest.fixture(scope="session")

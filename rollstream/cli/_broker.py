@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from infra.broker import BrokerSpec, broker_status, default_data_dir, start_broker, stop_broker
+from infra.broker import BrokerSpec, broker_status, default_data_dir, ensure_kafka_jars, start_broker, stop_broker
 
 app = typer.Typer(help="Run a local Apache Kafka broker (KRaft mode, loopback only).", no_args_is_help=True)
 
@@ -29,6 +29,7 @@ def start(
         raise typer.BadParameter("--nodes must be 1 or 3")
     node_count: Literal[1, 3] = 1 if nodes == 1 else 3
     spec = BrokerSpec(port=port, nodes=node_count, data_dir=data_dir or default_data_dir(), heap_mb=heap_mb)
+    ensure_kafka_jars(progress=lambda message: typer.echo(message, err=True))
     typer.echo(start_broker(spec, timeout=timeout))
 
 

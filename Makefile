@@ -1,0 +1,44 @@
+# rollstream: the first two targets set everything up on a fresh machine.
+#   make demo   install, start a local Kafka broker, run the embedded RL demo, clean up
+#   make test   install, start a broker, run every test, stop it
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test bench install jars lint broker-start broker-stop clean
+
+demo: install jars
+	$(VENV)/bin/rollstream demo
+
+test: install jars
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install jars
+	$(PY) -m tests.bench
+
+install: $(STAMP)
+
+# The venv persists between runs; it is rebuilt only when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,hf]'
+	touch $(STAMP)
+
+# Resolve the pinned Apache Kafka jars from Maven Central into ~/.cache/rollstream (once).
+jars: install
+	$(PY) -c "from infra.broker import ensure_kafka_jars; print(ensure_kafka_jars())"
+
+lint: install
+	$(VENV)/bin/ruff check schemas infra producers consumers rollstream tests
+
+broker-start: install
+	$(VENV)/bin/rollstream broker start
+
+broker-stop: install
+	$(VENV)/bin/rollstream broker stop
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

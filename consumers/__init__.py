@@ -1,0 +1,30 @@
+"""The trainer side of rollstream: take exactly N scored groups per step, replay any step, audit them all.
+
+`RolloutConsumer` takes groups from NS.rollouts and commits exactly what it took; `Batch` is one
+step (with `to_tensors`); filters decide what is skipped (always recorded, never dropped silently);
+`replay_step` / `replay_range` / `replay_since` read back what was published or taken; `audit` proves
+every committed offset was accounted for once. `consumers.slime.generate_rollout` plugs it into slime.
+"""
+
+from consumers._audit import AuditReport, audit
+from consumers._batch import Batch, TensorBatch, grpo_advantages
+from consumers._consumer import DEFAULT_GROUP, RolloutConsumer
+from consumers._errors import CommitError, FilterError, TakeTimeout
+from consumers._metrics import ConsumerMetrics
+from consumers._replay import ReplayedRecord, group_to_json, replay_range, replay_since, replay_step
+from consumers.filters import (
+    FilterContext,
+    GroupFilter,
+    all_rewards_equal,
+    default_filters,
+    failed_group,
+    reward_missing,
+    stale,
+)
+
+__all__ = [
+    "DEFAULT_GROUP", "AuditReport", "Batch", "CommitError", "ConsumerMetrics", "FilterContext", "FilterError",
+    "GroupFilter", "ReplayedRecord", "RolloutConsumer", "TakeTimeout", "TensorBatch", "all_rewards_equal",
+    "audit", "default_filters", "failed_group", "group_to_json", "grpo_advantages", "replay_range",
+    "replay_since", "replay_step", "reward_missing", "stale",
+]

@@ -1,0 +1,403 @@
+"""The trainer's consumer: take exactly n groups per step, commit exactly what was taken.
+
+Contract (each point pinned by tests/integration/test_consumer_*.py):
+
+- `take(n)` returns exactly n accepted groups, or raises `TakeTimeout` and puts back everything it
+  looked at, in order, so nothing is lost and the next take starts with it.
+- Records are looked at in order per partition; whatever was fetched and not looked at stays
+  buffered and comes first next time. Only ``n - accepted`` records are pulled from librdkafka at a
+  time, so the Python-side buffer stays small; librdkafka's own fetch queue is bounded by
+  ``queued.max.messages.kbytes``.
+- Every offset looked at gets one disposition (taken / filtered / duplicate / undecodable) in the
+  step's manifest. The manifest is written to NS.steps *before* the offsets are committed; offsets
+  committed are, per partition, one past the last offset of the step (the next record to read).
+- Partitions are assigned explicitly (no group membership, no session timeout): a trainer that does
+  not call in for hours keeps its position and commits fine, under the group id.
+- A group id already taken (in an earlier step of this consumer group, also before a restart, or
+  earlier in this step) is skipped as ``duplicate``. Across restarts the taken ids are rebuilt from
+  the group's manifests (see `consumers._ledger` for which manifests count).
+- One consumer per group at a time: two trainers sharing a group id would both read everything.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from prometheus_client import CollectorRegistry
+
+from consumers import _kafka
+from consumers._batch import Batch
+from consumers._errors import CommitError, TakeTimeout
+from consumers._gather import Entry, Gathering
+from consumers._ledger import StepLedger
+from consumers._metrics import ConsumerMetrics
+from consumers.filters import GroupFilter, default_filters
+from infra import GroupLag, KafkaConfig, LagReader, TopicNames
+from schemas import RollstreamError, StepManifest, encode, now_ms
+
+log = logging.getLogger(__name__)
+DEFAULT_GROUP = "rollstream-trainer"
+_MAX_PULL = 1000
+
+
+class RolloutConsumer:
+    """Takes scored groups from NS.rollouts for a trainer, exactly n per step.
+
+    Creating one makes no network call; it connects on first use (take, position, seek_to, lag).
+    Not thread-safe: use it from one thread. A context manager; `close()` is idempotent.
+
+    Args:
+        bootstrap_servers: Kafka address (default: ``ROLLSTREAM_BOOTSTRAP_SERVERS``); ignored with `config`.
+        group_id: the trainer's consumer group: where offsets are committed, what manifests are keyed by.
+        namespace: topic namespace (NS.rollouts, NS.steps).
+        config: full client configuration (security settings, size limits); wins over `bootstrap_servers`.
+        filters: group filters, in order (default: `default_filters()`); pass ``()`` to take everything decodable.
+        max_staleness: skip groups more than this many policy versions behind `policy_version`.
+        policy_version: the trainer's current policy version (settable later).
+        dedupe: skip group ids already taken (recorded as duplicate).
+        manifests: write step manifests to NS.steps and rebuild dedupe and step numbers from them.
+            Without manifests, dedupe only covers this process and audit/replay have nothing to read.
+        dedupe_epochs: remember taken ids only for the newest this-many epochs (None: all).
+        metrics: a `ConsumerMetrics`, or a registry to create them in (default: a registry of its own).
+        overrides: extra librdkafka consumer properties (e.g. fetch tuning).
+        timeout: seconds to wait for the broker when starting and committing.
+    """
+
+    def __init__(self, bootstrap_servers: str | None = None, group_id: str = DEFAULT_GROUP,
+                 namespace: str = "rollstream", *, config: KafkaConfig | None = None,
+                 filters: Sequence[GroupFilter] | None = None, max_staleness: int | None = None,
+                 policy_version: int | None = None, dedupe: bool = True, manifests: bool = True,
+                 dedupe_epochs: int | None = None, metrics: ConsumerMetrics | CollectorRegistry | None = None,
+                 overrides: Mapping[str, object] | None = None, timeout: float = 30.0) -> None:
+        if not group_id:
+            raise RollstreamError("group_id must be a non-empty consumer group id")
+        if max_staleness is not None and max_staleness < 0:
+            raise RollstreamError(f"max_staleness={max_staleness} must be >= 0 (or None for no limit)")
+        self.config = config or KafkaConfig.load(bootstrap_servers, client_id=f"rollstream-trainer-{group_id}")
+        self.group_id = group_id
+        self.names = TopicNames(namespace)
+        self.filters: tuple[GroupFilter, ...] = default_filters() if filters is None else tuple(filters)
+        self.max_staleness = max_staleness
+        self.policy_version = policy_version
+        self.dedupe = dedupe
+        self.manifests = manifests
+        self.metrics = metrics if isinstance(metrics, ConsumerMetrics) else ConsumerMetrics(metrics)
+        self._overrides = dict(overrides or {})
+        self._timeout = timeout
+        self._ledger = StepLedger(dedupe_epochs=dedupe_epochs)
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        self._closed = False
+        self._buffer: deque[Entry] = deque()
+        self._position: dict[int, int] = {}
+        self._pending: list[Batch] = []
+        self._pending_ids: set[str] = set()
+        self._next_step = 0
+        self._last_committed_step: int | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def __enter__(self) -> RolloutConsumer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the Kafka clients. Idempotent. Uncommitted batches are not committed: their groups
+        come back to the next consumer of this group. Blocks up to a few seconds."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pending:
+            log.warning("closing %s with %d uncommitted step(s) %s: their groups will be taken again",
+                        self.group_id, len(self._pending), [b.step for b in self._pending])
+        if self._consumer is not None:
+            self._consumer.close()
+        if self._producer is not None:
+            self._producer.flush(self._timeout)
+
+    def _start(self) -> Consumer:
+        if self._closed:
+            raise RollstreamError(f"the consumer of group {self.group_id} is closed")
+        if self._consumer is not None:
+            return self._consumer
+        consumer = Consumer(self.config.consumer(self.group_id, {"enable.partition.eof": False, **self._overrides}))
+        try:
+            self._position = self._initial_positions(consumer)
+            consumer.assign([TopicPartition(self.names.rollouts, p, o) for p, o in self._position.items()])
+        except BaseException:
+            consumer.close()
+            raise
+        self._consumer = consumer
+        log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
+                 self._position, self._next_step)
+        return consumer
+
+    def _initial_positions(self, consumer: Consumer) -> dict[int, int]:
+        topic = self.names.rollouts
+        partitions = _kafka.partitions_of(consumer, topic, self._timeout)
+        committed = _kafka.committed_offsets(consumer, topic, partitions, self._timeout)
+        if self.manifests:
+            for manifest in _kafka.read_manifests(self.config, self.names.steps, self.group_id, timeout=self._timeout):
+                self._ledger.add(manifest)
+            for orphan in self._ledger.drop_uncommitted(committed):
+                log.warning("group %s: step %s has a manifest but its offsets were never committed (crash "
+                            "between manifest and commit?); its groups will be taken again", self.group_id,
+                            orphan.step if isinstance(orphan, StepManifest) else orphan)
+            self._next_step = self._ledger.next_step
+        return {p: c if c is not None else _kafka.watermarks(consumer, topic, p, self._timeout)[0]
+                for p, c in committed.items()}
+
+    # -- taking ----------------------------------------------------------------------------------
+
+    def take(self, n: int, timeout: float | None = None, commit: bool = True, *,
+             policy_version: int | None = None) -> Batch:
+        """Take exactly `n` groups that pass the filters and are not duplicates: one training step.
+
+        Blocks until n groups are there, or up to `timeout` seconds (None: no limit; 0: only what is
+        already fetched or arrives at once). With ``commit=True`` the step's manifest is written to
+        NS.steps and then its offsets are committed before returning: per partition the offset of
+        the next record to read, exactly past this step. With ``commit=False`` nothing is written;
+        call `commit(batch)` after the optimizer step. Taking again before that continues *after*
+        the uncommitted batch (the position is in memory); if the process dies first, the next
+        consumer of the group gets the same records again. Not thread-safe.
+
+        Args:
+            policy_version: set `policy_version` first (the staleness filter measures against it).
+
+        Raises:
+            TakeTimeout: fewer than n acceptable groups within `timeout`; what was gathered is kept
+                (put back in order) for the next call. Nothing is committed.
+            CommitError: the step was taken but writing its manifest or committing failed;
+                ``err.batch`` is the batch, still uncommitted: retry ``commit(err.batch)``.
+            FilterError: a filter raised; nothing was taken.
+            RollstreamError: the topic does not exist, the broker is unreachable, or `n` < 1.
+        """
+        if n < 1:
+            raise RollstreamError(f"take(n={n}): n must be at least 1")
+        if timeout is not None and timeout < 0:
+            raise RollstreamError(f"take(timeout={timeout}): the timeout must be >= 0 seconds, or None")
+        if policy_version is not None:
+            self.policy_version = policy_version
+        started = time.monotonic()
+        self._start()
+        gathering = self._gather(n, started, timeout)
+        batch = self._finish(gathering)
+        self._observe(batch, gathering, time.monotonic() - started)
+        if commit:
+            self.commit(batch)
+        return batch
+
+    def _gather(self, n: int, started: float, timeout: float | None) -> Gathering:
+        deadline = None if timeout is None else started + timeout
+        gathering = Gathering(self.names.rollouts, self.group_id, self.filters, self._is_taken, self.dedupe,
+                              self.policy_version, self.max_staleness)
+        try:
+            while gathering.accepted < n:
+                entry = self._next_entry(deadline, n - gathering.accepted)
+                if entry is None:
+                    raise TakeTimeout(n, gathering.accepted, timeout or 0.0)
+                gathering.evaluate(entry)
+        except BaseException:
+            self._buffer.extendleft(reversed(gathering.entries))  # back to the front, in order
+            raise
+        return gathering
+
+    def _is_taken(self, group_id: str) -> bool:
+        return group_id in self._pending_ids or self._ledger.is_taken(group_id)
+
+    def _next_entry(self, deadline: float | None, want: int) -> Entry | None:
+        while not self._buffer:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            # Wait in slices of at most 1 s so that Ctrl-C is seen; timeout=0 still drains what is queued.
+            wait = 1.0 if remaining is None else max(0.0, min(remaining, 1.0))
+            self._fetch(min(want, _MAX_PULL), wait)
+            if not self._buffer and remaining is not None and remaining <= wait:
+                return None
+        return self._buffer.popleft()
+
+    def _fetch(self, count: int, wait: float) -> None:
+        consumer = self._start()
+        try:
+            msgs = consumer.consume(count, timeout=wait)
+        except KafkaException as exc:
+            raise _kafka.wrap_kafka_error(f"cannot fetch from {self.names.rollouts}", exc) from exc
+        for msg in msgs:
+            if _kafka.check(msg):
+                self._buffer.append(Entry(msg.partition(), msg.offset(), msg.key(), msg.value() or b""))
+
+    def _finish(self, gathering: Gathering) -> Batch:
+        for e in gathering.entries:
+            self._position[e.partition] = e.offset + 1
+        batch = Batch(step=self._next_step, groups=tuple(gathering.groups), positions=tuple(gathering.positions),
+                      ranges=gathering.ranges(), dispositions=tuple(gathering.dispositions),
+                      offsets=dict(self._position), consumer_group=self.group_id, topic=self.names.rollouts,
+                      policy_version=self.policy_version, created_at_ms=now_ms())
+        self._next_step += 1
+        self._pending.append(batch)
+        self._pending_ids.update(batch.group_ids)
+        return batch
+
+    def _observe(self, batch: Batch, gathering: Gathering, seconds: float) -> None:
+        self.metrics.observe_step(batch, seconds, gathering.taken_bytes, self.policy_version, self._estimated_lag())
+        counts = batch.counts()
+        log.info("step %d: took %d groups in %.3f s (filtered %d, duplicate %d, undecodable %d) from %s "
+                 "ranges %s; next offsets %s", batch.step, counts["taken"], seconds, counts["filtered"],
+                 counts["duplicate"], counts["undecodable"], batch.topic,
+                 {r.partition: (r.start, r.end) for r in batch.ranges}, batch.offsets)
+
+    def _estimated_lag(self) -> int:
+        total = 0
+        for p, pos in self._position.items():
+            try:
+                _, high = self._consumer.get_watermark_offsets(  # type: ignore[union-attr]
+                    TopicPartition(self.names.rollouts, p), cached=True)
+            except KafkaException:
+                continue
+            if high >= 0:
+                total += max(0, high - pos)
+        return total
+
+    # -- committing ------------------------------------------------------------------------------
+
+    def commit(self, batch: Batch) -> None:
+        """Commit `batch` and every uncommitted batch taken before it (offsets are a prefix).
+
+        For each such batch in order, its StepManifest is written to NS.steps (acknowledged by the
+        broker), then the offsets are committed under the group id: per partition, the offset of the
+        next record to read after `batch`. Blocks until both are acknowledged (up to the consumer's
+        timeout each). Committing a batch already committed does nothing. Not thread-safe.
+
+        Raises:
+            CommitError (retriable): the manifest or the commit failed; the batch stays uncommitted
+                and can be committed again (a manifest written twice is harmless: the later
+                one for the same step supersedes the earlier).
+            RollstreamError: `batch` was not taken by this consumer, or was dropped by `seek_to`.
+        """
+        index = next((i for i, b in enumerate(self._pending) if b is batch), None)
+        if index is None:
+            if self._is_committed(batch):
+                return
+            raise RollstreamError(f"step {batch.step} is not an uncommitted batch of this consumer "
+                                  "(taken by another consumer, or dropped by seek_to)")
+        batches = self._pending[:index + 1]
+        manifests = [b.manifest() for b in batches]
+        if self.manifests:
+            self._publish(manifests, batch)
+        offsets: dict[int, int] = {}
+        for b in batches:
+            offsets.update({r.partition: r.end for r in b.ranges})
+        self._commit_offsets(offsets, batch)
+        for m, b in zip(manifests, batches, strict=True):
+            self._ledger.add(m)
+            self._pending_ids.difference_update(b.group_ids)
+        self._pending = self._pending[index + 1:]
+        self._last_committed_step = batch.step
+        self.metrics.steps_committed.inc(len(batches))
+        log.info("step %d committed: group %s offsets %s", batch.step, self.group_id, offsets)
+
+    def _is_committed(self, batch: Batch) -> bool:
+        last = self._last_committed_step
+        return batch.consumer_group == self.group_id and last is not None and batch.step <= last
+
+    def _publish(self, manifests: list[StepManifest], batch: Batch) -> None:
+        if self._producer is None:
+            self._producer = Producer(self.config.producer({"linger.ms": 0}))
+        errors: list[str] = []
+
+        def delivered(err: object, _msg: object) -> None:  # runs inside flush() on this thread
+            if err is not None:
+                errors.append(str(err))
+
+        try:
+            for m in manifests:
+                self._producer.produce(self.names.steps, encode(m), key=self.group_id, on_delivery=delivered)
+            left = self._producer.flush(self._timeout)
+        except (KafkaException, BufferError) as exc:
+            raise CommitError(batch, f"cannot write the manifest of step {batch.step} to {self.names.steps}: {exc}") from exc
+        if errors or left:
+            raise CommitError(batch, f"manifest of step {batch.step} not acknowledged by {self.names.steps}: "
+                                     + (", ".join(errors) or f"timed out after {self._timeout:g} s"))
+
+    def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch) -> None:
+        tps = [TopicPartition(self.names.rollouts, p, o) for p, o in sorted(offsets.items())]
+        try:
+            result = self._start().commit(offsets=tps, asynchronous=False)
+        except KafkaException as exc:
+            raise CommitError(batch, f"cannot commit offsets {dict(offsets)} of step {batch.step} for group "
+                                     f"{self.group_id}: {exc.args[0]}") from exc
+        failed = [tp for tp in result or [] if tp.error is not None]
+        if failed:
+            raise CommitError(batch, f"commit of step {batch.step} failed on partitions "
+                                     + ", ".join(f"{tp.partition}: {tp.error}" for tp in failed))
+
+    # -- position, checkpoints, lag --------------------------------------------------------------
+
+    def position(self) -> dict[int, int]:
+        """The trainer's position: per partition, the next offset a take will look at.
+
+        Includes uncommitted batches (it is the in-memory position). Store it in a trainer checkpoint
+        (or `Batch.offsets`, the same after that batch) and restore it with `seek_to`.
+        """
+        self._start()
+        return dict(self._position)
+
+    @property
+    def next_step(self) -> int:
+        """The step number the next take will get (read after the consumer has started)."""
+        self._start()
+        return self._next_step
+
+    def pending(self) -> list[Batch]:
+        """Batches taken with ``commit=False`` and not committed yet, oldest first."""
+        return list(self._pending)
+
+    def buffered(self) -> int:
+        """Records fetched into this process and not looked at yet (they come first next take)."""
+        return len(self._buffer)
+
+    def seek_to(self, offsets: Mapping[int, int], *, next_step: int | None = None) -> None:
+        """Move the position to `offsets` (per partition, the next offset to look at), e.g. a checkpoint's.
+
+        Partitions not in `offsets` keep their position. Uncommitted batches and buffered records are
+        dropped. Steps whose offsets go past the new position are forgotten for dedupe (their groups
+        can be taken again), and their manifests are superseded by the next ones. `next_step` sets the
+        next step number (default: the first dropped uncommitted step, else unchanged). Nothing is
+        committed until the next commit. Blocks briefly (reassignment).
+
+        Raises:
+            RollstreamError: a partition that the rollouts topic does not have, or a negative offset.
+        """
+        consumer = self._start()
+        for p, o in offsets.items():
+            if p not in self._position or o < 0:
+                raise RollstreamError(f"cannot seek {self.names.rollouts} partition {p} to offset {o}: the topic "
+                                      f"has partitions {sorted(self._position)} and offsets are >= 0")
+        if next_step is None and self._pending:
+            next_step = self._pending[0].step
+        self._pending.clear()
+        self._pending_ids.clear()
+        self._buffer.clear()
+        self._position.update({int(p): int(o) for p, o in offsets.items()})
+        dropped = self._ledger.rewind(self._position)
+        if next_step is not None:
+            self._next_step = next_step
+        consumer.assign([TopicPartition(self.names.rollouts, p, o) for p, o in self._position.items()])
+        log.info("group %s moved to offsets %s (next step %d; forgot steps %s)", self.group_id, self._position,
+                 self._next_step, dropped)
+
+    def lag(self, timeout: float = 10.0) -> GroupLag:
+        """The group's committed lag on NS.rollouts, read through the admin API. Blocks up to ~3 x `timeout`.
+
+        Raises:
+            RollstreamError (retriable): the broker did not answer in time.
+        """
+        with LagReader(self.config) as reader:
+            return reader.group_lag(self.group_id, self.names.rollouts, timeout=timeout)

@@ -1,0 +1,104 @@
+"""Deciding, record by record, what one take does with each offset it looks at.
+
+Order of the checks: undecodable, then duplicate (group id already taken, here or in an earlier
+step), then the filters in order. The first that applies is the offset's disposition; otherwise
+the group is taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from consumers._errors import FilterError
+from consumers.filters import FilterContext, GroupFilter, filter_name
+from schemas import OffsetDisposition, PartitionRange, ScoredGroup, SchemaError, decode
+
+_MAX_REASON = 500
+
+
+@dataclass(slots=True)
+class Entry:
+    """One fetched record, decoded at most once."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    decoded: ScoredGroup | SchemaError | None = None
+
+    def group(self, topic: str) -> ScoredGroup | SchemaError:
+        if self.decoded is None:
+            try:
+                self.decoded = decode(self.value, ScoredGroup)
+            except SchemaError as exc:
+                self.decoded = exc.located(topic, self.partition, self.offset)
+        return self.decoded
+
+
+def key_text(key: bytes | None) -> str | None:
+    return None if key is None else key.decode("utf-8", "replace")
+
+
+@dataclass
+class Gathering:
+    """The records one take has looked at so far, in order, and the decision for each."""
+
+    topic: str
+    consumer_group: str
+    filters: Sequence[GroupFilter]
+    is_taken: Callable[[str], bool]
+    dedupe: bool
+    policy_version: int | None
+    max_staleness: int | None
+    entries: list[Entry] = field(default_factory=list)
+    dispositions: list[OffsetDisposition] = field(default_factory=list)
+    groups: list[ScoredGroup] = field(default_factory=list)
+    positions: list[tuple[int, int]] = field(default_factory=list)
+    taken_bytes: int = 0
+    _ids: set[str] = field(default_factory=set)
+
+    @property
+    def accepted(self) -> int:
+        return len(self.groups)
+
+    def evaluate(self, entry: Entry) -> OffsetDisposition:
+        """Decide what to do with `entry` and record it. Raises FilterError if a filter raises."""
+        result = entry.group(self.topic)
+        p, o = entry.partition, entry.offset
+        if isinstance(result, SchemaError):
+            disp = OffsetDisposition(p, o, "undecodable", group_id=key_text(entry.key),
+                                     reason=str(result)[:_MAX_REASON])
+        elif self.dedupe and (result.group_id in self._ids or self.is_taken(result.group_id)):
+            disp = OffsetDisposition(p, o, "duplicate", group_id=result.group_id,
+                                     reason="group_id already taken")
+        elif (reason := self._filter(result, p, o)) is not None:
+            disp = OffsetDisposition(p, o, "filtered", group_id=result.group_id, reason=reason[:_MAX_REASON])
+        else:
+            disp = OffsetDisposition(p, o, "taken", group_id=result.group_id)
+            self.groups.append(result)
+            self.positions.append((p, o))
+            self._ids.add(result.group_id)
+            self.taken_bytes += len(entry.value)
+        self.entries.append(entry)
+        self.dispositions.append(disp)
+        return disp
+
+    def _filter(self, group: ScoredGroup, partition: int, offset: int) -> str | None:
+        context = FilterContext(self.policy_version, self.max_staleness, partition, offset, self.consumer_group)
+        for f in self.filters:
+            try:
+                reason = f(group, context)
+            except Exception as exc:
+                raise FilterError(filter_name(f), partition, offset, exc) from exc
+            if reason:
+                return str(reason)
+        return None
+
+    def ranges(self) -> tuple[PartitionRange, ...]:
+        """Per partition looked at, [first offset, last offset + 1), in partition order."""
+        bounds: dict[int, list[int]] = {}
+        for e in self.entries:
+            b = bounds.setdefault(e.partition, [e.offset, e.offset + 1])
+            b[0], b[1] = min(b[0], e.offset), max(b[1], e.offset + 1)
+        return tuple(PartitionRange(p, start, end) for p, (start, end) in sorted(bounds.items()))

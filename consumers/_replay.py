@@ -1,0 +1,190 @@
+"""Read back what was published (by offset range or time) or what a step took (from its manifest).
+
+Replay never commits and never joins the trainer's group; it is safe to run next to a live trainer.
+Every function blocks until done (bounded by its timeout without progress); none is thread-safe.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from confluent_kafka import KafkaException, TopicPartition
+
+from consumers import _kafka
+from consumers._batch import Batch
+from consumers._gather import key_text
+from consumers._ledger import StepLedger
+from infra import KafkaConfig, TopicNames
+from schemas import RollstreamError, ScoredGroup, SchemaError, StepManifest, decode
+
+Progress = Callable[[int], None]
+_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+@dataclass(frozen=True)
+class ReplayedRecord:
+    """One record read back from NS.rollouts: its position, raw bytes and decoded group (or decode error)."""
+
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: str | None
+    value: bytes
+    group: ScoredGroup | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ReplayedStep:
+    """The groups a step took, rebuilt from its manifest: same ids, same bytes, same order."""
+
+    manifest: StepManifest
+    records: tuple[ReplayedRecord, ...]
+
+    @property
+    def groups(self) -> list[ScoredGroup]:
+        return [r.group for r in self.records if r.group is not None]
+
+    def to_batch(self) -> Batch:
+        """The step as a `Batch` (for `to_tensors`); `offsets` holds only the step's range ends."""
+        m = self.manifest
+        return Batch(step=m.step, groups=tuple(self.groups), positions=tuple((r.partition, r.offset) for r in self.records),
+                     ranges=m.ranges, dispositions=m.dispositions, offsets={r.partition: r.end for r in m.ranges},
+                     consumer_group=m.consumer_group, topic=m.topic, policy_version=m.policy_version,
+                     created_at_ms=m.created_at_ms)
+
+
+def _record(msg: Any) -> ReplayedRecord:
+    value = msg.value() or b""
+    try:
+        group: ScoredGroup | None = decode(value, ScoredGroup)
+        error = None
+    except SchemaError as exc:
+        group, error = None, str(exc.located(msg.topic(), msg.partition(), msg.offset()))
+    return ReplayedRecord(msg.partition(), msg.offset(), msg.timestamp()[1], key_text(msg.key()), value, group, error)
+
+
+def replay_range(config: KafkaConfig, namespace: str, bounds: Mapping[int, tuple[int, int]], *,
+                 timeout: float = 30.0, progress: Progress | None = None) -> Iterator[ReplayedRecord]:
+    """Records of NS.rollouts in [start, end) per partition (ends clamped to what exists), in order per partition.
+
+    Raises:
+        RollstreamError: the topic does not exist, or no progress for `timeout` s.
+    """
+    topic = TopicNames(namespace).rollouts
+    for msg in _kafka.read_ranges(config, topic, bounds, group_id="rollstream-replay", timeout=timeout,
+                                  progress=progress):
+        yield _record(msg)
+
+
+def since_bounds(config: KafkaConfig, namespace: str, since_ms: int, *, timeout: float = 30.0
+                 ) -> dict[int, tuple[int, int]]:
+    """Per partition of NS.rollouts, [first offset at or after `since_ms`, current end)."""
+    topic = TopicNames(namespace).rollouts
+    with _kafka.reader(config, "rollstream-replay") as consumer:
+        partitions = _kafka.partitions_of(consumer, topic, timeout)
+        try:
+            found = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in partitions], timeout=timeout)
+        except KafkaException as exc:
+            raise _kafka.wrap_kafka_error(f"cannot look up offsets by time on {topic}", exc) from exc
+        bounds = {}
+        for tp in found:
+            end = _kafka.watermarks(consumer, topic, tp.partition, timeout)[1]
+            bounds[tp.partition] = (tp.offset if tp.offset >= 0 else end, end)
+    return bounds
+
+
+def replay_since(config: KafkaConfig, namespace: str, since_ms: int, *, timeout: float = 30.0,
+                 progress: Progress | None = None) -> Iterator[ReplayedRecord]:
+    """Records of NS.rollouts published at or after `since_ms` (ms since the epoch) until now."""
+    return replay_range(config, namespace, since_bounds(config, namespace, since_ms, timeout=timeout),
+                        timeout=timeout, progress=progress)
+
+
+def find_step(config: KafkaConfig, namespace: str, consumer_group: str, step: int, *, timeout: float = 30.0
+              ) -> StepManifest:
+    """The manifest of `step` that counts (the latest one not superseded; see `consumers._ledger`).
+
+    Raises:
+        RollstreamError: the group has no such step.
+    """
+    ledger = StepLedger(keep_manifests=True)
+    for m in _kafka.read_manifests(config, TopicNames(namespace).steps, consumer_group, timeout=timeout):
+        ledger.add(m)
+    for m in ledger.effective():
+        if m.step == step:
+            return m
+    steps = [m.step for m in ledger.effective()]
+    known = f"steps {steps[0]}..{steps[-1]}" if steps else "no steps"
+    raise RollstreamError(f"group {consumer_group} in namespace {namespace} has no step {step} ({known}); "
+                          "check --group and --namespace")
+
+
+def replay_step(config: KafkaConfig, namespace: str, consumer_group: str, step: int, *, timeout: float = 30.0,
+                progress: Progress | None = None) -> ReplayedStep:
+    """Rebuild exactly the groups `consumer_group` took at `step`: fetched by offset from its manifest.
+
+    Raises:
+        RollstreamError: no such step; a taken offset no longer exists (retention) or holds another
+            group than the manifest says (the topic was recreated).
+    """
+    manifest = find_step(config, namespace, consumer_group, step, timeout=timeout)
+    wanted = {(d.partition, d.offset): d.group_id for d in manifest.dispositions if d.kind == "taken"}
+    bounds = {r.partition: (r.start, r.end) for r in manifest.ranges}
+    found: dict[tuple[int, int], ReplayedRecord] = {}
+    for msg in _kafka.read_ranges(config, manifest.topic, bounds, group_id="rollstream-replay", timeout=timeout,
+                                  progress=progress):
+        if (msg.partition(), msg.offset()) in wanted:
+            found[(msg.partition(), msg.offset())] = _record(msg)
+    records = []
+    for position, group_id in wanted.items():
+        record = found.get(position)
+        if record is None:
+            raise RollstreamError(f"step {step}: {manifest.topic} partition {position[0]} offset {position[1]} "
+                                  "no longer exists (deleted by retention?)")
+        if record.group is None or record.group.group_id != group_id:
+            raise RollstreamError(f"step {step}: {manifest.topic}[{position[0]}]@{position[1]} holds "
+                                  f"{record.group.group_id if record.group else 'an undecodable record'}, but the "
+                                  f"manifest says {group_id} (was the topic recreated?)")
+        records.append(record)
+    return ReplayedStep(manifest, tuple(records))
+
+
+def group_to_json(record: ReplayedRecord, step: int | None = None) -> dict[str, Any]:
+    """A JSON-ready dict of a replayed record: position, and the whole decoded group (or the decode error)."""
+    out: dict[str, Any] = {"partition": record.partition, "offset": record.offset, "timestamp_ms": record.timestamp_ms}
+    if step is not None:
+        out["step"] = step
+    g = record.group
+    if g is None:
+        return {**out, "key": record.key, "undecodable": record.error}
+    return {**out, "group_id": g.group_id, "prompt_id": g.prompt_id, "epoch": g.epoch, "status": g.status,
+            "error": g.error, "producer_id": g.producer_id, "started_at_ms": g.started_at_ms,
+            "finished_at_ms": g.finished_at_ms, "prompt": g.prompt, "prompt_tokens": g.prompt_tokens.tolist(),
+            "metadata": dict(g.metadata), "rewards": g.rewards,
+            "samples": [{"tokens": s.tokens.tolist(), "logprobs": None if s.logprobs is None else s.logprobs.tolist(),
+                         "text": s.text, "reward": s.reward, "finish_reason": s.finish_reason,
+                         "weight_versions": list(s.weight_versions)} for s in g.samples]}
+
+
+def parse_time(text: str, *, now: float | None = None) -> int:
+    """A point in time in ms since the epoch: ISO 8601 (``2025-01-31T12:00``, naive = local time) or
+    relative to now (``90s``, ``10m``, ``2h``, ``1d``).
+
+    Raises:
+        RollstreamError: neither form; the message shows both.
+    """
+    if match := _RELATIVE.match(text):
+        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+        return int(((time.time() if now is None else now) - seconds) * 1000)
+    try:
+        return int(datetime.fromisoformat(text.strip()).timestamp() * 1000)
+    except ValueError:
+        raise RollstreamError(f"cannot read time {text!r}: use ISO 8601 (2025-01-31T12:00:00, naive means local "
+                              "time) or a duration before now (90s, 10m, 2h, 1d)") from None

@@ -1,0 +1,109 @@
+"""The one interface every generation engine implements, and the results it returns.
+
+An engine turns one prompt into `n` completions. It is async because generation fans out: many
+prompts are in flight at once on one event loop. An engine never blocks that loop: network I/O is
+awaited, CPU/GPU work (tokenising, `model.generate`) runs in a worker thread. An engine retries what
+is worth retrying (a 5xx, a timeout, a request aborted by a weight update) with bounded backoff and
+raises `EngineError` when it gives up; the producer then publishes the group as failed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from schemas import RollstreamError
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+class EngineError(RollstreamError):
+    """Generation failed. ``retriable`` says whether the producer may try the prompt again."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated response.
+
+    Attributes:
+        text: the decoded response.
+        tokens: response token ids (not the prompt's).
+        logprobs: one log-probability per response token under the generating policy, or None.
+        finish_reason: ``stop`` (end of sequence or a stop string), ``length`` (max_new_tokens) or
+            ``abort`` (the engine gave up on the request, e.g. during a weight update).
+        weight_version: the policy version the engine reports for this response, if it knows one.
+    """
+
+    text: str
+    tokens: Sequence[int]
+    logprobs: Sequence[float] | None = None
+    finish_reason: str = "stop"
+    weight_version: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.finish_reason not in FINISH_REASONS:
+            raise EngineError(f"finish_reason {self.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}")
+        if self.logprobs is not None and len(self.logprobs) != len(self.tokens):
+            raise EngineError(f"completion has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The dict a reward function receives: text, tokens, logprobs, finish_reason, weight_version."""
+        return {"text": self.text, "tokens": list(self.tokens),
+                "logprobs": None if self.logprobs is None else list(self.logprobs),
+                "finish_reason": self.finish_reason, "weight_version": self.weight_version}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What an engine returns for one prompt: the prompt as sent, and its completions."""
+
+    completions: Sequence[Completion]
+    prompt_text: str = ""
+    prompt_tokens: Sequence[int] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings handed to every engine (SGLang's names; `extra` passes anything else through)."""
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise EngineError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0 or not math.isfinite(self.temperature):
+            raise EngineError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise EngineError(f"top_p must be in (0, 1], got {self.top_p}")
+        object.__setattr__(self, "extra", dict(self.extra))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The dict form (a fresh copy): SGLang's ``sampling_params``, and a custom generate's argument."""
+        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+                "top_p": self.top_p, **self.extra}
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A generation backend. `start` and `close` bracket its use; both are idempotent."""
+
+    name: str
+
+    async def start(self) -> None:
+        """Load what the engine needs (model, tokenizer, HTTP client). Never blocks the loop."""
+
+    async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
+        """Generate `n` completions for `prompt` (a `Prompt.to_dict()`: id, prompt, label, metadata, epoch).
+
+        Raises:
+            EngineError: generation failed after the engine's own retries.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Release clients, threads and models."""

@@ -1,0 +1,65 @@
+"""Client configuration and topic plan: one source of sizes, guarantees that cannot be overridden."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra import KafkaConfig, TopicNames, TopicPlan
+from infra.config import read_properties
+from schemas import ConfigError
+
+
+def test_properties_file_reaches_every_client(tmp_path: Path) -> None:
+    props = tmp_path / "client.properties"
+    props.write_text("# SASL over TLS\nsecurity.protocol=SASL_SSL\nsasl.mechanism: PLAIN\n\nlinger.ms = 20\n")
+    config = KafkaConfig.load("broker:9093", props)
+    for conf in (config.producer(), config.consumer("g"), config.admin()):
+        assert conf["security.protocol"] == "SASL_SSL" and conf["sasl.mechanism"] == "PLAIN"
+        assert conf["bootstrap.servers"] == "broker:9093"
+    assert config.producer()["linger.ms"] == "20"
+
+
+def test_bad_properties_line_names_file_and_line(tmp_path: Path) -> None:
+    props = tmp_path / "bad.properties"
+    props.write_text("acks=all\nnot a property\n")
+    with pytest.raises(ConfigError, match=r"bad.properties:2"):
+        read_properties(props)
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_properties(tmp_path / "missing.properties")
+
+
+def test_guarantees_cannot_be_overridden() -> None:
+    with pytest.raises(ConfigError, match="enable.idempotence"):
+        KafkaConfig("b:1", extra={"enable.idempotence": "false"}).producer()
+    with pytest.raises(ConfigError, match="enable.auto.commit"):
+        KafkaConfig("b:1", extra={"enable.auto.commit": "true"}).consumer("g")
+    assert KafkaConfig("b:1", extra={"acks": "all"}).producer()["acks"] == "all"
+    with pytest.raises(ConfigError, match="bootstrap"):
+        KafkaConfig("b:1", extra={"bootstrap.servers": "x:1"})
+
+
+def test_client_limits_follow_the_topic_plan() -> None:
+    plan = TopicPlan(max_message_bytes=20 * 1024 * 1024)
+    config = plan.kafka_config(KafkaConfig("b:1"))
+    producer, consumer = config.producer(), config.consumer("g")
+    topic_limit = int(next(t for t in plan.topics() if t.name.endswith("rollouts")).config["max.message.bytes"])
+    assert producer["message.max.bytes"] >= topic_limit
+    assert consumer["max.partition.fetch.bytes"] >= topic_limit
+    assert consumer["receive.message.max.bytes"] >= consumer["fetch.max.bytes"] + 512
+    assert consumer["queued.max.messages.kbytes"] * 1024 >= topic_limit
+
+
+def test_topic_plan_is_explicit() -> None:
+    plan = TopicPlan(names=TopicNames("exp"), partitions=6, replication_factor=3, retention_days=2)
+    topics = {t.name: t for t in plan.topics()}
+    assert set(topics) == {"exp.prompts", "exp.rollouts", "exp.steps", "exp.control"}
+    assert topics["exp.rollouts"].partitions == 6 and topics["exp.steps"].partitions == 1
+    assert topics["exp.rollouts"].config["min.insync.replicas"] == "2"
+    assert topics["exp.rollouts"].config["retention.ms"] == str(2 * 24 * 3600 * 1000)
+    assert topics["exp.control"].config["cleanup.policy"] == "compact"
+    with pytest.raises(ConfigError, match="min_insync_replicas"):
+        TopicPlan(replication_factor=1, min_insync_replicas=2)
+    with pytest.raises(ConfigError, match="namespace"):
+        TopicNames("bad name!")
