@@ -11,7 +11,16 @@ from consumers._batch import Batch, TensorBatch, grpo_advantages
 from consumers._consumer import DEFAULT_GROUP, RolloutConsumer
 from consumers._errors import CommitError, FilterError, TakeTimeout
 from consumers._metrics import ConsumerMetrics
-from consumers._replay import ReplayedRecord, group_to_json, replay_range, replay_since, replay_step
+from consumers._replay import (
+    ReplayedRecord,
+    ReplayedStep,
+    group_to_json,
+    parse_time,
+    replay_range,
+    replay_since,
+    replay_step,
+    since_bounds,
+)
 from consumers.filters import (
     FilterContext,
     GroupFilter,
@@ -24,7 +33,7 @@ from consumers.filters import (
 
 __all__ = [
     "DEFAULT_GROUP", "AuditReport", "Batch", "CommitError", "ConsumerMetrics", "FilterContext", "FilterError",
-    "GroupFilter", "ReplayedRecord", "RolloutConsumer", "TakeTimeout", "TensorBatch", "all_rewards_equal",
-    "audit", "default_filters", "failed_group", "group_to_json", "grpo_advantages", "replay_range",
-    "replay_since", "replay_step", "reward_missing", "stale",
+    "GroupFilter", "ReplayedRecord", "ReplayedStep", "RolloutConsumer", "TakeTimeout", "TensorBatch",
+    "all_rewards_equal", "audit", "default_filters", "failed_group", "group_to_json", "grpo_advantages", "parse_time",
+    "replay_range", "replay_since", "replay_step", "reward_missing", "since_bounds", "stale",
 ]

@@ -136,6 +136,8 @@ class RolloutConsumer:
             consumer.close()
             raise
         self._consumer = consumer
+        if self.manifests and self._producer is None:  # connects (idempotent PID) while the trainer works
+            self._producer = Producer(self.config.producer({"linger.ms": 0}))
         log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
                  self._position, self._next_step)
         return consumer
@@ -310,33 +312,15 @@ class RolloutConsumer:
     def _publish(self, manifests: list[StepManifest], batch: Batch) -> None:
         if self._producer is None:
             self._producer = Producer(self.config.producer({"linger.ms": 0}))
-        errors: list[str] = []
-
-        def delivered(err: object, _msg: object) -> None:  # runs inside flush() on this thread
-            if err is not None:
-                errors.append(str(err))
-
-        try:
-            for m in manifests:
-                self._producer.produce(self.names.steps, encode(m), key=self.group_id, on_delivery=delivered)
-            left = self._producer.flush(self._timeout)
-        except (KafkaException, BufferError) as exc:
-            raise CommitError(batch, f"cannot write the manifest of step {batch.step} to {self.names.steps}: {exc}") from exc
-        if errors or left:
-            raise CommitError(batch, f"manifest of step {batch.step} not acknowledged by {self.names.steps}: "
-                                     + (", ".join(errors) or f"timed out after {self._timeout:g} s"))
+        values = [encode(m) for m in manifests]
+        if error := _kafka.produce_and_wait(self._producer, self.names.steps, self.group_id, values, self._timeout):
+            raise CommitError(batch, f"the manifest of step {batch.step} was not written to {self.names.steps}: "
+                                     f"{error}")
 
     def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch) -> None:
-        tps = [TopicPartition(self.names.rollouts, p, o) for p, o in sorted(offsets.items())]
-        try:
-            result = self._start().commit(offsets=tps, asynchronous=False)
-        except KafkaException as exc:
+        if error := _kafka.commit_offsets(self._start(), self.names.rollouts, offsets):
             raise CommitError(batch, f"cannot commit offsets {dict(offsets)} of step {batch.step} for group "
-                                     f"{self.group_id}: {exc.args[0]}") from exc
-        failed = [tp for tp in result or [] if tp.error is not None]
-        if failed:
-            raise CommitError(batch, f"commit of step {batch.step} failed on partitions "
-                                     + ", ".join(f"{tp.partition}: {tp.error}" for tp in failed))
+                                     f"{self.group_id}: {error}")
 
     # -- position, checkpoints, lag --------------------------------------------------------------
 

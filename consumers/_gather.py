@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from consumers._errors import FilterError
 from consumers.filters import FilterContext, GroupFilter, filter_name
-from schemas import OffsetDisposition, PartitionRange, ScoredGroup, SchemaError, decode
+from schemas import OffsetDisposition, PartitionRange, SchemaError, ScoredGroup, decode
 
 _MAX_REASON = 500
 

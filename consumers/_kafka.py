@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from infra import KafkaConfig
 from schemas import RollstreamError, SchemaError, StepManifest, decode
@@ -95,7 +95,8 @@ def read_ranges(config: KafkaConfig, topic: str, bounds: Mapping[int, tuple[int,
         for p, (start, end) in bounds.items():
             low, high = watermarks(consumer, topic, p, timeout)
             if start < low:
-                log.warning("%s[%d]: offsets [%d, %d) were deleted (retention); starting at %d", topic, p, start, low, low)
+                log.warning("%s[%d]: offsets [%d, %d) were deleted (retention); starting at %d",
+                            topic, p, start, low, low)
             start, end = max(start, low), min(end, high)
             if start < end:
                 todo[p] = (start, end)
@@ -110,7 +111,9 @@ def _drain(consumer: Consumer, topic: str, todo: dict[int, tuple[int, int]], tim
     nexts = {p: start for p, (start, _) in todo.items()}
     last_progress = time.monotonic()
     while todo:
-        msgs = consumer.consume(_BATCH, timeout=min(1.0, timeout))
+        # consume() waits for all it asks for: ask for no more than is left, or every call would wait out the timeout.
+        left = sum(end - nexts[p] for p, (_, end) in todo.items())
+        msgs = consumer.consume(max(1, min(_BATCH, left)), timeout=min(1.0, timeout))
         if not msgs and time.monotonic() - last_progress > timeout:
             raise RollstreamError(f"no progress reading {topic} for {timeout:g} s (still to read: "
                                   + ", ".join(f"[{p}] {nexts[p]}..{e}" for p, (_, e) in todo.items()) + ")",
@@ -166,3 +169,33 @@ def read_manifests(config: KafkaConfig, steps_topic: str, consumer_group: str, *
             out.append(manifest)
     return out
 
+
+
+def produce_and_wait(producer: Producer, topic: str, key: str, values: list[bytes], timeout: float) -> str | None:
+    """Produce `values` under `key` and wait until the broker acknowledged all; return an error text or None."""
+    errors: list[str] = []
+
+    def delivered(err: object, _msg: object) -> None:  # runs inside flush(), on this thread
+        if err is not None:
+            errors.append(str(err))
+
+    try:
+        for value in values:
+            producer.produce(topic, value, key=key, on_delivery=delivered)
+        left = producer.flush(timeout)
+    except (KafkaException, BufferError) as exc:
+        return str(exc)
+    if errors:
+        return ", ".join(errors)
+    return f"not acknowledged within {timeout:g} s" if left else None
+
+
+def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int]) -> str | None:
+    """Commit `offsets` (partition -> next offset to read) synchronously; return an error text or None."""
+    tps = [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
+    try:
+        result = consumer.commit(offsets=tps, asynchronous=False)
+    except KafkaException as exc:
+        return str(exc.args[0] if exc.args else exc)
+    failed = [tp for tp in result or [] if tp.error is not None]
+    return ", ".join(f"partition {tp.partition}: {tp.error}" for tp in failed) or None

@@ -1,7 +1,8 @@
 """Read back what was published (by offset range or time) or what a step took (from its manifest).
 
 Replay never commits and never joins the trainer's group; it is safe to run next to a live trainer.
-Every function blocks until done (bounded by its timeout without progress); none is thread-safe.
+Every function blocks until done (bounded by its timeout without progress) and uses Kafka clients of
+its own, so separate calls may run in separate threads; an iterator must stay in the thread that reads it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from consumers._batch import Batch
 from consumers._gather import key_text
 from consumers._ledger import StepLedger
 from infra import KafkaConfig, TopicNames
-from schemas import RollstreamError, ScoredGroup, SchemaError, StepManifest, decode
+from schemas import RollstreamError, SchemaError, ScoredGroup, StepManifest, decode
 
 Progress = Callable[[int], None]
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
@@ -54,7 +55,8 @@ class ReplayedStep:
     def to_batch(self) -> Batch:
         """The step as a `Batch` (for `to_tensors`); `offsets` holds only the step's range ends."""
         m = self.manifest
-        return Batch(step=m.step, groups=tuple(self.groups), positions=tuple((r.partition, r.offset) for r in self.records),
+        positions = tuple((r.partition, r.offset) for r in self.records)
+        return Batch(step=m.step, groups=tuple(self.groups), positions=positions,
                      ranges=m.ranges, dispositions=m.dispositions, offsets={r.partition: r.end for r in m.ranges},
                      consumer_group=m.consumer_group, topic=m.topic, policy_version=m.policy_version,
                      created_at_ms=m.created_at_ms)
@@ -90,7 +92,8 @@ def since_bounds(config: KafkaConfig, namespace: str, since_ms: int, *, timeout:
     with _kafka.reader(config, "rollstream-replay") as consumer:
         partitions = _kafka.partitions_of(consumer, topic, timeout)
         try:
-            found = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in partitions], timeout=timeout)
+            wanted = [TopicPartition(topic, p, since_ms) for p in partitions]
+            found = consumer.offsets_for_times(wanted, timeout=timeout)
         except KafkaException as exc:
             raise _kafka.wrap_kafka_error(f"cannot look up offsets by time on {topic}", exc) from exc
         bounds = {}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -10,7 +12,7 @@ from schemas import ConfigError
 
 
 def load_callable(spec: str, option: str) -> Callable[..., Any]:
-    """Import ``module.path:function`` and return the function.
+    """Import ``module.path:function`` and return the function (the working directory is importable).
 
     Args:
         spec: ``MODULE:FUNC``; FUNC may be dotted (``pkg.mod:Class.method``).
@@ -22,7 +24,7 @@ def load_callable(spec: str, option: str) -> Callable[..., Any]:
     if not sep or not module_name or not attr:
         raise ConfigError(f"{option} {spec!r}: expected MODULE:FUNC, e.g. mypkg.rollout:generate")
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except ModuleNotFoundError as exc:
         raise ConfigError(f"{option} {spec!r}: module {module_name!r} not found ({exc}); is it on "
                           "PYTHONPATH, or run from the directory that contains it?") from exc
@@ -38,3 +40,16 @@ def load_callable(spec: str, option: str) -> Callable[..., Any]:
     if not callable(target):
         raise ConfigError(f"{option} {spec!r}: {attr!r} is a {type(target).__name__}, not a function")
     return target
+
+
+def _import(module_name: str) -> object:
+    """Import, falling back to the working directory as a console script's sys.path lacks it (as uvicorn does)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        cwd = os.getcwd()
+        top = module_name.split(".")[0]
+        if exc.name != top or cwd in sys.path or "" in sys.path:
+            raise
+        sys.path.insert(0, cwd)
+        return importlib.import_module(module_name)

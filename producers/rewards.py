@@ -7,9 +7,9 @@ not stall the event loop); async functions are awaited. Whatever a reward raises
 not a finite number, becomes a `RewardError`, and the producer publishes the group as failed.
 
 Built-ins compare against the prompt's ``label`` (a prompt without one is an error, not a zero):
-``math`` extracts the answer (the last ``\\boxed{...}``, else a GSM8K ``#### x`` line, else the last
-number) from both completion and label and compares numerically when both parse; ``exact`` compares
-stripped strings.
+``math`` extracts the completion's answer (the last ``\\boxed{...}``, else a GSM8K ``#### x`` line, else
+the last number) and the label's (boxed, ``#### x``, else the whole label) and compares them after
+normalisation, numerically when both parse; ``exact`` compares stripped strings.
 """
 
 from __future__ import annotations
@@ -96,9 +96,8 @@ def exact_reward(prompt: Mapping[str, Any], completion: Mapping[str, Any]) -> fl
 def math_reward(prompt: Mapping[str, Any], completion: Mapping[str, Any]) -> float:
     """1.0 when the completion's final answer matches the label's, else 0.0."""
     label = _label(prompt, "math")
-    gold = extract_answer(label)
-    if gold is None:
-        gold = label.strip()
+    gsm = _GSM8K.findall(label)
+    gold = last_boxed(label) or (gsm[-1].strip() if gsm else label.strip())
     pred = extract_answer(str(completion.get("text", "")))
     return 1.0 if pred is not None and answers_match(pred, gold) else 0.0
 

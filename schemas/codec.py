@@ -104,37 +104,38 @@ class Codec:
             DecodeError: not single-object Avro, truncated or corrupt body, or not of type `expected`.
             UnknownSchemaError: the fingerprint names no schema this version knows (a newer producer?).
         """
-        view = memoryview(data)
-        if len(view) < HEADER_SIZE or view[:2] != MAGIC:
+        data = bytes(data)  # no copy for bytes, which is what Kafka hands us
+        if len(data) < HEADER_SIZE or data[:2] != MAGIC:
             raise DecodeError(
                 f"not a rollstream record: expected Avro single-object marker c301, got "
-                f"{bytes(view[:HEADER_SIZE]).hex() or 'no bytes'} ({len(view)} bytes)", raw=bytes(data))
-        writer = self._writers.get(bytes(view[2:HEADER_SIZE]))
+                f"{data[:HEADER_SIZE].hex() or 'no bytes'} ({len(data)} bytes)", raw=data)
+        writer = self._writers.get(data[2:HEADER_SIZE])
         if writer is None:
             raise UnknownSchemaError(
-                f"unknown schema fingerprint {bytes(view[2:HEADER_SIZE]).hex()}: written by a newer or "
+                f"unknown schema fingerprint {data[2:HEADER_SIZE].hex()}: written by a newer or "
                 "foreign producer? Upgrade rollstream on this side, or check what writes to this topic",
-                raw=bytes(data))
+                raw=data)
         record_type = self._class_by_name[writer.name]
         if expected is not None and record_type is not expected:
-            raise DecodeError(f"expected a {expected.__name__} record, got a {writer.name}", raw=bytes(data))
-        return self._read(view, writer, record_type, data)
+            raise DecodeError(f"expected a {expected.__name__} record, got a {writer.name}", raw=data)
+        return self._read(data, writer, record_type)
 
-    def _read(self, view: memoryview, writer: _WriterSchema, record_type: type, data: bytes) -> Any:
-        body = io.BytesIO(view[HEADER_SIZE:])
+    def _read(self, data: bytes, writer: _WriterSchema, record_type: type) -> Any:
+        body = io.BytesIO(data)  # shares the bytes object: no copy
+        body.seek(HEADER_SIZE)
         reader = self._current[record_type]
         try:
             datum = fastavro.schemaless_reader(body, writer.parsed, None if writer.parsed is reader else reader)
             record = record_type.from_avro(datum)
         except SchemaError as exc:
-            raise DecodeError(f"corrupt {writer.name} record: {exc}", raw=bytes(data)) from exc
+            raise DecodeError(f"corrupt {writer.name} record: {exc}", raw=data) from exc
         except (EOFError, ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError,
                 OverflowError, MemoryError, StopIteration) as exc:
             raise DecodeError(f"corrupt {writer.name} record: {type(exc).__name__}: {exc}",
-                              raw=bytes(data)) from exc
-        if body.tell() != len(body.getbuffer()):
-            raise DecodeError(f"corrupt {writer.name} record: {len(body.getbuffer()) - body.tell()} "
-                              "trailing bytes after the body", raw=bytes(data))
+                              raw=data) from exc
+        if body.tell() != len(data):
+            raise DecodeError(f"corrupt {writer.name} record: {len(data) - body.tell()} "
+                              "trailing bytes after the body", raw=data)
         return record
 
 

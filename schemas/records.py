@@ -11,11 +11,11 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from schemas._errors import InvalidRecordError
+from schemas._errors import DecodeError, InvalidRecordError
 from schemas._packing import FLOAT32_LE, INT32_LE, pack, unpack
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -23,6 +23,7 @@ FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
 GroupStatus = Literal["ok", "failed"]
 DispositionKind = Literal["taken", "filtered", "duplicate", "undecodable"]
 DISPOSITION_KINDS: tuple[str, ...] = ("taken", "filtered", "duplicate", "undecodable")
+_T = TypeVar("_T")
 
 
 def now_ms() -> int:
@@ -167,15 +168,20 @@ class Sample:
 
     @classmethod
     def from_avro(cls, d: Mapping[str, Any]) -> Sample:
+        """Build from a decoded datum. Trusted, hot path: the schema already typed every field, so
+        only what Avro cannot check (array sizes and lengths, the finish-reason set) is validated."""
+        tokens = np.frombuffer(d["tokens"], INT32_LE)  # ValueError on a ragged size: a DecodeError upstream
         logprobs = d["logprobs"]
-        return cls(
-            tokens=unpack(d["tokens"], INT32_LE, "tokens"),
-            logprobs=None if logprobs is None else unpack(logprobs, FLOAT32_LE, "logprobs"),
-            text=d["text"],
-            reward=d["reward"],
-            finish_reason=d["finish_reason"],
-            weight_versions=tuple(d["weight_versions"]),
-        )
+        if logprobs is not None:
+            logprobs = np.frombuffer(logprobs, FLOAT32_LE)
+            if logprobs.shape != tokens.shape:
+                raise DecodeError(f"sample has {len(tokens)} tokens but {len(logprobs)} logprobs")
+        if d["finish_reason"] not in FINISH_REASONS:
+            raise DecodeError(f"unknown finish_reason {d['finish_reason']!r}")
+        obj = cls.__new__(cls)
+        obj.__dict__.update(tokens=tokens, text=d["text"], logprobs=logprobs, reward=d["reward"],
+                            finish_reason=d["finish_reason"], weight_versions=tuple(d["weight_versions"]))
+        return obj
 
 
 @dataclass(frozen=True, eq=False)
@@ -239,7 +245,11 @@ class ScoredGroup:
 
     @classmethod
     def from_avro(cls, d: Mapping[str, Any]) -> ScoredGroup:
-        return cls(
+        """Build from a decoded datum (trusted path, see `Sample.from_avro`)."""
+        if d["status"] == "FAILED" and not d["error"]:
+            raise DecodeError(f"failed group {d['group_id']!r} carries no error")
+        return _trusted(
+            cls,
             group_id=d["group_id"],
             prompt_id=d["prompt_id"],
             epoch=d["epoch"],
@@ -253,6 +263,13 @@ class ScoredGroup:
             error=d["error"],
             metadata=d["metadata"],
         )
+
+
+def _trusted(cls: type[_T], **fields: Any) -> _T:
+    """Construct a frozen dataclass without `__post_init__`, for data the Avro schema already typed."""
+    obj = cls.__new__(cls)
+    obj.__dict__.update(fields)
+    return obj
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ transformers on CPU, and a user's generate function. Heavy libraries are importe
 
 from producers.engines.base import Completion, Engine, EngineError, Generation, SamplingParams
 from producers.engines.custom import CustomEngine
+from producers.engines.factory import make_engine
 from producers.engines.hf import HFEngine
 from producers.engines.sglang_engine import SGLangEngine
 from producers.engines.sglang_http import RetryPolicy, SGLangHTTPEngine
@@ -10,5 +11,5 @@ from producers.engines.tiny_model import build_tiny_model
 
 __all__ = [
     "Completion", "CustomEngine", "Engine", "EngineError", "Generation", "HFEngine", "RetryPolicy",
-    "SGLangEngine", "SGLangHTTPEngine", "SamplingParams", "build_tiny_model",
+    "SGLangEngine", "SGLangHTTPEngine", "SamplingParams", "build_tiny_model", "make_engine",
 ]

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+
 from schemas import RollstreamError
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -49,9 +51,9 @@ class Completion:
             raise EngineError(f"completion has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs")
 
     def to_dict(self) -> dict[str, Any]:
-        """The dict a reward function receives: text, tokens, logprobs, finish_reason, weight_version."""
-        return {"text": self.text, "tokens": list(self.tokens),
-                "logprobs": None if self.logprobs is None else list(self.logprobs),
+        """The dict a reward function receives: text, tokens, logprobs (lists), finish_reason, weight_version."""
+        return {"text": self.text, "tokens": np.asarray(self.tokens).tolist(),
+                "logprobs": None if self.logprobs is None else np.asarray(self.logprobs, dtype=float).tolist(),
                 "finish_reason": self.finish_reason, "weight_version": self.weight_version}
 
 

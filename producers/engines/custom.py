@@ -14,6 +14,8 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from producers._plugins import load_callable
 from producers.engines.base import Completion, EngineError, Generation, SamplingParams
 
@@ -73,24 +75,37 @@ class CustomEngine:
 
 
 def completion_from_dict(item: Any, label: str, index: int) -> Completion:
-    """Validate one completion dict of the custom-generate contract (errors name the field)."""
+    """Validate one completion dict of the custom-generate contract (errors name the field).
+
+    ``tokens`` and ``logprobs`` may be lists or 1-D numpy arrays (checked vectorised, not per element).
+    """
     where = f"{label} completion {index}"
     if not isinstance(item, Mapping):
         raise EngineError(f"{where}: expected a dict, got {type(item).__name__}", retriable=False)
-    text, tokens = item.get("text", ""), item.get("tokens")
+    text = item.get("text", "")
     if not isinstance(text, str):
         raise EngineError(f"{where}: 'text' must be a string", retriable=False)
-    if not isinstance(tokens, list | tuple) or not all(isinstance(t, int) for t in tokens):
-        raise EngineError(f"{where}: 'tokens' must be a list of ints", retriable=False)
+    tokens = _array(item.get("tokens"), "iu", f"{where}: 'tokens' must be a list of ints")
     logprobs = item.get("logprobs")
-    if logprobs is not None and (not isinstance(logprobs, list | tuple)
-                                 or not all(isinstance(x, int | float) for x in logprobs)):
-        raise EngineError(f"{where}: 'logprobs' must be a list of floats or absent", retriable=False)
+    if logprobs is not None:
+        logprobs = _array(logprobs, "iuf", f"{where}: 'logprobs' must be a list of floats or absent")
     version = item.get("weight_version")
-    if version is not None and not isinstance(version, int):
+    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
         raise EngineError(f"{where}: 'weight_version' must be an int or absent", retriable=False)
     try:
         return Completion(text=text, tokens=tokens, logprobs=logprobs,
                           finish_reason=item.get("finish_reason", "stop"), weight_version=version)
     except EngineError as exc:
         raise EngineError(f"{where}: {exc}", retriable=False) from exc
+
+
+def _array(values: Any, kinds: str, message: str) -> np.ndarray:
+    if not isinstance(values, list | tuple | np.ndarray):
+        raise EngineError(message, retriable=False)
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError) as exc:
+        raise EngineError(message, retriable=False) from exc
+    if array.ndim != 1 or (array.size and array.dtype.kind not in kinds):
+        raise EngineError(message, retriable=False)
+    return array

@@ -1,4 +1,4 @@
-"""SGLang in-process (``sglang.Engine``): for a producer that owns its GPU. Optional: ``pip install 'rollstream[sglang]'``.
+"""SGLang in-process (``sglang.Engine``), for a producer that owns its GPU (``pip install 'rollstream[sglang]'``).
 
 ``sglang`` is imported lazily in `start`, so nothing else in rollstream needs it. Requests and
 responses have the same shape as over HTTP (`_sglang_format`); aborted samples are re-issued.

@@ -1,0 +1,30 @@
+"""Rollout producers: take prompts from NS.prompts, generate and score a group per prompt, publish it to
+NS.rollouts, and commit a prompt only once its group is durably written. Lag-gated, never blocking the loop."""
+
+from producers.engines import (
+    Completion,
+    CustomEngine,
+    Engine,
+    EngineError,
+    Generation,
+    HFEngine,
+    RetryPolicy,
+    SamplingParams,
+    SGLangEngine,
+    SGLangHTTPEngine,
+    build_tiny_model,
+    make_engine,
+)
+from producers.metrics import ProducerStats
+from producers.prompts import PromptFileError, load_prompts, read_prompts
+from producers.publisher import PublishError
+from producers.rewards import Reward, RewardError, exact_reward, load_reward, math_reward
+from producers.service import RolloutProducer
+from producers.settings import ProducerSettings
+
+__all__ = [
+    "Completion", "CustomEngine", "Engine", "EngineError", "Generation", "HFEngine", "ProducerSettings",
+    "ProducerStats", "PromptFileError", "PublishError", "RetryPolicy", "Reward", "RewardError", "RolloutProducer",
+    "SGLangEngine", "SGLangHTTPEngine", "SamplingParams", "build_tiny_model", "exact_reward", "load_prompts",
+    "load_reward", "make_engine", "math_reward", "read_prompts",
+]

@@ -1,0 +1,53 @@
+"""Choose and build an engine from the ``rollstream produce`` flags (the CLI stays a thin parser)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from producers.engines.base import Engine
+from producers.engines.custom import CustomEngine
+from producers.engines.hf import HFEngine
+from producers.engines.sglang_engine import SGLangEngine
+from producers.engines.sglang_http import SGLangHTTPEngine
+from schemas import ConfigError
+
+EngineKind = Literal["sglang", "hf"]
+_USAGE = "choose one of: --engine sglang --sglang-url URL, --engine hf --model DIR, or --generate MODULE:FUNC"
+
+
+def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = (), model: Path | str | None = None,
+                tokenizer: Path | str | None = None, generate: str | None = None,
+                request_timeout_s: float = 600.0) -> Engine:
+    """The engine the flags describe. No I/O (the engine loads in its `start`).
+
+    - ``generate``: a custom generate function ``MODULE:FUNC`` (no ``kind``).
+    - ``sglang`` + ``sglang_urls``: SGLang over HTTP; `tokenizer` (default `model`) makes it send token
+      ids with the chat template applied, else the server tokenizes the text.
+    - ``sglang`` + ``model`` and no URL: SGLang in-process (``sglang.Engine``, GPU).
+    - ``hf`` + ``model``: transformers on CPU.
+    Raises:
+        ConfigError: a contradictory or incomplete combination (the message lists the valid ones), or a
+            ``--generate`` path that does not import.
+    """
+    if generate is not None:
+        if kind is not None or sglang_urls:
+            raise ConfigError(f"--generate replaces --engine/--sglang-url; {_USAGE}")
+        return CustomEngine.from_spec(generate)
+    if kind == "sglang":
+        if sglang_urls:
+            return SGLangHTTPEngine(list(sglang_urls), tokenizer=tokenizer or model, timeout_s=request_timeout_s)
+        if model is not None:
+            return SGLangEngine(model, tokenizer=tokenizer)
+        raise ConfigError(f"--engine sglang needs --sglang-url URL (a server or router), or --model DIR to run "
+                          f"SGLang in-process; {_USAGE}")
+    if kind == "hf":
+        if sglang_urls:
+            raise ConfigError("--sglang-url is for --engine sglang")
+        if model is None:
+            raise ConfigError("--engine hf needs --model DIR (e.g. one made by producers.build_tiny_model)")
+        return HFEngine(model)
+    if kind is None:
+        raise ConfigError(f"no engine given; {_USAGE}")
+    raise ConfigError(f"unknown engine {kind!r}; {_USAGE}")

@@ -1,0 +1,126 @@
+"""Producer observability: Prometheus metrics on a registry of the producer's own, and the loop-lag probe.
+
+No global default registry: two producers in one process (tests, a multi-engine host) never clash.
+`serve` exposes the registry over HTTP (``--metrics-port``). The event-loop lag probe is a task that
+sleeps a fixed interval and records how late it wakes: the direct measure of anything blocking the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LOOP_LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_LATENCY_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+@dataclass(frozen=True)
+class ProducerStats:
+    """A snapshot of a producer's counters (see `RolloutProducer.stats`)."""
+
+    prompts_taken: int
+    groups_ok: int
+    groups_failed: int
+    bytes_published: int
+    in_flight: int
+    buffered: int
+    paused: bool
+    lag_estimate: int
+    loop_lag_p99_ms: float
+    loop_lag_max_ms: float
+    queue_full_waits: int = 0
+
+    @property
+    def groups_published(self) -> int:
+        return self.groups_ok + self.groups_failed
+
+    def summary(self) -> str:
+        """The periodic one-line log summary."""
+        return (f"published={self.groups_published} (failed {self.groups_failed}) taken={self.prompts_taken} "
+                f"in_flight={self.in_flight} buffered={self.buffered} lag~{self.lag_estimate} "
+                f"paused={'yes' if self.paused else 'no'} loop_lag_p99={self.loop_lag_p99_ms:.1f}ms")
+
+
+class ProducerMetrics:
+    """Every metric of one producer, registered on `registry`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        p = "rollstream_producer_"
+        self.in_flight = Gauge(p + "in_flight", "Groups being generated, scored or published.", registry=r)
+        self.buffered = Gauge(p + "buffered_prompts", "Prompts taken and waiting for a generation slot.", registry=r)
+        self.paused = Gauge(p + "paused", "1 while intake is paused by backpressure (trainer lag).", registry=r)
+        self.lag = Gauge(p + "lag_estimate", "Trainer lag on the rollouts topic, as the gate estimates it.",
+                         registry=r)
+        self.prompts = Counter(p + "prompts_taken", "Prompts taken from the prompts topic.", registry=r)
+        self.groups = Counter(p + "groups_published", "Groups acknowledged by the broker.", ["status"], registry=r)
+        self.bytes = Counter(p + "published_bytes", "Bytes of groups acknowledged by the broker.", registry=r)
+        self.queue_full = Counter(p + "queue_full_waits", "Produces that waited off-loop for room in librdkafka's "
+                                  "queue.", registry=r)
+        self.generation = Histogram(p + "generation_seconds", "Generation plus scoring time of a group.",
+                                    buckets=_LATENCY_BUCKETS, registry=r)
+        self.publish = Histogram(p + "publish_seconds", "Produce-to-acknowledgement time of a group.",
+                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.loop_lag = Histogram(p + "event_loop_lag_seconds", "How late the event loop runs a timer.",
+                                  buckets=_LOOP_LAG_BUCKETS, registry=r)
+        self._http: tuple[Any, threading.Thread] | None = None
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Serve ``/metrics`` on `port` (0: any free port) in a daemon thread; return the bound port."""
+        server, thread = start_http_server(port, addr=addr, registry=self.registry)
+        self._http = (server, thread)
+        return int(server.server_port)
+
+    def close(self) -> None:
+        """Stop the HTTP server, if any. Idempotent."""
+        if self._http is not None:
+            server, _ = self._http
+            self._http = None
+            server.shutdown()
+            server.server_close()
+
+    def count(self, name: str, **labels: str) -> float:
+        """Current value of a counter or gauge sample (tests and summaries)."""
+        value = self.registry.get_sample_value(name, labels or None)
+        return 0.0 if value is None else value
+
+
+class LoopLagProbe:
+    """Measures event-loop lag: sleep `interval_s`, record how much later than asked the loop woke."""
+
+    def __init__(self, histogram: Histogram | None = None, *, interval_s: float = 0.01, window: int = 10_000) -> None:
+        self._histogram = histogram
+        self._interval_s = interval_s
+        self._samples: collections.deque[float] = collections.deque(maxlen=window)
+
+    async def run(self) -> None:
+        """Run until cancelled."""
+        while True:
+            start = time.perf_counter()
+            await asyncio.sleep(self._interval_s)
+            lag = max(0.0, time.perf_counter() - start - self._interval_s)
+            self._samples.append(lag)
+            if self._histogram is not None:
+                self._histogram.observe(lag)
+
+    def reset(self) -> None:
+        self._samples.clear()
+
+    def percentile_ms(self, q: float) -> float:
+        """The q-quantile (0..1) of the recorded lags, in milliseconds (0 when nothing recorded)."""
+        data = sorted(self._samples)
+        if not data:
+            return 0.0
+        index = min(len(data) - 1, max(0, math.ceil(q * len(data)) - 1))
+        return data[index] * 1000.0
+
+    def max_ms(self) -> float:
+        return max(self._samples, default=0.0) * 1000.0

@@ -1,0 +1,143 @@
+"""Load a JSONL prompt file into NS.prompts (``rollstream prompts load``).
+
+Each line is a JSON object: ``id`` (string, or an integer taken as its decimal string), ``prompt`` (text or
+a list of ``{"role", "content"}`` messages), optional ``label`` (any JSON value; non-strings are stored
+JSON-encoded) and optional ``metadata`` (an object). Blank lines are skipped. The whole file is
+validated before anything is sent: a bad line (invalid JSON, missing or mistyped field, unknown key,
+duplicate id) is a `PromptFileError` naming the file and line, and nothing from the file is published.
+With ``epochs=E`` every prompt is published once per epoch (epoch-major order), keyed by prompt id so
+all epochs of a prompt share a partition and come in order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, Producer
+
+from infra import KafkaConfig, TopicNames
+from producers._startup import check_cluster
+from schemas import ConfigError, InvalidRecordError, Prompt, RollstreamError, encode
+
+log = logging.getLogger(__name__)
+_KEYS = frozenset({"id", "prompt", "label", "metadata"})
+
+
+class PromptFileError(ConfigError):
+    """A line of a prompt file is invalid. Attributes: `path`, `line` (1-based)."""
+
+    def __init__(self, path: Path, line: int, message: str) -> None:
+        super().__init__(f"{path}:{line}: {message}; nothing from this file was published")
+        self.path, self.line = path, line
+
+
+def read_prompts(path: str | Path) -> list[Prompt]:
+    """Parse and validate every line of `path` (epoch 0). Blocks on file I/O only.
+
+    Raises:
+        PromptFileError: the first bad line, by number.
+        ConfigError: the file cannot be read.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read prompt file {path}: {exc}") from exc
+    prompts: list[Prompt] = []
+    seen: dict[str, int] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        prompt = _parse_line(path, number, line)
+        if prompt.id in seen:
+            raise PromptFileError(path, number, f"duplicate id {prompt.id!r} (first on line {seen[prompt.id]})")
+        seen[prompt.id] = number
+        prompts.append(prompt)
+    if not prompts:
+        raise ConfigError(f"prompt file {path} has no prompts")
+    return prompts
+
+
+def _parse_line(path: Path, number: int, line: str) -> Prompt:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise PromptFileError(path, number, f"invalid JSON: {exc.msg} at column {exc.colno}") from exc
+    if not isinstance(obj, Mapping):
+        raise PromptFileError(path, number, f"expected a JSON object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - _KEYS)
+    if unknown:
+        raise PromptFileError(path, number, f"unknown key(s) {', '.join(map(repr, unknown))}; allowed: "
+                                            "id, prompt, label, metadata")
+    pid = obj.get("id")
+    if isinstance(pid, int) and not isinstance(pid, bool):
+        pid = str(pid)
+    if not isinstance(pid, str) or not pid:
+        raise PromptFileError(path, number, f"'id' must be a non-empty string, got {obj.get('id')!r}")
+    if "prompt" not in obj:
+        raise PromptFileError(path, number, "missing 'prompt'")
+    metadata = obj.get("metadata") or {}
+    if not isinstance(metadata, Mapping):
+        raise PromptFileError(path, number, "'metadata' must be a JSON object")
+    try:
+        return Prompt(id=pid, prompt=obj["prompt"], label=obj.get("label"), metadata=metadata)
+    except InvalidRecordError as exc:
+        raise PromptFileError(path, number, str(exc)) from exc
+
+
+def publish_prompts(prompts: list[Prompt], config: KafkaConfig, topic: str, *, epochs: int = 1,
+                    start_epoch: int = 0, timeout_s: float = 60.0) -> int:
+    """Publish each prompt once per epoch and wait for every acknowledgement. Blocks up to `timeout_s`.
+
+    Returns the number of records acknowledged (len(prompts) x epochs).
+    Raises:
+        RollstreamError: some records were not acknowledged (the message says how many and why).
+    """
+    if epochs < 1:
+        raise ConfigError(f"--epochs {epochs} must be >= 1")
+    producer = Producer(config.producer({"linger.ms": 20}))
+    errors: list[str] = []
+
+    def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            errors.append(err.str())
+
+    total = 0
+    for epoch in range(start_epoch, start_epoch + epochs):
+        for prompt in prompts:
+            value = encode(replace(prompt, epoch=epoch))
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=prompt.id.encode(), on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.1)  # a CLI loader, no event loop: waiting here is the point
+            total += 1
+    left = producer.flush(timeout_s)
+    if left or errors:
+        raise RollstreamError(f"{left + len(errors)} of {total} prompts were not acknowledged by {topic} "
+                              f"({errors[0] if errors else f'flush timed out after {timeout_s:g} s'})",
+                              retriable=True)
+    log.info("published %d prompts (%d epochs) to %s", total, epochs, topic)
+    return total
+
+
+def load_prompts(path: str | Path, config: KafkaConfig | None = None, *, namespace: str = "rollstream",
+                 epochs: int = 1, start_epoch: int = 0, timeout_s: float = 60.0) -> int:
+    """Validate the whole file, then publish it to NS.prompts (see module doc). Blocks.
+
+    Returns the number of records published.
+    Raises:
+        PromptFileError: a bad line (nothing published).
+        RollstreamError: broker unreachable, NS.prompts missing, or records not acknowledged.
+    """
+    prompts = read_prompts(path)
+    config = config or KafkaConfig()
+    topic = TopicNames(namespace).prompts
+    check_cluster(config, [topic], namespace, timeout_s=min(timeout_s, 15.0))
+    return publish_prompts(prompts, config, topic, epochs=epochs, start_epoch=start_epoch, timeout_s=timeout_s)

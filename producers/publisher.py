@@ -1,0 +1,212 @@
+"""Publishing records from an event loop over a confluent-kafka `Producer`, without ever blocking the loop.
+
+- Idempotent, acks=all, lz4 (`KafkaConfig.producer`): a retry inside librdkafka never duplicates.
+- ``produce`` is called on the loop: it only copies the bytes into librdkafka's queue. When that queue
+  is full (``BufferError``) the record is handed to a worker thread that waits for room (woken by
+  delivery reports) and produces it there; later records queue behind it, so order is kept and the
+  loop keeps running (the fully-async bug was exactly a blocking put on the loop).
+- A dedicated thread (``rollstream-publish-poll``) serves delivery reports; each report only schedules
+  the future's result on the loop (``call_soon_threadsafe``), so a callback never blocks.
+- `flush` runs in the worker thread too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from infra import KafkaConfig
+from schemas import RollstreamError
+
+log = logging.getLogger(__name__)
+
+
+class PublishError(RollstreamError):
+    """A record was not acknowledged by the broker.
+
+    Attributes:
+        topic: where it was going.
+        code: librdkafka's error name (``MSG_SIZE_TOO_LARGE``, ``_MSG_TIMED_OUT``, ...).
+    """
+
+    def __init__(self, message: str, *, topic: str, code: str, retriable: bool = False) -> None:
+        super().__init__(message, retriable=retriable)
+        self.topic = topic
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """Where the broker stored a record."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class Publisher:
+    """Async-safe publishing to one topic. `start` on the loop, then `publish` from coroutines on it.
+
+    Thread-safety: `publish` and `flush` must be awaited on the loop given to `start`; `close` too.
+    """
+
+    def __init__(self, config: KafkaConfig, topic: str, *, overrides: Mapping[str, Any] | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 on_queue_full: Callable[[], None] | None = None) -> None:
+        self.topic = topic
+        self._conf = config.producer({**dict(overrides or {}), "error_cb": self._on_error})
+        self._on_fatal = on_fatal
+        self._on_queue_full = on_queue_full
+        self._producer: Producer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollstream-publish")
+        self._room = threading.Event()
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+        self._waiting = 0
+        self.produced = 0
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Create the producer and its poll thread. No network round trip. Idempotent."""
+        if self._producer is not None:
+            return
+        self._loop = loop
+        self._producer = Producer(self._conf)
+        self._poller = threading.Thread(target=self._poll_forever, name="rollstream-publish-poll", daemon=True)
+        self._poller.start()
+
+    async def publish(self, key: bytes, value: bytes) -> Delivery:
+        """Produce one record and wait for the broker's acknowledgement.
+
+        Never blocks the loop: a full local queue waits in a worker thread. Returns once the record is
+        durably written (acks=all). Cancelling the await does not unsend the record.
+        Raises:
+            PublishError: the broker rejected it (e.g. too large) or delivery timed out.
+        """
+        if self._producer is None or self._loop is None:
+            raise RuntimeError("Publisher.publish before start()")
+        future: asyncio.Future[Delivery] = self._loop.create_future()
+        callback = self._delivery_callback(future)
+        if self._waiting:
+            await self._produce_off_loop(key, value, callback)
+        else:
+            try:
+                self._produce(key, value, callback)
+            except BufferError:
+                await self._produce_off_loop(key, value, callback)
+        self.produced += 1
+        return await future
+
+    async def _produce_off_loop(self, key: bytes, value: bytes, callback: Callable[..., None]) -> None:
+        if self._on_queue_full is not None:
+            self._on_queue_full()
+        self._waiting += 1
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._produce_waiting,
+                                                             key, value, callback)
+        finally:
+            self._waiting -= 1
+
+    def _produce(self, key: bytes, value: bytes, callback: Callable[..., None]) -> None:
+        producer = self._producer
+        if producer is None:
+            raise RuntimeError("publisher closed")
+        try:
+            producer.produce(self.topic, value=value, key=key, on_delivery=callback)
+        except KafkaException as exc:
+            err = exc.args[0]
+            raise PublishError(f"cannot produce to {self.topic}: {err.str()}", topic=self.topic,
+                               code=err.name(), retriable=err.retriable()) from exc
+
+    def _produce_waiting(self, key: bytes, value: bytes, callback: Callable[..., None]) -> None:
+        """Worker thread: retry until librdkafka's queue has room (woken by each delivery report)."""
+        while True:
+            self._room.clear()
+            try:
+                self._produce(key, value, callback)
+                return
+            except BufferError:
+                if self._stop.is_set():
+                    raise PublishError(f"publisher to {self.topic} closed while waiting for queue room",
+                                       topic=self.topic, code="_DESTROY") from None
+                self._room.wait(0.05)
+
+    def _delivery_callback(self, future: asyncio.Future[Delivery]) -> Callable[[Any, Any], None]:
+        loop = self._loop
+        assert loop is not None
+
+        def on_delivery(err: KafkaError | None, msg: Any) -> None:
+            # Poll thread: hand over and return at once.
+            self._room.set()
+            if err is not None:
+                result: Delivery | PublishError = PublishError(
+                    f"delivery to {self.topic} failed: {err.str()}", topic=self.topic, code=err.name(),
+                    retriable=err.retriable())
+            else:
+                result = Delivery(msg.topic(), msg.partition(), msg.offset())
+            try:
+                loop.call_soon_threadsafe(_resolve, future, result)
+            except RuntimeError:
+                pass  # loop closed during shutdown; nobody awaits this any more
+
+        return on_delivery
+
+    def _poll_forever(self) -> None:
+        producer = self._producer
+        while producer is not None and not self._stop.is_set():
+            producer.poll(0.1)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            exc = PublishError(f"fatal producer error on {self.topic}: {err.str()}", topic=self.topic,
+                               code=err.name())
+            log.error("%s", exc)
+            if self._on_fatal is not None and self._loop is not None:
+                try:
+                    self._loop.call_soon_threadsafe(self._on_fatal, exc)
+                except RuntimeError:
+                    pass
+        else:
+            log.debug("producer %s: %s", self.topic, err.str())
+
+    def queued(self) -> int:
+        """Records produced and not yet acknowledged (librdkafka's queue length)."""
+        return len(self._producer) if self._producer is not None else 0
+
+    async def flush(self, timeout_s: float) -> int:
+        """Wait (off-loop) up to `timeout_s` for every queued record; return how many remain unacknowledged."""
+        if self._producer is None:
+            return 0
+        producer = self._producer
+        return await asyncio.get_running_loop().run_in_executor(self._executor, producer.flush, timeout_s)
+
+    async def close(self, timeout_s: float = 30.0) -> int:
+        """Flush, stop the poll thread. Idempotent. Returns the count of records never acknowledged."""
+        if self._producer is None:
+            return 0
+        left = await self.flush(timeout_s)
+        self._stop.set()
+        self._room.set()
+        if self._poller is not None:
+            await asyncio.to_thread(self._poller.join, 5.0)
+        self._producer = None
+        self._executor.shutdown(wait=False)
+        if left:
+            log.error("%d records to %s were never acknowledged", left, self.topic)
+        return left
+
+
+def _resolve(future: asyncio.Future[Delivery], result: Delivery | PublishError) -> None:
+    if future.done():
+        return
+    if isinstance(result, PublishError):
+        future.set_exception(result)
+    else:
+        future.set_result(result)

@@ -1,0 +1,118 @@
+"""`ProducerSettings`: everything a rollout producer is configured with, typed, frozen and validated."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra import TopicNames
+from producers.engines.base import EngineError, SamplingParams
+from schemas import ConfigError
+
+DEFAULT_TRAINER_GROUP = "rollstream-trainer"
+
+
+@dataclass(frozen=True)
+class ProducerSettings:
+    """How a producer takes prompts, generates and publishes.
+
+    Attributes:
+        namespace: topic namespace (NS.prompts in, NS.rollouts out, NS.control for policy versions).
+        n_samples: completions per prompt (the group size).
+        concurrency: groups generated at once.
+        max_lag: pause intake while the trainer's lag on NS.rollouts exceeds this (default: concurrency).
+        trainer_group: the trainer's consumer group whose lag is watched.
+        intake_group: consumer group of the producers on NS.prompts (default ``{namespace}.producers``).
+        producer_id: stable identity: stamped on groups, and the static ``group.instance.id`` so a
+            restarted producer gets its partitions back at once. None: ``host-pid``, dynamic membership.
+        exit_when_idle_s: exit once for this long there was no prompt to take while intake was not
+            paused by backpressure, and everything taken is published and committed.
+        max_new_tokens, temperature, top_p, sampling_extra: sampling parameters (SGLang names).
+        generate_attempts: tries per prompt when the engine raises a retriable error.
+        retry_backoff_s: first backoff between those tries (doubles).
+        lag_interval_s: how often the trainer lag is read.
+        commit_interval_s: how often acknowledged prompt offsets are committed.
+        drain_timeout_s: on stop, how long in-flight groups may take to finish and publish.
+        startup_timeout_s: how long to wait for the broker at startup before a clear error.
+        session_timeout_s: consumer-group session timeout: how soon a dead producer's prompts move.
+        metrics_port: serve Prometheus metrics on this port (None: no server; 0: any free port).
+        summary_interval_s: period of the one-line log summary (0: never).
+        watch_control: follow NS.control for the current policy version.
+        producer_overrides, intake_overrides: extra librdkafka properties for the rollout producer
+            and the prompt consumer; rollstream's guarantees still win (see `KafkaConfig`).
+    """
+
+    namespace: str = "rollstream"
+    n_samples: int = 4
+    concurrency: int = 8
+    max_lag: int | None = None
+    trainer_group: str = DEFAULT_TRAINER_GROUP
+    intake_group: str | None = None
+    producer_id: str | None = None
+    exit_when_idle_s: float | None = None
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    sampling_extra: Mapping[str, Any] = field(default_factory=dict)
+    generate_attempts: int = 3
+    retry_backoff_s: float = 0.5
+    lag_interval_s: float = 0.5
+    commit_interval_s: float = 0.2
+    drain_timeout_s: float = 60.0
+    startup_timeout_s: float = 15.0
+    session_timeout_s: float = 10.0
+    metrics_port: int | None = None
+    summary_interval_s: float = 30.0
+    watch_control: bool = True
+    producer_overrides: Mapping[str, Any] = field(default_factory=dict)
+    intake_overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        TopicNames(self.namespace)  # validates the namespace
+        for name in ("n_samples", "concurrency", "generate_attempts"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.max_lag is not None and self.max_lag < 0:
+            raise ConfigError(f"max_lag={self.max_lag} must be >= 0")
+        for name in ("retry_backoff_s", "drain_timeout_s", "summary_interval_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
+        for name in ("lag_interval_s", "commit_interval_s", "startup_timeout_s", "session_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must be > 0")
+        if self.exit_when_idle_s is not None and self.exit_when_idle_s <= 0:
+            raise ConfigError(f"exit_when_idle_s={self.exit_when_idle_s} must be > 0 (or None to run forever)")
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ConfigError(f"metrics_port={self.metrics_port} is not a TCP port")
+        if not self.trainer_group:
+            raise ConfigError("trainer_group must not be empty")
+        for name in ("sampling_extra", "producer_overrides", "intake_overrides"):
+            object.__setattr__(self, name, dict(getattr(self, name)))
+        self.sampling()  # validates the sampling parameters
+
+    @property
+    def topics(self) -> TopicNames:
+        return TopicNames(self.namespace)
+
+    @property
+    def effective_max_lag(self) -> int:
+        return self.concurrency if self.max_lag is None else self.max_lag
+
+    @property
+    def effective_intake_group(self) -> str:
+        return self.intake_group or f"{self.namespace}.producers"
+
+    @property
+    def effective_producer_id(self) -> str:
+        return self.producer_id or f"{socket.gethostname()}-{os.getpid()}"
+
+    def sampling(self) -> SamplingParams:
+        """The sampling parameters engines receive. Raises ConfigError when out of range."""
+        try:
+            return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                  top_p=self.top_p, extra=self.sampling_extra)
+        except EngineError as exc:
+            raise ConfigError(str(exc)) from exc

@@ -1,0 +1,219 @@
+"""`rollstream take | lag | replay | audit`: the trainer side on the command line (thin: calls `consumers`)."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Annotated, Any
+
+import typer
+
+from consumers import (
+    ReplayedRecord,
+    RolloutConsumer,
+    audit,
+    default_filters,
+    group_to_json,
+    parse_time,
+    replay_range,
+    replay_step,
+    since_bounds,
+)
+from infra import LagReader
+from rollstream.cli._common import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_TRAINER_GROUP,
+    BootstrapOpt,
+    KafkaConfigOpt,
+    NamespaceOpt,
+    TrainerGroupOpt,
+    kafka_config,
+    topic_names,
+)
+
+OutOpt = Annotated[Path | None, typer.Option("--out", "-o", dir_okay=False,
+                                             help="Write JSON lines to this file instead of stdout.")]
+_PROGRESS_MIN_RECORDS = 500
+
+
+@contextlib.contextmanager
+def _output(path: Path | None) -> Iterator[IO[str]]:
+    if path is None:
+        yield sys.stdout
+        return
+    with path.open("w") as f:
+        yield f
+
+
+def take(
+    n: Annotated[int, typer.Option("-n", "--n", min=1, help="Groups per step (exactly this many per batch).")],
+    steps: Annotated[int, typer.Option(min=0, help="Batches to take; 0 takes until interrupted.")] = 1,
+    group: TrainerGroupOpt = DEFAULT_TRAINER_GROUP,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    out: OutOpt = None,
+    timeout: Annotated[float | None, typer.Option(
+        help="Seconds to wait for each batch; on timeout exit 2 and leave what was gathered uncommitted.")] = None,
+    max_staleness: Annotated[int | None, typer.Option(
+        help="Skip groups more than this many policy versions behind --policy-version.")] = None,
+    policy_version: Annotated[int | None, typer.Option(help="The trainer's current policy version.")] = None,
+    dynamic_sampling: Annotated[bool, typer.Option(
+        help="Skip groups whose rewards are all equal (DAPO dynamic sampling).")] = True,
+    metrics_port: Annotated[int | None, typer.Option(
+        help="Serve Prometheus metrics on this port while taking.")] = None,
+    bootstrap_servers: BootstrapOpt = None,
+    kafka_config_file: KafkaConfigOpt = None,
+) -> None:
+    """A stand-in trainer: take STEPS batches of exactly N groups and commit each one.
+
+    Writes one JSON line per taken group (step, group_id, prompt_id, epoch, rewards). Every skipped
+    record (filtered, duplicate, undecodable) is recorded in the step's manifest on NS.steps, written
+    before the offsets are committed; see `rollstream audit` and `rollstream replay --step`.
+    """
+    config = kafka_config(bootstrap_servers, kafka_config_file, f"rollstream-take-{group}")
+    consumer = RolloutConsumer(config=config, group_id=group, namespace=namespace, max_staleness=max_staleness,
+                               policy_version=policy_version,
+                               filters=default_filters(dynamic_sampling=dynamic_sampling))
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, registry=consumer.metrics.registry)
+    taken = 0
+    try:
+        with consumer, _output(out) as sink:
+            while steps == 0 or taken < steps:
+                batch = consumer.take(n, timeout=timeout)
+                for g in batch.groups:
+                    sink.write(json.dumps({"step": batch.step, "group_id": g.group_id, "prompt_id": g.prompt_id,
+                                           "epoch": g.epoch, "rewards": g.rewards}) + "\n")
+                sink.flush()
+                taken += 1
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted after {taken} committed step(s)", err=True)
+        raise typer.Exit(130) from None
+
+
+def lag(
+    group: TrainerGroupOpt = DEFAULT_TRAINER_GROUP,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    bootstrap_servers: BootstrapOpt = None,
+    kafka_config_file: KafkaConfigOpt = None,
+) -> None:
+    """Show the trainer group's lag on NS.rollouts: per partition, end offset minus committed offset."""
+    config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-lag")
+    with LagReader(config) as reader:
+        result = reader.group_lag(group, topic_names(namespace).rollouts)
+    for p in result.partitions:
+        committed = "-" if p.committed is None else p.committed
+        typer.echo(f"partition {p.partition}: committed {committed}  start {p.start}  end {p.end}  lag {p.lag}")
+    typer.echo(f"total lag {result.total} (group {group}, topic {result.topic})")
+
+
+def _position(text: str, flag: str) -> tuple[int, int]:
+    partition, sep, offset = text.partition(":")
+    if not sep or not partition.strip().isdigit() or not offset.strip().isdigit():
+        raise typer.BadParameter(f"{flag} takes PARTITION:OFFSET, e.g. 0:1200; got {text!r}")
+    return int(partition), int(offset)
+
+
+def _range_bounds(start: str, end: str | None) -> dict[int, tuple[int, int]]:
+    p, o = _position(start, "--from")
+    if end is None:
+        return {p: (o, 2**62)}
+    p2, o2 = _position(end, "--to")
+    if p2 != p or o2 < o:
+        raise typer.BadParameter(f"--from {start} --to {end}: both must name the same partition, "
+                                 "and --to must not be before --from")
+    return {p: (o, o2)}
+
+
+@contextlib.contextmanager
+def _progress(total: int | None) -> Iterator[Any]:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    disabled = total is not None and total < _PROGRESS_MIN_RECORDS
+    with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=Console(stderr=True), transient=True, disable=disabled) as bar:
+        task = bar.add_task("replay", total=total)
+        yield lambda advanced: bar.advance(task, advanced)
+
+
+def replay(
+    step: Annotated[int | None, typer.Option(
+        help="Rebuild exactly the groups the trainer group took at step K.")] = None,
+    from_: Annotated[str | None, typer.Option("--from", help="Dump from PARTITION:OFFSET (inclusive).")] = None,
+    to: Annotated[str | None, typer.Option(
+        "--to", help="Dump up to PARTITION:OFFSET (exclusive, same partition as --from; default: the end).")] = None,
+    since: Annotated[str | None, typer.Option(
+        help="Dump everything published since TIME: ISO 8601 (naive = local time) or relative "
+             "(90s, 10m, 2h, 1d).")] = None,
+    group: TrainerGroupOpt = DEFAULT_TRAINER_GROUP,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    out: OutOpt = None,
+    bootstrap_servers: BootstrapOpt = None,
+    kafka_config_file: KafkaConfigOpt = None,
+) -> None:
+    """Dump groups from NS.rollouts as JSON lines: a step's batch (--step), an offset range, or by time.
+
+    Each line is one record: partition, offset, timestamp_ms and the whole decoded group (tokens,
+    logprobs, rewards, ...), or `undecodable` with the error. Read-only: never commits.
+    """
+    if sum(x is not None for x in (step, from_, since)) != 1 or (to is not None and from_ is None):
+        raise typer.BadParameter("give exactly one of --step K, --from P:O [--to P:O], --since TIME")
+    config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-replay")
+    with _output(out) as sink:
+        if step is not None:
+            with _progress(None) as advance:
+                replayed = replay_step(config, namespace, group, step, progress=advance)
+            _write(sink, replayed.records, step)
+            return
+        if from_ is not None:
+            bounds = _range_bounds(from_, to)
+        else:
+            bounds = since_bounds(config, namespace, parse_time(since or ""))
+        total = sum(max(0, e - s) for s, e in bounds.values()) if since is not None else None
+        with _progress(total) as advance:
+            _write(sink, replay_range(config, namespace, bounds, progress=advance), None)
+
+
+def _write(sink: IO[str], records: Any, step: int | None) -> None:
+    record: ReplayedRecord
+    for record in records:
+        sink.write(json.dumps(group_to_json(record, step)) + "\n")
+    sink.flush()
+
+
+def audit_command(
+    group: TrainerGroupOpt = DEFAULT_TRAINER_GROUP,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    from_first_manifest: Annotated[bool, typer.Option(
+        help="Start checking at each partition's first manifest instead of the first stored offset.")] = False,
+    bootstrap_servers: BootstrapOpt = None,
+    kafka_config_file: KafkaConfigOpt = None,
+) -> None:
+    """Verify from the step manifests that every offset the group committed was accounted for exactly once.
+
+    Exits 0 when it was; exits 1 naming the first gap or overlap (partition, offsets, steps).
+    """
+    config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-audit")
+    report = audit(config, namespace, group, from_first_manifest=from_first_manifest)
+    typer.echo(report.summary())
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _help(fn: Any) -> str:
+    """The docstring with each paragraph on one line (rich keeps source line breaks in --help)."""
+    paragraphs = inspect.cleandoc(fn.__doc__ or "").split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+
+
+def register(app: typer.Typer) -> None:
+    """Add take, lag, replay and audit to the root `rollstream` app."""
+    for name, fn in (("take", take), ("lag", lag), ("replay", replay), ("audit", audit_command)):
+        app.command(name, help=_help(fn))(fn)
+

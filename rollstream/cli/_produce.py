@@ -1,0 +1,116 @@
+"""`rollstream produce`: run a rollout producer (thin: builds `ProducerSettings` and runs `RolloutProducer`)."""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from producers import ProducerSettings, RolloutProducer, make_engine
+from rollstream.cli._common import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_TRAINER_GROUP,
+    BootstrapOpt,
+    KafkaConfigOpt,
+    NamespaceOpt,
+    kafka_config,
+)
+
+
+class EngineName(StrEnum):
+    sglang = "sglang"
+    hf = "hf"
+
+
+_ENGINE = "Engine"
+_SAMPLING = "Sampling"
+_FLOW = "Flow control"
+_LIFE = "Lifecycle"
+
+
+def produce(
+    engine: Annotated[EngineName | None, typer.Option(
+        help="sglang: SGLang servers over HTTP (--sglang-url), or in-process with --model; hf: transformers "
+             "on CPU (--model).", rich_help_panel=_ENGINE)] = None,
+    sglang_url: Annotated[list[str] | None, typer.Option(
+        "--sglang-url", metavar="URL", help="SGLang server or router base URL; repeat (or comma-separate) for "
+                                            "round robin.",
+        rich_help_panel=_ENGINE)] = None,
+    model: Annotated[Path | None, typer.Option(
+        help="Model directory (hf, in-process sglang); also the default --tokenizer.", rich_help_panel=_ENGINE)] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="Tokenizer directory: send token ids with its chat template (SGLang over HTTP); without it the "
+             "server tokenizes the prompt text.", rich_help_panel=_ENGINE)] = None,
+    generate: Annotated[str | None, typer.Option(
+        help="Custom generate function MODULE:FUNC: `async def f(prompt, n, sampling_params)` returning a list "
+             "of dicts (text, tokens, logprobs, finish_reason, weight_version).",
+        rich_help_panel=_ENGINE)] = None,
+    reward: Annotated[str | None, typer.Option(
+        help="Reward: built-in 'math' or 'exact', or MODULE:FUNC `f(prompt, completion) -> float` (sync or "
+             "async). Omitted: samples carry no reward.", rich_help_panel=_ENGINE)] = None,
+    n_samples: Annotated[int, typer.Option(min=1, help="Completions per prompt (group size).",
+                                           rich_help_panel=_SAMPLING)] = 4,
+    max_new_tokens: Annotated[int, typer.Option(min=1, rich_help_panel=_SAMPLING)] = 256,
+    temperature: Annotated[float, typer.Option(min=0.0, rich_help_panel=_SAMPLING)] = 1.0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, rich_help_panel=_SAMPLING)] = 1.0,
+    concurrency: Annotated[int, typer.Option(min=1, help="Groups generated at once.", rich_help_panel=_FLOW)] = 8,
+    max_lag: Annotated[int | None, typer.Option(
+        min=0, help="Pause taking prompts while the trainer group's lag on NS.rollouts exceeds this "
+                    "(default: --concurrency).", rich_help_panel=_FLOW)] = None,
+    trainer_group: Annotated[str, typer.Option(
+        envvar="ROLLSTREAM_TRAINER_GROUP", help="The trainer's consumer group, whose lag is watched.",
+        rich_help_panel=_FLOW)] = DEFAULT_TRAINER_GROUP,
+    producer_id: Annotated[str | None, typer.Option(
+        help="Stable identity (static group membership): a restarted producer gets its prompt partitions "
+             "back at once.", rich_help_panel=_LIFE)] = None,
+    exit_when_idle: Annotated[float | None, typer.Option(
+        min=0.0, help="Exit once, for this many seconds, no prompt came while intake was not paused, and "
+                      "everything taken is published and committed.", rich_help_panel=_LIFE)] = None,
+    drain_timeout: Annotated[float, typer.Option(
+        min=0.0, help="On SIGTERM/SIGINT, seconds in-flight groups get to finish (a second signal skips it).",
+        rich_help_panel=_LIFE)] = 60.0,
+    startup_timeout: Annotated[float, typer.Option(
+        min=0.1, help="Seconds to wait for the broker at startup.", rich_help_panel=_LIFE)] = 15.0,
+    session_timeout: Annotated[float, typer.Option(
+        min=1.0, help="Seconds before a dead producer's prompt partitions move to the others.",
+        rich_help_panel=_LIFE)] = 10.0,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
+    summary_interval: Annotated[float, typer.Option(
+        min=0.0, help="Seconds between one-line progress summaries in the log (0: none).")] = 30.0,
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    bootstrap_servers: BootstrapOpt = None,
+    kafka_config_file: KafkaConfigOpt = None,
+) -> None:
+    settings = ProducerSettings(
+        namespace=namespace, n_samples=n_samples, concurrency=concurrency, max_lag=max_lag,
+        trainer_group=trainer_group, producer_id=producer_id, exit_when_idle_s=exit_when_idle or None,
+        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, drain_timeout_s=drain_timeout,
+        startup_timeout_s=startup_timeout, session_timeout_s=session_timeout, metrics_port=metrics_port,
+        summary_interval_s=summary_interval)
+    built = make_engine(engine.value if engine else None, sglang_urls=sglang_url or (), model=model,
+                        tokenizer=tokenizer, generate=generate)
+    config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-producer")
+    if logging.getLogger().getEffectiveLevel() > logging.INFO:
+        logging.getLogger("producers").setLevel(logging.INFO)  # a service: progress is worth showing
+    RolloutProducer(built, settings, kafka=config, reward=reward).run_sync(handle_signals=True)
+
+
+HELP = "\n\n".join([
+    "Take prompts from NS.prompts, generate and score a group per prompt, publish it to NS.rollouts.",
+    "A prompt is committed only once its group is acknowledged by the broker, so a killed producer loses nothing: "
+    "its unfinished prompts are generated again (same group_id) by whoever takes its partitions. Failed groups "
+    "(engine error after retries, reward error, too large) are published as failed records.",
+    "Intake pauses while the trainer group's lag on NS.rollouts exceeds --max-lag. SIGTERM/SIGINT: stop taking "
+    "prompts, finish in-flight groups, flush, commit, exit 0.",
+    "Examples: rollstream produce --engine sglang --sglang-url http://gpu1:30000 --tokenizer ./model --reward "
+    "math;  rollstream produce --engine hf --model ./tiny --n-samples 4;  rollstream produce --generate "
+    "mypkg.agent:generate --reward mypkg.agent:score",
+])
+
+
+def register(app: typer.Typer) -> None:
+    """Add `produce` to the root app."""
+    app.command("produce", help=HELP)(produce)

@@ -1,0 +1,188 @@
+"""Producer-side throughput and loop health, side by side in one run.
+
+1. `RolloutProducer` with an instant generate function making ~100 KB groups (8 samples of random
+   tokens + logprobs): prompt intake, group building, Avro encoding, publishing and committing, vs a raw
+   confluent-kafka producer sending the same number of records of the same encoded size (same client
+   config: idempotent, acks=all, lz4) to a topic with the same partitions. Each side runs `REPEATS`
+   times, alternating; its best run counts (the machine is shared and noisy). Target ratio >= 0.8.
+2. Event-loop lag while intake is paused under backpressure (no trainer consuming; lag gate closed;
+   intake and lag threads still polling): p99 of how late a 10 ms timer fires. Target < 10 ms.
+
+Run alone: ``python -m tests.bench.bench_producer`` (uses ``ROLLSTREAM_BOOTSTRAP_SERVERS``; prints a
+markdown table). ``make bench`` calls `run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from infra import KafkaConfig, TopicNames, TopicPlan, create_topics
+from producers import ProducerSettings, RolloutProducer
+from producers.metrics import LoopLagProbe
+from producers.prompts import publish_prompts
+from schemas import Prompt
+
+GROUP_BYTES = 100 * 1024
+SAMPLES = 8
+PARTITIONS = 3
+REPEATS = 2
+
+
+@dataclass(frozen=True)
+class _Run:
+    seconds: float
+    groups: int
+    nbytes: int
+    loop_lag_p99_ms: float = 0.0
+
+
+def instant_generator() -> Callable[..., Any]:
+    """An instant generate function returning ~100 KB groups (random tokens: lz4 cannot shrink them)."""
+    rng = np.random.default_rng(0)
+    tokens = (GROUP_BYTES - 1024) // (SAMPLES * 8)
+    completions = [{"text": "x" * 32, "tokens": rng.integers(0, 150_000, tokens, dtype=np.int32),
+                    "logprobs": -rng.random(tokens, dtype=np.float32), "finish_reason": "length"}
+                   for _ in range(SAMPLES)]
+
+    async def generate(prompt: dict[str, Any], n: int, sampling_params: dict[str, Any]) -> list[dict[str, Any]]:
+        return completions[:n]
+
+    return generate
+
+
+def _prompts(config: KafkaConfig, names: TopicNames, count: int) -> None:
+    publish_prompts([Prompt(id=f"b{i}", prompt=f"q{i}") for i in range(count)], config, names.prompts)
+
+
+def _rollstream(config: KafkaConfig, names: TopicNames, groups: int, concurrency: int) -> _Run:
+    _prompts(config, names, groups)
+    settings = ProducerSettings(namespace=names.namespace, n_samples=SAMPLES, concurrency=concurrency,
+                                max_lag=10**9, summary_interval_s=0, watch_control=False)
+    producer = RolloutProducer(instant_generator(), settings, kafka=config)
+    probe = LoopLagProbe(interval_s=0.01)
+
+    async def scenario() -> tuple[float, float]:
+        run = asyncio.create_task(producer.run())
+        probe_task = asyncio.create_task(probe.run())
+        while producer.stats().prompts_taken == 0:  # the clock starts with the first prompt, as for raw
+            await asyncio.sleep(0.001)
+        started = time.perf_counter()
+        while producer.stats().groups_published < groups:
+            await asyncio.sleep(0.002)
+        seconds = time.perf_counter() - started
+        probe_task.cancel()
+        producer.stop()
+        await run
+        return seconds, probe.percentile_ms(0.99)
+
+    seconds, lag_p99 = asyncio.run(scenario())
+    return _Run(seconds, groups, producer.stats().bytes_published, lag_p99)
+
+
+def _raw(config: KafkaConfig, names: TopicNames, groups: int, record_bytes: int) -> _Run:
+    payload = np.random.default_rng(1).bytes(record_bytes)
+    producer = Producer(config.producer())
+    started = time.perf_counter()
+    for i in range(groups):
+        while True:
+            try:
+                producer.produce(names.rollouts, payload, key=f"b{i}#0".encode())
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError("bench: raw producer did not finish in 120 s")
+    return _Run(time.perf_counter() - started, groups, groups * record_bytes)
+
+
+def _paused_loop_lag(config: KafkaConfig, names: TopicNames, seconds: float) -> tuple[float, float, int]:
+    """Loop-lag p99/max while paused by backpressure: max_lag 8, no trainer, plenty of prompts waiting."""
+    _prompts(config, names, 200)
+    settings = ProducerSettings(namespace=names.namespace, n_samples=SAMPLES, concurrency=16, max_lag=8,
+                                lag_interval_s=0.2, summary_interval_s=0, watch_control=False)
+    producer = RolloutProducer(instant_generator(), settings, kafka=config)
+    probe = LoopLagProbe(interval_s=0.01)
+
+    async def scenario() -> tuple[float, float, int]:
+        run = asyncio.create_task(producer.run())
+        while not (producer.stats().paused and producer.stats().in_flight == 0):
+            await asyncio.sleep(0.01)
+        probe_task = asyncio.create_task(probe.run())
+        await asyncio.sleep(seconds)
+        probe_task.cancel()
+        published = producer.stats().groups_published
+        producer.stop()
+        await run
+        return probe.percentile_ms(0.99), probe.max_ms(), published
+
+    return asyncio.run(scenario())
+
+
+def run(config: KafkaConfig, names_factory: Callable[..., TopicNames] | None = None, *, groups: int = 600,
+        concurrency: int = 64, paused_s: float = 3.0) -> list[tuple[str, str]]:
+    """Rows (figure, value): producer vs raw groups/s and MB/s, their ratio, loop lag while paused.
+
+    `names_factory(partitions=P)` returns a fresh namespace whose topics exist (default: made here and
+    deleted afterwards).
+    """
+    made: list[TopicNames] = []
+    factory = names_factory or _factory(config, made)
+    try:
+        ours, raws = [], []
+        for _ in range(REPEATS):
+            ours.append(_rollstream(config, factory(partitions=PARTITIONS), groups, concurrency))
+            record_bytes = ours[-1].nbytes // ours[-1].groups
+            raws.append(_raw(config, factory(partitions=PARTITIONS), groups, record_bytes))
+        paused_p99, paused_max, held = _paused_loop_lag(config, factory(partitions=PARTITIONS), paused_s)
+    finally:
+        _delete(config, made)
+    best = min(ours, key=lambda r: r.seconds)
+    raw = min(raws, key=lambda r: r.seconds)
+    return [
+        ("producer workload", f"{groups} groups of {best.nbytes / best.groups / 1024:.0f} KB, instant generate, "
+                              f"concurrency {concurrency}, {PARTITIONS} partitions"),
+        ("RolloutProducer groups/s", f"{best.groups / best.seconds:,.0f}"),
+        ("RolloutProducer MB/s", f"{best.nbytes / best.seconds / 1e6:,.1f}"),
+        ("raw confluent-kafka groups/s", f"{raw.groups / raw.seconds:,.0f}"),
+        ("raw confluent-kafka MB/s", f"{raw.nbytes / raw.seconds / 1e6:,.1f}"),
+        ("ratio producer / raw (target >= 0.8)", f"{raw.seconds / best.seconds:.2f}"),
+        ("event-loop lag p99 ms while publishing flat out", f"{best.loop_lag_p99_ms:.1f}"),
+        ("event-loop lag p99 ms while paused by backpressure (target < 10)", f"{paused_p99:.2f}"),
+        ("event-loop lag max ms while paused by backpressure", f"{paused_max:.2f} ({held} groups held at max_lag 8)"),
+    ]
+
+
+def _factory(config: KafkaConfig, made: list[TopicNames]) -> Callable[..., TopicNames]:
+    def make(partitions: int = PARTITIONS) -> TopicNames:
+        names = TopicNames(f"bench-producer-{uuid.uuid4().hex[:8]}")
+        create_topics(TopicPlan(names=names, partitions=partitions), config)
+        made.append(names)
+        return names
+    return make
+
+
+def _delete(config: KafkaConfig, made: list[TopicNames]) -> None:
+    topics = [t for n in made for t in (n.prompts, n.rollouts, n.steps, n.control)]
+    if topics:
+        for future in AdminClient(config.admin()).delete_topics(topics, operation_timeout=30).values():
+            try:
+                future.result(30)
+            except Exception:  # noqa: BLE001 - best-effort cleanup of bench topics
+                pass
+
+
+if __name__ == "__main__":
+    cfg = KafkaConfig(client_id="rollstream-bench")
+    print("| figure | value |\n|---|---|")
+    for name, value in run(cfg):
+        print(f"| {name} | {value} |")

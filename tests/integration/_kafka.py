@@ -1,0 +1,111 @@
+"""Small Kafka helpers for producer tests: write prompts, read rollouts with a plain consumer, play trainer.
+
+Producer tests never import `consumers`: they read NS.rollouts with a plain confluent Consumer and
+`schemas.decode`, as any third-party trainer would.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from infra import KafkaConfig, LagReader, TopicNames
+from producers.prompts import publish_prompts
+from schemas import Prompt, ScoredGroup, decode
+
+
+def write_prompts(config: KafkaConfig, names: TopicNames, ids: Iterable[str], *, label: str = "42") -> int:
+    prompts = [Prompt(id=i, prompt=f"question {i}", label=label) for i in ids]
+    return publish_prompts(prompts, config, names.prompts)
+
+
+def end_offsets(config: KafkaConfig, topic: str) -> dict[int, int]:
+    consumer = Consumer(config.consumer(f"probe-{uuid.uuid4().hex[:8]}"))
+    try:
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+    finally:
+        consumer.close()
+
+
+def read_all(config: KafkaConfig, topic: str, timeout_s: float = 20.0) -> list[ScoredGroup]:
+    """Every record on `topic` (all partitions, from the beginning to the current end), decoded."""
+    ends = end_offsets(config, topic)
+    consumer = Consumer(config.consumer(f"reader-{uuid.uuid4().hex[:8]}"))
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
+    out: list[ScoredGroup] = []
+    remaining = {p: e for p, e in ends.items() if e > 0}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while remaining and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            out.append(decode(msg.value(), ScoredGroup))
+            if msg.offset() + 1 >= remaining.get(msg.partition(), 0):
+                remaining.pop(msg.partition(), None)
+    finally:
+        consumer.close()
+    if remaining:
+        raise AssertionError(f"could not read {topic} to its end in {timeout_s} s: {remaining}")
+    return out
+
+
+def count(config: KafkaConfig, topic: str) -> int:
+    return sum(end_offsets(config, topic).values())
+
+
+def trainer_take(config: KafkaConfig, topic: str, group: str, n: int, timeout_s: float = 20.0) -> list[ScoredGroup]:
+    """A stand-in trainer: consume exactly `n` records as `group` and commit just past them."""
+    consumer = Consumer(config.consumer(group))
+    consumer.subscribe([topic])
+    taken: list[ScoredGroup] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(taken) < n and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=n - len(taken), timeout=0.5):
+                if not msg.error():
+                    taken.append(decode(msg.value(), ScoredGroup))
+                    consumer.store_offsets(msg)
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    if len(taken) != n:
+        raise AssertionError(f"trainer took {len(taken)} of {n} in {timeout_s} s")
+    return taken
+
+
+def lag(config: KafkaConfig, group: str, topic: str) -> int:
+    with LagReader(config) as reader:
+        return reader.group_lag(group, topic).total
+
+
+def committed_everything(config: KafkaConfig, group: str, topic: str) -> bool:
+    return lag(config, group, topic) == 0
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cli_env(bootstrap: str, **extra: str) -> dict[str, str]:
+    """Environment for a `python -m rollstream` subprocess: this checkout importable, the test broker."""
+    env = {**os.environ, "ROLLSTREAM_BOOTSTRAP_SERVERS": bootstrap, **extra}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def start_cli(bootstrap: str, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "rollstream", *args], cwd=REPO_ROOT, env=cli_env(bootstrap, **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_cli(bootstrap: str, *args: str, timeout_s: float = 60.0, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rollstream", *args], cwd=REPO_ROOT, env=cli_env(bootstrap, **env),
+                          capture_output=True, text=True, timeout=timeout_s)

@@ -1,0 +1,112 @@
+"""take(n) against a real broker: the fully-async fix's cases restated for Kafka.
+
+Pinned here: (1) exactly n, FIFO per partition, the surplus kept for the next take, commits only the
+taken prefix; (2) limit semantics: only n - gathered records are pulled per take, nothing piles up in
+the process; (3) never blocking past the timeout, and a timeout loses nothing; (4) commit=False +
+commit(batch) later, taking past an uncommitted batch; checkpoints with position/seek_to.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from consumers import RolloutConsumer, TakeTimeout, audit
+from infra import KafkaConfig, LagReader
+from tests.integration._rollouts import make_group, publish, publish_many
+
+
+def consumer(kafka_config: KafkaConfig, names, group_id: str, **kw) -> RolloutConsumer:
+    return RolloutConsumer(config=kafka_config, group_id=group_id, namespace=names.namespace, **kw)
+
+
+def committed(kafka_config: KafkaConfig, names, group_id: str) -> dict[int, int | None]:
+    with LagReader(kafka_config) as reader:
+        return {p.partition: p.committed for p in reader.group_lag(group_id, names.rollouts).partitions}
+
+
+def test_exact_target_fifo_with_surplus_kept_on_one_partition(kafka_config, namespace_factory, group_id) -> None:
+    names = namespace_factory(partitions=1)
+    groups = publish_many(kafka_config, names, 10)
+    with consumer(kafka_config, names, group_id) as c:
+        first = c.take(4, timeout=30)
+        assert first.group_ids == [g.group_id for g in groups[:4]] and first.step == 0
+        assert committed(kafka_config, names, group_id) == {0: 4}  # exactly the taken prefix
+        second = c.take(6, timeout=30)  # the 6 left over come next, in order: none dropped
+        assert second.group_ids == [g.group_id for g in groups[4:]] and second.step == 1
+        assert committed(kafka_config, names, group_id) == {0: 10}
+        assert [tuple(p) for p in second.positions] == [(0, o) for o in range(4, 10)]
+
+
+def test_exact_target_over_three_partitions(kafka_config, namespace_factory, group_id) -> None:
+    names = namespace_factory(partitions=3)
+    groups = [make_group(f"q{i}") for i in range(12)]
+    positions = dict(zip([g.group_id for g in groups], publish(kafka_config, names, groups), strict=True))
+    with consumer(kafka_config, names, group_id) as c:
+        batches = [c.take(5, timeout=30), c.take(7, timeout=30)]
+    taken = [gid for b in batches for gid in b.group_ids]
+    assert sorted(taken) == sorted(positions) and len(taken) == 12  # every group exactly once
+    for b in batches:
+        assert [positions[gid] for gid in b.group_ids] == list(b.positions)
+        for r in b.ranges:  # per partition a contiguous run of offsets, taken in offset order
+            offsets = [o for p, o in b.positions if p == r.partition]
+            assert offsets == sorted(offsets) == list(range(r.start, r.end))
+    ends: dict[int, int] = {}
+    for p, o in positions.values():
+        ends[p] = max(ends.get(p, 0), o + 1)
+    assert committed(kafka_config, names, group_id) == ends
+    assert audit(kafka_config, names.namespace, group_id).ok
+
+
+def test_limit_semantics_nothing_piles_up_in_the_process(kafka_config, namespace_factory, group_id) -> None:
+    names = namespace_factory(partitions=3)
+    publish_many(kafka_config, names, 60)
+    with consumer(kafka_config, names, group_id) as c:
+        for _ in range(5):
+            assert len(c.take(4, timeout=30)) == 4
+            assert c.buffered() == 0  # pulled only target - gathered; the rest waits in Kafka, not here
+        assert sum(c.position().values()) == 20
+        assert c.lag().total == 40
+
+
+def test_a_timeout_never_blocks_longer_and_loses_nothing(kafka_config, namespace_factory, group_id) -> None:
+    names = namespace_factory(partitions=1)
+    early = publish_many(kafka_config, names, 3, prefix="early")
+    with consumer(kafka_config, names, group_id) as c:
+        started = time.monotonic()
+        with pytest.raises(TakeTimeout) as info:
+            c.take(5, timeout=2)
+        assert 1.9 <= time.monotonic() - started < 4.5
+        assert (info.value.wanted, info.value.gathered, info.value.retriable) == (5, 3, True)
+        assert c.buffered() == 3 and committed(kafka_config, names, group_id) == {0: None}
+        started = time.monotonic()
+        with pytest.raises(TakeTimeout):
+            c.take(5, timeout=0)  # timeout=0 never waits
+        assert time.monotonic() - started < 0.5
+        late = publish_many(kafka_config, names, 2, prefix="late")
+        batch = c.take(5, timeout=30)
+        assert batch.group_ids == [g.group_id for g in early + late] and batch.step == 0
+
+
+def test_commit_later_and_take_past_an_uncommitted_batch(kafka_config, namespace_factory, group_id) -> None:
+    names = namespace_factory(partitions=1)
+    groups = publish_many(kafka_config, names, 9)
+    with consumer(kafka_config, names, group_id) as c:
+        a = c.take(3, timeout=30, commit=False)
+        b = c.take(3, timeout=30, commit=False)  # continues after a: the position is in memory
+        assert b.group_ids == [g.group_id for g in groups[3:6]] and (a.step, b.step) == (0, 1)
+        assert committed(kafka_config, names, group_id) == {0: None} and c.pending() == [a, b]
+        c.commit(a)
+        assert committed(kafka_config, names, group_id) == {0: 3}
+        c.commit(b)
+        c.commit(a)  # already committed: nothing to do
+        assert committed(kafka_config, names, group_id) == {0: 6} and c.pending() == []
+        checkpoint = {"offsets": dict(b.offsets), "step": b.step}
+        c.take(3, timeout=30)
+    with consumer(kafka_config, names, group_id) as restored:  # restore a trainer checkpoint of step 1
+        restored.seek_to(checkpoint["offsets"], next_step=checkpoint["step"] + 1)
+        again = restored.take(3, timeout=30)
+        assert again.group_ids == [g.group_id for g in groups[6:]] and again.step == 2
+    report = audit(kafka_config, names.namespace, group_id)  # the re-taken step 2 supersedes the first one
+    assert report.ok and report.steps == (0, 1, 2) and report.superseded == (2,), report.summary()

@@ -1,0 +1,94 @@
+"""Producers share the prompts through one consumer group, and a SIGKILLed producer loses nothing.
+
+Pinned: two producers split the prompt partitions and together publish every prompt's group; when one
+is killed with SIGKILL mid-run (a real `rollstream produce` process), the other takes its partitions
+over and regenerates its unfinished prompts, so NS.rollouts holds every prompt's group: deduplicated by
+group_id, exactly the expected set (a duplicate is only ever a regeneration, with the same group_id),
+and every prompt offset ends up committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable
+
+import pytest
+
+from infra import KafkaConfig
+from producers import ProducerSettings, RolloutProducer
+from tests import plugins
+from tests.integration._kafka import count, lag, read_all, start_cli, write_prompts
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def settings(namespace: str, producer_id: str, **kw: object) -> ProducerSettings:
+    base: dict[str, object] = {"namespace": namespace, "producer_id": producer_id, "n_samples": 2, "concurrency": 2,
+                               "max_lag": 10_000, "session_timeout_s": 2.0, "summary_interval_s": 0,
+                               "watch_control": False}
+    return ProducerSettings(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_two_producers_share_the_prompts(kafka_config: KafkaConfig, namespace_factory,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLSTREAM_TEST_GEN_DELAY_S", "0.1")
+    names = namespace_factory(partitions=3)
+    ids = [f"s{i:02d}" for i in range(60)]
+    write_prompts(kafka_config, names, ids)
+    first = RolloutProducer(plugins.slow, settings(names.namespace, "a", exit_when_idle_s=1.5), kafka=kafka_config)
+    second = RolloutProducer(plugins.slow, settings(names.namespace, "b", exit_when_idle_s=1.5), kafka=kafka_config)
+
+    async def scenario() -> None:
+        run_first = asyncio.create_task(first.run())
+        await until(lambda: first.stats().groups_published >= 4, what="the first producer to publish")
+        await asyncio.gather(run_first, second.run())
+
+    asyncio.run(scenario())
+    groups = read_all(kafka_config, names.rollouts)
+    by_producer = {g.producer_id for g in groups}
+    assert by_producer == {"a", "b"}, by_producer
+    assert {g.prompt_id for g in groups} == set(ids)
+    assert len({g.group_id for g in groups}) == 60  # a rebalance may regenerate a group, never lose one
+    assert lag(kafka_config, f"{names.namespace}.producers", names.prompts) == 0
+
+
+def test_sigkill_of_a_producer_loses_nothing(kafka_config: KafkaConfig, bootstrap_servers: str, namespace_factory,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROLLSTREAM_TEST_GEN_DELAY_S", "0.1")
+    names = namespace_factory(partitions=3)
+    ids = [f"k{i:02d}" for i in range(40)]
+    write_prompts(kafka_config, names, ids)
+    victim = start_cli(bootstrap_servers, "produce", "-N", names.namespace, "--generate", "tests.plugins:slow",
+                       "--n-samples", "2", "--concurrency", "4", "--max-lag", "10000", "--producer-id", "victim",
+                       "--session-timeout", "2", "--summary-interval", "0", ROLLSTREAM_TEST_GEN_DELAY_S="0.4")
+    survivor = RolloutProducer(plugins.slow, settings(names.namespace, "survivor", exit_when_idle_s=4.0),
+                               kafka=kafka_config)
+    try:
+        async def scenario() -> None:
+            await until(lambda: count(kafka_config, names.rollouts) >= 4 or victim.poll() is not None,
+                        what="the victim to publish")
+            assert victim.poll() is None, victim.communicate()
+            run = asyncio.create_task(survivor.run())
+            await until(lambda: survivor.stats().groups_published >= 2, what="the survivor to share the work")
+            victim.send_signal(signal.SIGKILL)  # mid-run: it has groups in flight
+            await run
+
+        asyncio.run(scenario())
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+        victim.communicate(timeout=10)
+    assert victim.returncode == -signal.SIGKILL
+    groups = read_all(kafka_config, names.rollouts)
+    assert {g.group_id for g in groups} == {f"{i}#0" for i in ids}  # every prompt's group, deduplicated
+    assert {g.producer_id for g in groups} == {"victim", "survivor"}
+    assert all(g.status == "ok" for g in groups)
+    assert lag(kafka_config, f"{names.namespace}.producers", names.prompts) == 0

@@ -1,0 +1,38 @@
+"""Plug-ins for producer tests, importable as ``tests.plugins:NAME`` (``--generate`` / ``--reward``).
+
+Behaviour is keyed off the prompt id so one run can mix outcomes: an id containing ``engine-fail``
+makes the generate functions raise, ``reward-fail`` makes `reward` raise. `slow` sleeps
+``ROLLSTREAM_TEST_GEN_DELAY_S`` (default 0.2 s) so tests can kill a producer mid-run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+
+def _completions(prompt: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    answer = prompt.get("label") or "0"
+    return [{"text": f"the answer is \\boxed{{{answer}}}", "tokens": [1, 2, 3, i], "logprobs": [-0.5] * 4,
+             "finish_reason": "stop"} for i in range(n)]
+
+
+async def instant(prompt: dict[str, Any], n: int, sampling_params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Completes at once (the fully-async test's "instantly completing generations")."""
+    if "engine-fail" in prompt["id"]:
+        raise RuntimeError(f"engine exploded on {prompt['id']}")
+    return _completions(prompt, n)
+
+
+async def slow(prompt: dict[str, Any], n: int, sampling_params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Takes ROLLSTREAM_TEST_GEN_DELAY_S seconds per group."""
+    await asyncio.sleep(float(os.environ.get("ROLLSTREAM_TEST_GEN_DELAY_S", "0.2")))
+    return await instant(prompt, n, sampling_params)
+
+
+def reward(prompt: dict[str, Any], completion: dict[str, Any]) -> float:
+    """1.0 unless the prompt id asks for a reward failure."""
+    if "reward-fail" in prompt["id"]:
+        raise ValueError(f"reward exploded on {prompt['id']}")
+    return 1.0

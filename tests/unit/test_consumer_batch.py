@@ -1,0 +1,69 @@
+"""Batch.to_tensors and the slime sample conversion, checked value by value (no broker)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from consumers import Batch, grpo_advantages
+from consumers.slime import SlimeSample, to_slime_group
+from schemas import RollstreamError, Sample, ScoredGroup
+from tests.integration._rollouts import make_group
+
+
+def batch_of(*groups: ScoredGroup) -> Batch:
+    return Batch(step=3, groups=groups, positions=tuple((0, i) for i in range(len(groups))), ranges=(),
+                 dispositions=(), offsets={0: len(groups)}, consumer_group="g", topic="t")
+
+
+def test_tensors_are_padded_masked_and_aligned() -> None:
+    a = make_group("a", rewards=(1.0, 0.0), prompt_len=3, response_len=2)   # responses of 2 and 3 tokens
+    b = make_group("b", rewards=(0.5, 0.5, 2.0), prompt_len=1, response_len=1, logprobs=False)
+    t = batch_of(a, b).to_tensors(pad_id=-1)
+    assert t.input_ids.shape == (5, 6) and t.input_ids.dtype == torch.long
+    assert t.input_ids[1].tolist() == [1, 2, 3, 110, 111, 112]
+    assert t.input_ids[0].tolist() == [1, 2, 3, 100, 101, -1]
+    assert t.input_ids[2].tolist() == [1, 100, -1, -1, -1, -1]
+    assert t.attention_mask[0].tolist() == [1, 1, 1, 1, 1, 0]
+    assert t.loss_mask[0].tolist() == [0, 0, 0, 1, 1, 0] and t.loss_mask[4].tolist() == [0, 1, 1, 1, 0, 0]
+    assert t.rollout_logprobs[1].tolist() == [0, 0, 0, -0.5, -1.5, -2.5]
+    assert t.rollout_logprobs[2].tolist() == [0.0] * 6  # no logprobs from the engine
+    assert t.prompt_lengths.tolist() == [3, 3, 1, 1, 1] and t.response_lengths.tolist() == [2, 3, 1, 2, 3]
+    assert t.group_index.tolist() == [0, 0, 1, 1, 1]
+    assert t.rewards.tolist() == [1.0, 0.0, 0.5, 0.5, 2.0]
+
+
+def test_grpo_advantages_are_normalised_per_group() -> None:
+    t = batch_of(make_group("a", rewards=(1.0, 0.0)), make_group("b", rewards=(0.5, 0.5, 2.0))).to_tensors()
+    std_a = math.sqrt(0.5)  # unbiased std of (1, 0)
+    expected = [0.5 / (std_a + 1e-6), -0.5 / (std_a + 1e-6), *grpo_advantages([0.5, 0.5, 2.0])]
+    assert t.advantages.tolist() == pytest.approx(expected, rel=1e-5)
+    assert sum(t.advantages[2:].tolist()) == pytest.approx(0.0, abs=1e-5)
+    assert grpo_advantages([3.0]) == [0.0]  # a single sample has no spread
+
+
+def test_tensors_refuse_unscored_samples() -> None:
+    with pytest.raises(RollstreamError, match="a#0 sample 1 has no reward"):
+        batch_of(make_group("a", rewards=(1.0, None))).to_tensors()
+
+
+def test_slime_samples_follow_slime_field_semantics() -> None:
+    group = ScoredGroup(group_id="q#2", prompt_id="q", epoch=2, prompt_tokens=[7, 8], prompt="Q?", started_at_ms=0,
+                        finished_at_ms=1, metadata={"label": "42"}, samples=[
+                            Sample(tokens=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3], text="abc", reward=1.0,
+                                   finish_reason="stop", weight_versions=(4, 5)),
+                            Sample(tokens=[9], text="z", reward=0.0, finish_reason="length")])
+    first, second = to_slime_group(group, group_index=6, position=(2, 40), sample_cls=SlimeSample)
+    assert first.tokens == [7, 8, 1, 2, 3] and first.response_length == 3 and first.response == "abc"
+    assert first.loss_mask == [1, 1, 1] and first.rollout_log_probs == pytest.approx([-0.1, -0.2, -0.3])
+    assert first.reward == 1.0 and first.weight_versions == ["4", "5"] and first.label == "42"
+    assert first.status is SlimeSample.Status.COMPLETED and second.status is SlimeSample.Status.TRUNCATED
+    assert second.rollout_log_probs is None and second.loss_mask == [1] and second.tokens == [7, 8, 9]
+    assert (first.group_index, first.index, second.index) == (6, 12, 13) and first.prompt == "Q?"
+    assert first.metadata == {"group_id": "q#2", "prompt_id": "q", "epoch": 2, "partition": 2, "offset": 40,
+                              "producer_id": ""}
+    assert first.remove_sample is False
+    failed = make_group("f", status="failed")
+    assert {s.status for s in to_slime_group(failed, 0, sample_cls=SlimeSample)} == {SlimeSample.Status.FAILED}
