@@ -117,6 +117,7 @@ class KafkaConfig:
             "auto.offset.reset": "earliest",
             "max.partition.fetch.bytes": fetch_max,
             "fetch.max.bytes": fetch_max,
+            "message.max.bytes": fetch_max,  # librdkafka wants fetch.max.bytes >= message.max.bytes
             "receive.message.max.bytes": fetch_max + _FRAMING_BYTES,
             "queued.max.messages.kbytes": max(64 * 1024, 2 * fetch_max // 1024),
             **self.common(),

@@ -16,15 +16,15 @@ from producers.engines import (
     make_engine,
 )
 from producers.metrics import ProducerStats
-from producers.prompts import PromptFileError, load_prompts, read_prompts
+from producers.prompts import PromptFileError, load_prompts
 from producers.publisher import PublishError
-from producers.rewards import Reward, RewardError, exact_reward, load_reward, math_reward
+from producers.rewards import Reward, RewardError, load_reward
 from producers.service import RolloutProducer
 from producers.settings import ProducerSettings
 
 __all__ = [
     "Completion", "CustomEngine", "Engine", "EngineError", "Generation", "HFEngine", "ProducerSettings",
     "ProducerStats", "PromptFileError", "PublishError", "RetryPolicy", "Reward", "RewardError", "RolloutProducer",
-    "SGLangEngine", "SGLangHTTPEngine", "SamplingParams", "build_tiny_model", "exact_reward", "load_prompts",
-    "load_reward", "make_engine", "math_reward", "read_prompts",
+    "SGLangEngine", "SGLangHTTPEngine", "SamplingParams", "build_tiny_model", "load_prompts", "load_reward",
+    "make_engine",
 ]

@@ -71,7 +71,6 @@ class Publisher:
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         self._waiting = 0
-        self.produced = 0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Create the producer and its poll thread. No network round trip. Idempotent."""
@@ -101,7 +100,6 @@ class Publisher:
                 self._produce(key, value, callback)
             except BufferError:
                 await self._produce_off_loop(key, value, callback)
-        self.produced += 1
         return await future
 
     async def _produce_off_loop(self, key: bytes, value: bytes, callback: Callable[..., None]) -> None:

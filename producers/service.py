@@ -146,6 +146,8 @@ class RolloutProducer:
             RollstreamError: startup failed (broker unreachable within ``startup_timeout_s``, topics
                 missing, engine not loadable) or a fatal Kafka error stopped the producer.
         """
+        if self._loop is not None:
+            raise RuntimeError("RolloutProducer.run() can run once; build a new producer to run again")
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         background: list[asyncio.Task[Any]] = []
@@ -240,9 +242,13 @@ class RolloutProducer:
             log.info("stopping: %d buffered prompts not started (left uncommitted for the next owner)", dropped)
         if not self._in_flight:
             return
-        timeout = 0.001 if self._force else self.settings.drain_timeout_s
-        log.info("stopping: draining %d in-flight groups (up to %g s)", len(self._in_flight), timeout)
-        _, pending = await asyncio.wait(set(self._in_flight), timeout=timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.drain_timeout_s
+        log.info("stopping: draining %d in-flight groups (up to %g s)", len(self._in_flight),
+                 self.settings.drain_timeout_s)
+        pending = set(self._in_flight)
+        while pending and not self._force and loop.time() < deadline:  # re-checked: a second signal forces
+            _, pending = await asyncio.wait(pending, timeout=min(0.1, max(0.0, deadline - loop.time())))
         for task in pending:
             task.cancel()
         if pending:

@@ -44,6 +44,9 @@ def produce(
     tokenizer: Annotated[Path | None, typer.Option(
         help="Tokenizer directory: send token ids with its chat template (SGLang over HTTP); without it the "
              "server tokenizes the prompt text.", rich_help_panel=_ENGINE)] = None,
+    request_timeout: Annotated[float, typer.Option(
+        min=0.1, help="Seconds one SGLang HTTP request may take (a long generation is slow, not dead).",
+        rich_help_panel=_ENGINE)] = 600.0,
     generate: Annotated[str | None, typer.Option(
         help="Custom generate function MODULE:FUNC: `async def f(prompt, n, sampling_params)` returning a list "
              "of dicts (text, tokens, logprobs, finish_reason, weight_version).",
@@ -91,7 +94,7 @@ def produce(
         startup_timeout_s=startup_timeout, session_timeout_s=session_timeout, metrics_port=metrics_port,
         summary_interval_s=summary_interval)
     built = make_engine(engine.value if engine else None, sglang_urls=sglang_url or (), model=model,
-                        tokenizer=tokenizer, generate=generate)
+                        tokenizer=tokenizer, generate=generate, request_timeout_s=request_timeout)
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-producer")
     if logging.getLogger().getEffectiveLevel() > logging.INFO:
         logging.getLogger("producers").setLevel(logging.INFO)  # a service: progress is worth showing

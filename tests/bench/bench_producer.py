@@ -1,9 +1,9 @@
 """Producer-side throughput and loop health, side by side in one run.
 
 1. `RolloutProducer` with an instant generate function making ~100 KB groups (8 samples of random
-   tokens + logprobs): prompt intake, group building, Avro encoding, publishing and committing, vs a raw
-   confluent-kafka producer sending the same number of records of the same encoded size (same client
-   config: idempotent, acks=all, lz4) to a topic with the same partitions. Each side runs `REPEATS`
+   tokens + logprobs, 64 distinct variants): prompt intake, group building, Avro encoding, publishing and
+   committing, vs a raw confluent-kafka producer sending the same encoded records (same bytes, same client
+   config: idempotent, acks=all, lz4) to a topic with the same partitions, all queued at once. Each side runs `REPEATS`
    times, alternating; its best run counts (the machine is shared and noisy). Target ratio >= 0.8.
 2. Event-loop lag while intake is paused under backpressure (no trainer consuming; lag gate closed;
    intake and lag threads still polling): p99 of how late a 10 ms timer fires. Target < 10 ms.
@@ -26,15 +26,18 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from infra import KafkaConfig, TopicNames, TopicPlan, create_topics
-from producers import ProducerSettings, RolloutProducer
+from producers import Generation, ProducerSettings, RolloutProducer
+from producers._groups import ok_group, samples_of
+from producers.engines.custom import completion_from_dict
 from producers.metrics import LoopLagProbe
 from producers.prompts import publish_prompts
-from schemas import Prompt
+from schemas import Prompt, encode, now_ms
 
 GROUP_BYTES = 100 * 1024
 SAMPLES = 8
 PARTITIONS = 3
-REPEATS = 2
+REPEATS = 3
+VARIANTS = 64
 
 
 @dataclass(frozen=True)
@@ -45,29 +48,47 @@ class _Run:
     loop_lag_p99_ms: float = 0.0
 
 
-def instant_generator() -> Callable[..., Any]:
-    """An instant generate function returning ~100 KB groups (random tokens: lz4 cannot shrink them)."""
+def make_variants(count: int = VARIANTS) -> list[list[dict[str, Any]]]:
+    """`count` distinct ~100 KB sets of completions (random tokens and logprobs, like real ones: lz4 gets
+    what it would get on real data, and identical records cannot flatter either side)."""
     rng = np.random.default_rng(0)
     tokens = (GROUP_BYTES - 1024) // (SAMPLES * 8)
-    completions = [{"text": "x" * 32, "tokens": rng.integers(0, 150_000, tokens, dtype=np.int32),
-                    "logprobs": -rng.random(tokens, dtype=np.float32), "finish_reason": "length"}
-                   for _ in range(SAMPLES)]
+    return [[{"text": "x" * 32, "tokens": rng.integers(0, 150_000, tokens, dtype=np.int32),
+              "logprobs": -rng.random(tokens, dtype=np.float32), "finish_reason": "length"}
+             for _ in range(SAMPLES)] for _ in range(count)]
 
+
+def instant_generator(variants: list[list[dict[str, Any]]]) -> Callable[..., Any]:
+    """An instant generate function: prompt ``b<i>`` gets variant ``i % len(variants)``."""
     async def generate(prompt: dict[str, Any], n: int, sampling_params: dict[str, Any]) -> list[dict[str, Any]]:
-        return completions[:n]
+        return variants[int(prompt["id"][1:]) % len(variants)][:n]
 
     return generate
+
+
+def encoded_variants(variants: list[list[dict[str, Any]]]) -> list[bytes]:
+    """The records the producer publishes for those variants, byte for byte the same size and content."""
+    out = []
+    for i, completions in enumerate(variants):
+        prompt = Prompt(id=f"b{i}", prompt=f"q{i}")
+        generation = Generation(completions=[completion_from_dict(c, "bench", j) for j, c in enumerate(completions)],
+                                prompt_text=prompt.prompt)  # type: ignore[arg-type]
+        group = ok_group(prompt, generation, samples_of(generation, [None] * SAMPLES, 0), producer_id="bench",
+                         started_at_ms=now_ms())
+        out.append(encode(group))
+    return out
 
 
 def _prompts(config: KafkaConfig, names: TopicNames, count: int) -> None:
     publish_prompts([Prompt(id=f"b{i}", prompt=f"q{i}") for i in range(count)], config, names.prompts)
 
 
-def _rollstream(config: KafkaConfig, names: TopicNames, groups: int, concurrency: int) -> _Run:
+def _rollstream(config: KafkaConfig, names: TopicNames, groups: int, concurrency: int,
+                variants: list[list[dict[str, Any]]]) -> _Run:
     _prompts(config, names, groups)
     settings = ProducerSettings(namespace=names.namespace, n_samples=SAMPLES, concurrency=concurrency,
                                 max_lag=10**9, summary_interval_s=0, watch_control=False)
-    producer = RolloutProducer(instant_generator(), settings, kafka=config)
+    producer = RolloutProducer(instant_generator(variants), settings, kafka=config)
     probe = LoopLagProbe(interval_s=0.01)
 
     async def scenario() -> tuple[float, float]:
@@ -88,11 +109,18 @@ def _rollstream(config: KafkaConfig, names: TopicNames, groups: int, concurrency
     return _Run(seconds, groups, producer.stats().bytes_published, lag_p99)
 
 
-def _raw(config: KafkaConfig, names: TopicNames, groups: int, record_bytes: int) -> _Run:
-    payload = np.random.default_rng(1).bytes(record_bytes)
+def _raw(config: KafkaConfig, names: TopicNames, groups: int, payloads: list[bytes]) -> _Run:
     producer = Producer(config.producer())
+    # Warm up as the RolloutProducer is by the time its clock starts: connected, producer id acquired,
+    # the topic's metadata known.
+    producer.list_topics(names.rollouts, timeout=10)
+    producer.produce(names.prompts, b"warm-up")
+    producer.flush(10)
+    nbytes = 0
     started = time.perf_counter()
     for i in range(groups):
+        payload = payloads[i % len(payloads)]
+        nbytes += len(payload)
         while True:
             try:
                 producer.produce(names.rollouts, payload, key=f"b{i}#0".encode())
@@ -102,15 +130,16 @@ def _raw(config: KafkaConfig, names: TopicNames, groups: int, record_bytes: int)
         producer.poll(0)
     if producer.flush(120) != 0:
         raise RuntimeError("bench: raw producer did not finish in 120 s")
-    return _Run(time.perf_counter() - started, groups, groups * record_bytes)
+    return _Run(time.perf_counter() - started, groups, nbytes)
 
 
-def _paused_loop_lag(config: KafkaConfig, names: TopicNames, seconds: float) -> tuple[float, float, int]:
+def _paused_loop_lag(config: KafkaConfig, names: TopicNames, seconds: float,
+                     variants: list[list[dict[str, Any]]]) -> tuple[float, float, int]:
     """Loop-lag p99/max while paused by backpressure: max_lag 8, no trainer, plenty of prompts waiting."""
     _prompts(config, names, 200)
     settings = ProducerSettings(namespace=names.namespace, n_samples=SAMPLES, concurrency=16, max_lag=8,
                                 lag_interval_s=0.2, summary_interval_s=0, watch_control=False)
-    producer = RolloutProducer(instant_generator(), settings, kafka=config)
+    producer = RolloutProducer(instant_generator(variants), settings, kafka=config)
     probe = LoopLagProbe(interval_s=0.01)
 
     async def scenario() -> tuple[float, float, int]:
@@ -128,7 +157,7 @@ def _paused_loop_lag(config: KafkaConfig, names: TopicNames, seconds: float) -> 
     return asyncio.run(scenario())
 
 
-def run(config: KafkaConfig, names_factory: Callable[..., TopicNames] | None = None, *, groups: int = 600,
+def run(config: KafkaConfig, names_factory: Callable[..., TopicNames] | None = None, *, groups: int = 1000,
         concurrency: int = 64, paused_s: float = 3.0) -> list[tuple[str, str]]:
     """Rows (figure, value): producer vs raw groups/s and MB/s, their ratio, loop lag while paused.
 
@@ -137,13 +166,14 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames] | None = N
     """
     made: list[TopicNames] = []
     factory = names_factory or _factory(config, made)
+    variants = make_variants()
+    payloads = encoded_variants(variants)
     try:
         ours, raws = [], []
         for _ in range(REPEATS):
-            ours.append(_rollstream(config, factory(partitions=PARTITIONS), groups, concurrency))
-            record_bytes = ours[-1].nbytes // ours[-1].groups
-            raws.append(_raw(config, factory(partitions=PARTITIONS), groups, record_bytes))
-        paused_p99, paused_max, held = _paused_loop_lag(config, factory(partitions=PARTITIONS), paused_s)
+            ours.append(_rollstream(config, factory(partitions=PARTITIONS), groups, concurrency, variants))
+            raws.append(_raw(config, factory(partitions=PARTITIONS), groups, payloads))
+        paused_p99, paused_max, held = _paused_loop_lag(config, factory(partitions=PARTITIONS), paused_s, variants)
     finally:
         _delete(config, made)
     best = min(ours, key=lambda r: r.seconds)

@@ -22,7 +22,7 @@ def test_tiny_model_groups_on_kafka(kafka_config: KafkaConfig, namespace_factory
     control.flush(10)
     write_prompts(kafka_config, names, ["m1", "m2", "m3"], label="4")
     model = build_tiny_model(tmp_path / "tiny")
-    settings = ProducerSettings(namespace=names.namespace, n_samples=2, concurrency=2, max_new_tokens=8,
+    settings = ProducerSettings(namespace=names.namespace, n_samples=2, concurrency=2, max_lag=100, max_new_tokens=8,
                                 exit_when_idle_s=0.5, summary_interval_s=0)
     stats = RolloutProducer(HFEngine(model), settings, kafka=kafka_config, reward="math").run_sync(
         handle_signals=False)

@@ -22,12 +22,13 @@ from tests import plugins
 from tests.integration._kafka import count, lag, read_all, start_cli, write_prompts
 
 
-async def until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition") -> None:
+async def until(condition: Callable[[], bool], timeout_s: float = 30.0, what: str = "condition",
+                interval_s: float = 0.05) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(interval_s)
 
 
 def settings(namespace: str, producer_id: str, **kw: object) -> ProducerSettings:
@@ -39,7 +40,7 @@ def settings(namespace: str, producer_id: str, **kw: object) -> ProducerSettings
 
 def test_two_producers_share_the_prompts(kafka_config: KafkaConfig, namespace_factory,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ROLLSTREAM_TEST_GEN_DELAY_S", "0.1")
+    monkeypatch.setenv("ROLLSTREAM_TEST_GEN_DELAY_S", "0.15")
     names = namespace_factory(partitions=3)
     ids = [f"s{i:02d}" for i in range(60)]
     write_prompts(kafka_config, names, ids)
@@ -69,16 +70,22 @@ def test_sigkill_of_a_producer_loses_nothing(kafka_config: KafkaConfig, bootstra
     victim = start_cli(bootstrap_servers, "produce", "-N", names.namespace, "--generate", "tests.plugins:slow",
                        "--n-samples", "2", "--concurrency", "4", "--max-lag", "10000", "--producer-id", "victim",
                        "--session-timeout", "2", "--summary-interval", "0", ROLLSTREAM_TEST_GEN_DELAY_S="0.4")
-    survivor = RolloutProducer(plugins.slow, settings(names.namespace, "survivor", exit_when_idle_s=4.0),
-                               kafka=kafka_config)
+    survivor = RolloutProducer(plugins.slow, settings(names.namespace, "survivor"), kafka=kafka_config)
+    intake_group = f"{names.namespace}.producers"
     try:
         async def scenario() -> None:
             await until(lambda: count(kafka_config, names.rollouts) >= 4 or victim.poll() is not None,
-                        what="the victim to publish")
+                        what="the victim to publish", interval_s=0.2)
             assert victim.poll() is None, victim.communicate()
             run = asyncio.create_task(survivor.run())
             await until(lambda: survivor.stats().groups_published >= 2, what="the survivor to share the work")
             victim.send_signal(signal.SIGKILL)  # mid-run: it has groups in flight
+            # After the victim's session times out its partitions move to the survivor, which regenerates
+            # what the victim left unacknowledged; done when every prompt offset is committed.
+            while await asyncio.to_thread(lag, kafka_config, intake_group, names.prompts):
+                assert not run.done(), run.result()
+                await asyncio.sleep(0.3)
+            survivor.stop()
             await run
 
         asyncio.run(scenario())

@@ -21,13 +21,12 @@ from producers import (
     SamplingParams,
     load_reward,
     make_engine,
-    math_reward,
-    read_prompts,
 )
 from producers._watermarks import Watermarks
 from producers.metrics import LoopLagProbe
+from producers.prompts import read_prompts
 from producers.publisher import Publisher, PublishError
-from producers.rewards import answers_match, extract_answer
+from producers.rewards import answers_match, extract_answer, math_reward
 from schemas import ConfigError
 
 # -- watermarks ----------------------------------------------------------------------------------------
