@@ -95,7 +95,9 @@ class KafkaConfig:
 
     def common(self) -> dict[str, Any]:
         """Settings shared by every client: bootstrap, client id, and the user's extra properties."""
-        return {"bootstrap.servers": self.bootstrap_servers, "client.id": self.client_id, **self.extra}
+        # Idle connections closed by the broker are normal; librdkafka logs each one to stderr otherwise.
+        return {"bootstrap.servers": self.bootstrap_servers, "client.id": self.client_id,
+                "log.connection.close": False, **self.extra}
 
     def producer(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """An idempotent, acks=all producer config sized for `max_message_bytes`."""
