@@ -231,9 +231,15 @@ class RolloutConsumer:
             msgs = consumer.consume(count, timeout=wait)
         except KafkaException as exc:
             raise _kafka.wrap_kafka_error(f"cannot fetch from {self.names.rollouts}", exc) from exc
+        error: RollstreamError | None = None
         for msg in msgs:
-            if _kafka.check(msg):
-                self._buffer.append(Entry(msg.partition(), msg.offset(), msg.key(), msg.value() or b""))
+            try:
+                if _kafka.check(msg):
+                    self._buffer.append(Entry(msg.partition(), msg.offset(), msg.key(), msg.value() or b""))
+            except RollstreamError as exc:  # an error event, not a record: keep the records after it
+                error = error or exc
+        if error is not None:
+            raise error
 
     def _finish(self, gathering: Gathering) -> Batch:
         for e in gathering.entries:

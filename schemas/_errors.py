@@ -51,7 +51,7 @@ class SchemaError(RollstreamError):
         self.partition = partition
         self.offset = offset
 
-    def located(self, topic: str, partition: int, offset: int) -> "SchemaError":
+    def located(self, topic: str, partition: int, offset: int) -> SchemaError:
         """Return the same error, annotated with the Kafka position of the bad bytes."""
         self.topic, self.partition, self.offset = topic, partition, offset
         self.args = (f"{self.args[0]} (at {topic}[{partition}]@{offset})",)

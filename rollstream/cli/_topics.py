@@ -7,7 +7,14 @@ from typing import Annotated
 import typer
 
 from infra import TopicPlan, create_topics, describe_topic_configs
-from rollstream.cli._common import DEFAULT_NAMESPACE, BootstrapOpt, KafkaConfigOpt, NamespaceOpt, kafka_config, topic_names
+from rollstream.cli._common import (
+    DEFAULT_NAMESPACE,
+    BootstrapOpt,
+    KafkaConfigOpt,
+    NamespaceOpt,
+    kafka_config,
+    topic_names,
+)
 
 app = typer.Typer(help="Create and inspect the topics of a namespace.", no_args_is_help=True)
 

@@ -16,27 +16,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
 
-from infra import KafkaConfig, TopicNames, TopicPlan, create_topics
+from infra import KafkaConfig, TopicNames
 from producers import Generation, ProducerSettings, RolloutProducer
 from producers._groups import ok_group, samples_of
 from producers.engines.custom import completion_from_dict
 from producers.metrics import LoopLagProbe
 from producers.prompts import publish_prompts
 from schemas import Prompt, encode, now_ms
+from tests.bench._common import delete_topics, topic_factory
 
 GROUP_BYTES = 100 * 1024
 SAMPLES = 8
 PARTITIONS = 3
-REPEATS = 3
+REPEATS = 5
 VARIANTS = 64
 
 
@@ -48,11 +47,11 @@ class _Run:
     loop_lag_p99_ms: float = 0.0
 
 
-def make_variants(count: int = VARIANTS) -> list[list[dict[str, Any]]]:
-    """`count` distinct ~100 KB sets of completions (random tokens and logprobs, like real ones: lz4 gets
-    what it would get on real data, and identical records cannot flatter either side)."""
+def make_variants(count: int = VARIANTS, group_bytes: int = GROUP_BYTES) -> list[list[dict[str, Any]]]:
+    """`count` distinct sets of `SAMPLES` completions of ~`group_bytes` in all (random tokens and logprobs,
+    like real ones: lz4 gets what it would get on real data, and identical records cannot flatter either side)."""
     rng = np.random.default_rng(0)
-    tokens = (GROUP_BYTES - 1024) // (SAMPLES * 8)
+    tokens = max(1, (group_bytes - 1024) // (SAMPLES * 8))  # 4 bytes token + 4 bytes logprob
     return [[{"text": "x" * 32, "tokens": rng.integers(0, 150_000, tokens, dtype=np.int32),
               "logprobs": -rng.random(tokens, dtype=np.float32), "finish_reason": "length"}
              for _ in range(SAMPLES)] for _ in range(count)]
@@ -73,7 +72,7 @@ def encoded_variants(variants: list[list[dict[str, Any]]]) -> list[bytes]:
         prompt = Prompt(id=f"b{i}", prompt=f"q{i}")
         generation = Generation(completions=[completion_from_dict(c, "bench", j) for j, c in enumerate(completions)],
                                 prompt_text=prompt.prompt)  # type: ignore[arg-type]
-        group = ok_group(prompt, generation, samples_of(generation, [None] * SAMPLES, 0), producer_id="bench",
+        group = ok_group(prompt, generation, samples_of(generation, [None] * len(completions), 0), producer_id="bench",
                          started_at_ms=now_ms())
         out.append(encode(group))
     return out
@@ -165,7 +164,7 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames] | None = N
     deleted afterwards).
     """
     made: list[TopicNames] = []
-    factory = names_factory or _factory(config, made)
+    factory = names_factory or topic_factory(config, made, "bench-producer")
     variants = make_variants()
     payloads = encoded_variants(variants)
     try:
@@ -175,7 +174,7 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames] | None = N
             raws.append(_raw(config, factory(partitions=PARTITIONS), groups, payloads))
         paused_p99, paused_max, held = _paused_loop_lag(config, factory(partitions=PARTITIONS), paused_s, variants)
     finally:
-        _delete(config, made)
+        delete_topics(config, made)
     best = min(ours, key=lambda r: r.seconds)
     raw = min(raws, key=lambda r: r.seconds)
     return [
@@ -190,25 +189,6 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames] | None = N
         ("event-loop lag p99 ms while paused by backpressure (target < 10)", f"{paused_p99:.2f}"),
         ("event-loop lag max ms while paused by backpressure", f"{paused_max:.2f} ({held} groups held at max_lag 8)"),
     ]
-
-
-def _factory(config: KafkaConfig, made: list[TopicNames]) -> Callable[..., TopicNames]:
-    def make(partitions: int = PARTITIONS) -> TopicNames:
-        names = TopicNames(f"bench-producer-{uuid.uuid4().hex[:8]}")
-        create_topics(TopicPlan(names=names, partitions=partitions), config)
-        made.append(names)
-        return names
-    return make
-
-
-def _delete(config: KafkaConfig, made: list[TopicNames]) -> None:
-    topics = [t for n in made for t in (n.prompts, n.rollouts, n.steps, n.control)]
-    if topics:
-        for future in AdminClient(config.admin()).delete_topics(topics, operation_timeout=30).values():
-            try:
-                future.result(30)
-            except Exception:  # noqa: BLE001 - best-effort cleanup of bench topics
-                pass
 
 
 if __name__ == "__main__":

@@ -1,0 +1,148 @@
+"""End-to-end throughput, side by side in one run: prompts -> `RolloutProducer` -> NS.rollouts ->
+`RolloutConsumer.take(n)`, vs a raw confluent-kafka producer and consumer moving the same encoded bytes.
+
+Ours: prompts are published first (not timed); a `RolloutProducer` with an instant generate function (groups
+of 8 samples of random tokens + logprobs, no reward) runs in a thread while the main thread takes
+``take(TAKE_N)`` steps (decode, dedupe, manifest to NS.steps, offset commit per step; ``filters=()``
+since the groups carry no reward). The clock runs from the producer's first prompt to the last take.
+Raw: a confluent-kafka `Producer` (same client config: idempotent, acks=all, lz4) in a thread sends the
+records the producer would publish, byte for byte, while a `Consumer` (same config) reads them; the clock
+runs from the first produce to the last record read. No decode, no commit: the bare transport.
+Each side runs `REPEATS` times per size, alternating, on fresh topics; the best run of each counts.
+
+Run alone: ``python -m tests.bench.bench_pipeline`` (uses ``ROLLSTREAM_BOOTSTRAP_SERVERS``).
+``make bench`` calls `run`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from consumers import RolloutConsumer
+from infra import KafkaConfig, TopicNames
+from producers import ProducerSettings, RolloutProducer
+from tests.bench._common import start_producer, wait_until
+from tests.bench.bench_producer import PARTITIONS, SAMPLES, encoded_variants, instant_generator, make_variants
+from tests.bench.bench_producer import _prompts as publish_prompts
+
+KB = 1024
+SIZES = ((10 * KB, 2000), (100 * KB, 1000), (1024 * KB, 120))  # (group bytes, groups per run)
+TAKE_N = 64
+CONCURRENCY = 64
+REPEATS = 5
+VARIANTS = 16
+TIMEOUT_S = 120.0
+
+
+def _ours(config: KafkaConfig, names: TopicNames, count: int, variants: list[list[dict[str, Any]]]) -> float:
+    """Seconds from the producer's first prompt to the last of `count` groups taken."""
+    publish_prompts(config, names, count)
+    group = f"bench-pipeline-{uuid.uuid4().hex[:8]}"
+    settings = ProducerSettings(namespace=names.namespace, n_samples=SAMPLES, concurrency=CONCURRENCY,
+                                max_lag=10**9, trainer_group=group, summary_interval_s=0, watch_control=False)
+    producer = RolloutProducer(instant_generator(variants), settings, kafka=config)
+    with RolloutConsumer(config=config, group_id=group, namespace=names.namespace, filters=()) as consumer:
+        consumer.position()  # assigned and connected before the clock, as a trainer is
+        thread, failure = start_producer(producer, "bench-pipeline-producer")
+        try:
+            started = wait_until(lambda: producer.stats().prompts_taken > 0 or bool(failure), TIMEOUT_S,
+                                 "the producer's first prompt")
+            taken: set[str] = set()
+            while len(taken) < count and not failure:
+                taken.update(consumer.take(min(TAKE_N, count - len(taken)), timeout=TIMEOUT_S).group_ids)
+            seconds = time.perf_counter() - started
+        finally:
+            producer.stop()
+            thread.join(TIMEOUT_S)
+    if failure:
+        raise RuntimeError(f"bench: the producer failed: {failure[0]}") from failure[0]
+    return seconds
+
+
+def _raw(config: KafkaConfig, names: TopicNames, count: int, payloads: list[bytes]) -> float:
+    """Seconds from the first produce to the last of `count` records read, raw confluent-kafka."""
+    producer = Producer(config.producer())
+    producer.list_topics(names.rollouts, timeout=10)  # connected, producer id and metadata known, as ours is
+    producer.produce(names.prompts, b"warm-up")
+    producer.flush(10)
+    consumer = Consumer(config.consumer(f"bench-raw-{uuid.uuid4().hex[:8]}", {"enable.partition.eof": False}))
+    consumer.assign([TopicPartition(names.rollouts, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    consumer.consume(1, timeout=0.5)  # joins the fetchers; nothing is there yet
+    started = time.perf_counter()
+    thread = threading.Thread(target=_produce_all, args=(producer, names.rollouts, count, payloads),
+                              name="bench-pipeline-raw-producer", daemon=True)
+    thread.start()
+    got = 0
+    try:
+        while got < count:
+            msgs = consumer.consume(min(500, count - got), timeout=TIMEOUT_S)
+            if not msgs:
+                raise RuntimeError(f"bench: raw consumer got {got}/{count} records, then nothing for {TIMEOUT_S} s")
+            got += sum(1 for m in msgs if m.error() is None)
+        seconds = time.perf_counter() - started
+    finally:
+        thread.join(TIMEOUT_S)
+        consumer.close()
+    return seconds
+
+
+def _produce_all(producer: Producer, topic: str, count: int, payloads: list[bytes]) -> None:
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(topic, payloads[i % len(payloads)], key=f"b{i}#0".encode())
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    producer.flush(TIMEOUT_S)
+
+
+def run(config: KafkaConfig, names_factory: Callable[..., TopicNames], *,
+        sizes: tuple[tuple[int, int], ...] = SIZES, repeats: int = REPEATS,
+        progress: Callable[[str], None] | None = None) -> list[tuple[str, str]]:
+    """Rows (figure, value): per group size, ours vs raw groups/s and MB/s and their ratio.
+
+    `names_factory(partitions=P)` must return a fresh namespace whose topics exist.
+    """
+    rows = [("pipeline workload", f"8 samples per group, instant generate, concurrency {CONCURRENCY}, "
+                                  f"take(n={TAKE_N}), {PARTITIONS} partitions; best of {repeats} runs per side")]
+    for group_bytes, count in sizes:
+        variants = make_variants(VARIANTS, group_bytes)
+        payloads = encoded_variants(variants)
+        mb = sum(len(payloads[i % len(payloads)]) for i in range(count)) / 1e6
+        ours, raws = [], []
+        for attempt in range(repeats):
+            if progress is not None:
+                progress(f"{group_bytes // KB} KB groups, run {attempt + 1}/{repeats}")
+            ours.append(_ours(config, names_factory(partitions=PARTITIONS), count, variants))
+            raws.append(_raw(config, names_factory(partitions=PARTITIONS), count, payloads))
+        best, raw = min(ours), min(raws)
+        label = f"{len(payloads[0]) / KB:,.0f} KB"
+        rows += [
+            (f"{label}: groups per run", f"{count} ({mb:,.0f} MB)"),
+            (f"{label}: rollstream produce -> take groups/s", f"{count / best:,.0f} ({mb / best:,.1f} MB/s)"),
+            (f"{label}: raw confluent-kafka groups/s", f"{count / raw:,.0f} ({mb / raw:,.1f} MB/s)"),
+            (f"{label}: ratio rollstream / raw", f"{raw / best:.2f}"),
+        ]
+    return rows
+
+
+if __name__ == "__main__":
+    from tests.bench._common import delete_topics, topic_factory
+
+    cfg = KafkaConfig(client_id="rollstream-bench")
+    made: list[TopicNames] = []
+    try:
+        rows = run(cfg, topic_factory(cfg, made, "bench-pipeline"))
+    finally:
+        delete_topics(cfg, made)
+    print("| figure | value |\n|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
