@@ -50,7 +50,8 @@ def _specs() -> list[_Spec]:
               f"and consumer moving the very bytes the producer publishes (same client config: idempotent, acks=all, "
               f"lz4; no decode, no commit). Group sizes and counts: {pipe_sizes}. Ours is clocked from the "
               f"producer's first prompt to the last take, raw from the first produce to the last record read. "
-              f"{bench_pipeline.REPEATS} alternating runs per side and size on fresh topics; **best of** each.",
+              f"{bench_pipeline.REPEATS} alternating runs per side and size on fresh topics; ratios of the **best of** "
+              f"each side, and the **median** of the ratios of back-to-back pairs.",
               lambda c, f, p: bench_pipeline.run(c, f, progress=p)),
         _Spec("codec", "Codec: packed single-object Avro vs Avro arrays vs memory copy",
               "One ScoredGroup of 8 x 4096 tokens + logprobs encoded/decoded by rollstream's codec (packed "
@@ -63,8 +64,9 @@ def _specs() -> list[_Spec]:
               f"`take({bench_consumer.TAKE_N})` (decode, filters, dedupe, "
               "manifest, commit per step), by a raw confluent-kafka consumer (bytes only), and by a raw consumer "
               f"that also runs `schemas.decode` on each record. Same topic and page cache, fresh groups, "
-              f"{bench_consumer.REPEATS} alternating runs per side; **best of** each. Latencies: every take of the "
-              "best take() run.",
+              f"{bench_consumer.REPEATS} alternating rounds; ratios of the **best of** each side, and the **median** "
+              "of per-round ratios. Each take is `take(n, commit=False)` then `commit(batch)` (what `take(n)` does), "
+              "timed apart to show the commit's share. Latencies: every take of the best take() run.",
               lambda c, f, p: bench_consumer.run(c, f)),
         _Spec("producer", "Rollout producer: RolloutProducer vs raw confluent-kafka, event-loop lag",
               "1000 ~100 KB groups from an instant generate function through `RolloutProducer` (intake, group "
