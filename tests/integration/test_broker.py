@@ -1,11 +1,14 @@
-"""The local broker launcher against real Kafka JVMs (no mocks). Four behaviours are pinned here:
+"""The local broker launcher against real Kafka JVMs (no mocks). Six behaviours are pinned here:
 
 1. start -> serves -> stop -> start again on the same data dir keeps the records (storage formatted once),
    and a second start of a running broker is idempotent;
 2. a port held by another listening socket is a clear, immediate ``BrokerError`` that leaves no process;
 3. three combined KRaft nodes serve a rf=3, min.insync.replicas=2 topic with acks=all, and stop takes
    every one of the three JVMs down;
-4. ``BrokerSpec`` rejects bad values by name.
+4. a node that exits while starting is a ``BrokerError`` holding the cause from its log, and leaves no process;
+5. ``start_broker`` keeps to its timeout even when the group coordinator never comes up (librdkafka would
+   otherwise wait 45 s in each probe's commit), and leaves no process;
+6. ``BrokerSpec`` rejects bad values by name, and ``infra.broker`` exports the public names.
 
 Each test uses its own ``tmp_path`` data dir and free ports (never 9092 nor ``~/.rollstream``) and stops
 what it started in a ``finally``.
@@ -23,6 +26,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+import infra.broker
 from infra.broker import (
     CONTROLLER_PORT_OFFSET,
     BrokerError,
@@ -188,6 +192,47 @@ def test_three_nodes_serve_min_isr_2_and_stop_completely(tmp_path: Path) -> None
 
 
 @pytest.mark.integration
+def test_a_node_that_exits_while_starting_is_reported_and_leaves_nothing(tmp_path: Path) -> None:
+    spec = BrokerSpec(port=_free_base_port(1), data_dir=tmp_path / "broker", heap_mb=256)
+    # Storage "formatted" for another node id: the JVM exits at once with a fatal error.
+    (spec.data_dir / "node-1" / "data").mkdir(parents=True)
+    (spec.data_dir / "node-1" / "data" / "meta.properties").write_text(
+        "version=1\ncluster.id=AAAAAAAAAAAAAAAAAAAAAA\nnode.id=7\n")
+    try:
+        with pytest.raises(BrokerError, match=r"node-1 exited while starting(.|\n)*Stored node id 7"):
+            start_broker(spec, timeout=60)
+    finally:
+        stop_broker(spec.data_dir)
+    assert not broker_status(spec.data_dir).running
+    assert not (spec.data_dir / "pids.json").exists()
+    assert _kafka_pids_for(spec.data_dir) == []
+
+
+@pytest.mark.integration
+def test_start_keeps_its_timeout_when_the_coordinator_never_comes_up(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    write_config = infra.broker.write_config
+
+    def offsets_need_three_nodes(spec: BrokerSpec, node: int) -> Path:
+        config = write_config(spec, node)
+        with config.open("a") as fh:  # the last value of a key wins: __consumer_offsets cannot be created
+            fh.write("offsets.topic.replication.factor=3\n")
+        return config
+
+    monkeypatch.setattr(infra.broker, "write_config", offsets_need_three_nodes)
+    spec = BrokerSpec(port=_free_base_port(1), data_dir=tmp_path / "broker", heap_mb=256)
+    began = time.monotonic()
+    try:
+        with pytest.raises(BrokerError, match=r"did not serve .* within the 15 s timeout") as caught:
+            start_broker(spec, timeout=15)
+    finally:
+        stop_broker(spec.data_dir)
+    assert time.monotonic() - began < 15 + 10  # + killing the JVM; not + 45 s per probe
+    assert caught.value.retriable
+    assert _kafka_pids_for(spec.data_dir) == []
+
+
+@pytest.mark.integration
 def test_spec_rejects_bad_values_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for bad, name in (({"nodes": 2}, "nodes"), ({"port": 0}, "port"), ({"port": 65500}, "port"),
                       ({"heap_mb": 64}, "heap_mb"), ({"host": "localhost"}, "host"), ({"host": "0.0.0.0"}, "host")):
@@ -196,3 +241,7 @@ def test_spec_rejects_bad_values_by_name(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv("ROLLSTREAM_HOME", str(tmp_path / "home"))
     assert default_data_dir() == tmp_path / "home" / "broker"
     assert BrokerSpec().data_dir == (tmp_path / "home" / "broker").resolve()
+    assert set(infra.broker.__all__) == {
+        "BrokerSpec", "BrokerError", "BrokerStatus", "start_broker", "stop_broker", "broker_status",
+        "ensure_kafka_jars", "default_data_dir", "CONTROLLER_PORT_OFFSET", "PROBE_TOPIC"}
+    assert all(hasattr(infra.broker, name) for name in infra.broker.__all__)

@@ -1,0 +1,143 @@
+"""Is the local broker there yet: ports free before a start, and the readiness probe after it.
+
+Ready means one client round trip works end to end: every node is registered, the probe topic
+``__rollstream_probe`` exists, a record is produced with acks=all, fetched back, and its offset committed
+(so the group coordinator is up too). One probe outlives its timeout by about a second at most, even
+when the coordinator never comes up.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from infra._broker_files import log_tail
+from infra._broker_procs import is_ours
+from infra._broker_spec import CONTROLLER_PORT_OFFSET, PROBE_TOPIC, BrokerError, BrokerSpec
+
+log = logging.getLogger(__name__)
+
+_PROBE_TIMEOUT = 5.0  # per round trip; a slow one is retried until the caller's deadline
+
+
+def check_ports_free(spec: BrokerSpec) -> None:
+    """Raise BrokerError naming the first client or controller port of ``spec`` that something listens on."""
+    for port in (*spec.client_ports, *spec.controller_ports):
+        family = socket.AF_INET6 if ":" in spec.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            # SO_REUSEADDR as Kafka sets it: TIME_WAIT leftovers of our last run do not count, listeners do.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((spec.host, port))
+            except OSError as exc:
+                role = "client" if port in spec.client_ports else "controller"
+                raise BrokerError(
+                    f"{role} port {port} on {spec.host} is already in use ({exc.strerror}). Choose another "
+                    f"base port (BrokerSpec(port=...) / `rollstream broker start --port`; node i uses "
+                    f"port+i-1 and port+{CONTROLLER_PORT_OFFSET}+i-1) or stop what listens there.") from exc
+
+
+def wait_ready(spec: BrokerSpec, procs: Sequence[tuple[int, Path]], deadline: float, timeout: float) -> None:
+    """Poll until the probe round trip succeeds, at most until ``deadline`` (``time.monotonic()``).
+
+    ``timeout`` is only named in the error. Leaves ``procs`` running whatever happens.
+
+    Raises:
+        BrokerError: a node of ``procs`` exited, or the deadline passed (retriable); with the log tail.
+    """
+    last_error = "no answer yet"
+    while True:
+        dead = [cfg for pid, cfg in procs if not is_ours(pid, cfg)]
+        if dead:
+            raise BrokerError(f"Kafka node {dead[0].parent.name} exited while starting on {spec.bootstrap}; its "
+                              f"log below says why; fix that and start again:\n{log_tail(dead[0].parent)}")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BrokerError(
+                f"Kafka did not serve on {spec.bootstrap} within the {timeout:.0f} s timeout (last probe error: "
+                f"{last_error}). If the log below shows it still starting, start again with a longer timeout "
+                f"(start_broker(timeout=...) / `rollstream broker start --timeout`):\n{log_tail(procs[0][1].parent)}",
+                retriable=True)
+        if _port_open(spec.host, spec.port):
+            error = _probe(spec, min(left, _PROBE_TIMEOUT))
+            if error is None:
+                return
+            log.debug("%s not ready yet: %s", spec.bootstrap, error)
+            last_error = error
+        time.sleep(0.1)
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+class _DebugLog:
+    """librdkafka log sink: refused connections while the broker starts are expected, so DEBUG."""
+
+    def log(self, level: int, msg: str, *args: Any) -> None:  # noqa: ARG002 - confluent's signature
+        log.debug(msg, *args)
+
+
+def _probe(spec: BrokerSpec, timeout: float) -> str | None:
+    """One round trip (metadata, probe topic, acks=all produce, fetch, commit); None or the error."""
+    end = time.monotonic() + timeout
+    timeout_ms = max(1000, int(timeout * 1000))
+    common = {"bootstrap.servers": spec.bootstrap, "logger": _DebugLog(), "socket.timeout.ms": timeout_ms}
+    try:
+        admin = AdminClient(dict(common))
+        metadata = admin.list_topics(timeout=_left(end))
+        if len(metadata.brokers) < spec.nodes:
+            return f"{len(metadata.brokers)} of {spec.nodes} brokers registered"
+        if PROBE_TOPIC not in metadata.topics:
+            topic = NewTopic(PROBE_TOPIC, 1, spec.nodes, config={
+                "min.insync.replicas": str(min(spec.nodes, 2)), "retention.ms": "3600000"})
+            try:
+                admin.create_topics([topic], operation_timeout=_left(end))[PROBE_TOPIC].result(_left(end))
+            except KafkaException as exc:
+                if "already exists" not in str(exc):
+                    raise
+        offsets: list[int] = []
+        producer = Producer({**common, "acks": "all", "message.timeout.ms": timeout_ms})
+        producer.produce(PROBE_TOPIC, b"probe",
+                         on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()))
+        producer.flush(_left(end))
+        if not offsets or offsets[0] < 0:
+            return "probe record not acknowledged"
+        return _probe_consume(common, offsets[0], end)
+    except KafkaException as exc:
+        return str(exc.args[0] if exc.args else exc)
+
+
+def _probe_consume(common: dict[str, Any], offset: int, end: float) -> str | None:
+    # A synchronous commit waits for the group coordinator up to session.timeout.ms (45 s by default), and
+    # so does close() with a commit pending; both are capped here at what is left of the probe's timeout.
+    left_ms = max(1000, int(_left(end) * 1000))
+    consumer = Consumer({**common, "group.id": PROBE_TOPIC, "enable.auto.commit": False,
+                         "socket.timeout.ms": left_ms, "session.timeout.ms": left_ms})
+    try:
+        consumer.assign([TopicPartition(PROBE_TOPIC, 0, offset)])
+        while time.monotonic() < end:
+            msg = consumer.poll(min(0.2, _left(end)))
+            if msg is not None and not msg.error():
+                # A synchronous commit brings up the group coordinator (__consumer_offsets) now.
+                consumer.commit(offsets=[TopicPartition(PROBE_TOPIC, 0, offset + 1)], asynchronous=False)
+                return None
+        return "probe record not fetched"
+    finally:
+        consumer.close()
+
+
+def _left(end: float) -> float:
+    """Seconds until ``end``, at least 0.1 (librdkafka treats 0 as "do not wait at all")."""
+    return max(0.1, end - time.monotonic())

@@ -1,0 +1,84 @@
+"""The local broker's value types and its one error. Import them from ``infra.broker``, which re-exports them.
+
+``BrokerSpec`` validates itself (each bad value is named); ``BrokerStatus`` is what ``broker_status`` saw.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from schemas._errors import ConfigError, RollstreamError
+
+CONTROLLER_PORT_OFFSET = 100
+PROBE_TOPIC = "__rollstream_probe"
+
+
+def default_data_dir() -> Path:
+    """``$ROLLSTREAM_HOME/broker`` if ``ROLLSTREAM_HOME`` is set, else ``~/.rollstream/broker``."""
+    home = os.environ.get("ROLLSTREAM_HOME")
+    return (Path(home).expanduser() if home else Path.home() / ".rollstream") / "broker"
+
+
+class BrokerError(RollstreamError):
+    """The local broker cannot be resolved, started, reached or stopped; the message says why."""
+
+
+@dataclass(frozen=True)
+class BrokerSpec:
+    """What to start. ``nodes=3`` gives three combined KRaft nodes (rf 3, min.insync.replicas 2)."""
+
+    port: int = 9092
+    nodes: Literal[1, 3] = 1
+    data_dir: Path = field(default_factory=default_data_dir)
+    heap_mb: int = 512
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.nodes, bool) or self.nodes not in (1, 3):
+            raise ConfigError(f"BrokerSpec.nodes={self.nodes!r}: must be 1 or 3")
+        top = self.port + CONTROLLER_PORT_OFFSET + self.nodes - 1 if isinstance(self.port, int) else 0
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= top <= 65535:
+            raise ConfigError(f"BrokerSpec.port={self.port!r}: must be an int with port+"
+                              f"{CONTROLLER_PORT_OFFSET + self.nodes - 1} <= 65535 (controller ports)")
+        if isinstance(self.heap_mb, bool) or not isinstance(self.heap_mb, int) or self.heap_mb < 128:
+            raise ConfigError(f"BrokerSpec.heap_mb={self.heap_mb!r}: must be an int >= 128")
+        try:
+            unspecified = ipaddress.ip_address(self.host).is_unspecified
+        except ValueError:
+            unspecified = True
+        if unspecified:
+            raise ConfigError(f"BrokerSpec.host={self.host!r}: must be one IP address such as 127.0.0.1")
+        object.__setattr__(self, "data_dir", Path(self.data_dir).expanduser().resolve())
+
+    @property
+    def client_ports(self) -> tuple[int, ...]:
+        return tuple(self.port + i for i in range(self.nodes))
+
+    @property
+    def controller_ports(self) -> tuple[int, ...]:
+        return tuple(p + CONTROLLER_PORT_OFFSET for p in self.client_ports)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(hostport(self.host, p) for p in self.client_ports)
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    """What ``broker_status`` saw. ``running`` means every recorded process is alive (not "serving")."""
+
+    running: bool
+    bootstrap: str | None
+    pids: tuple[int, ...]
+    nodes: int  # as recorded at start; 0 when nothing is recorded
+    data_dir: Path
+    log_path: Path  # node 1's kafka.log; node i logs to data_dir/node-<i>/kafka.log
+
+
+def hostport(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
