@@ -1,28 +1,137 @@
-"""The latest policy version announced on NS.control, for stamping samples (and, later, loading weights).
+"""Policy versions on NS.control: the trainer announces them, producers follow them.
 
-A thread (``rollstream-control``) reads the compacted control topic from the beginning with an
-explicit assignment (no group membership, nothing committed) and keeps the highest `PolicyVersion`.
-`current_weight_version` is safe to read from any thread. Engines that report their own version
-(SGLang's ``meta_info.weight_version``) win over this one; with neither, samples are stamped 0.
+NS.control is compacted and every announcement has the same key (``policy``), so the topic keeps at
+least the latest announcement forever and a reader that starts late still learns the current version.
+
+- `PolicyAnnouncer` / `announce_policy_version` (trainer side): write a `PolicyVersion` with acks=all
+  and wait for the acknowledgement. Blocking; from an event loop use `PolicyAnnouncer.announce_async`.
+- `ControlWatcher` (producer side): a thread (``rollstream-control``) reads the topic from the beginning
+  with an explicit assignment (no group membership, nothing committed) and keeps the highest version;
+  `on_version` is called, in that thread, for each newer one. Engines that load weights hook it.
+
+The version of a saved weights directory is also written into it as `VERSION_FILE`
+(``{"version": N}``), so an engine that loads a directory knows which version it serves.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import threading
 import uuid
 from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from infra import KafkaConfig
-from schemas import DecodeError, PolicyVersion, decode
+from infra.config import KafkaConfig
+from infra.topics import TopicNames
+from schemas import DecodeError, PolicyVersion, RollstreamError, decode, encode
 
 log = logging.getLogger(__name__)
+CONTROL_KEY = b"policy"
+VERSION_FILE = "rollstream_version.json"
+
+
+def read_weights_version(model_dir: str | Path) -> int | None:
+    """The version recorded in ``model_dir/VERSION_FILE``, or None when there is none (or it is unreadable)."""
+    try:
+        value = json.loads((Path(model_dir) / VERSION_FILE).read_text())["version"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def write_weights_version(model_dir: str | Path, version: int) -> Path:
+    """Record `version` in ``model_dir/VERSION_FILE``. Blocks on a small file write."""
+    path = Path(model_dir) / VERSION_FILE
+    path.write_text(json.dumps({"version": int(version)}))
+    return path
+
+
+class PolicyAnnouncer:
+    """Writes policy versions to NS.control (key ``policy``, idempotent producer, acks=all).
+
+    Construction does no I/O; the producer connects on the first `announce`. A context manager;
+    `close` is idempotent. `announce` may be called from any one thread at a time.
+    """
+
+    def __init__(self, config: KafkaConfig, names: TopicNames | str) -> None:
+        self.topic = names.control if isinstance(names, TopicNames) else TopicNames(names).control
+        self._config = config
+        self._producer: Producer | None = None
+
+    def __enter__(self) -> PolicyAnnouncer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def announce(self, version: PolicyVersion, *, timeout_s: float = 30.0) -> None:
+        """Publish `version` and block until the broker acknowledged it (at most `timeout_s`).
+
+        When it returns, every producer that reads NS.control will see `version` (or a later one).
+        Blocks: from an event loop, await `announce_async` instead.
+
+        Raises:
+            RollstreamError (retriable): not acknowledged within `timeout_s`, or the broker refused it.
+        """
+        if self._producer is None:
+            self._producer = Producer(self._config.producer({"linger.ms": 0}))
+        announce_policy_version(self._producer, self.topic, version, timeout_s=timeout_s)
+
+    async def announce_async(self, version: PolicyVersion, *, timeout_s: float = 30.0) -> None:
+        """`announce` in a worker thread, so the event loop never waits on the flush."""
+        await asyncio.to_thread(self.announce, version, timeout_s=timeout_s)
+
+    def close(self) -> None:
+        """Flush what is left (a few seconds at most) and drop the producer. Idempotent."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.flush(5.0)
+
+
+def announce_policy_version(target: Producer | KafkaConfig, names: TopicNames | str, version: PolicyVersion, *,
+                            timeout_s: float = 30.0) -> None:
+    """Write `version` to the control topic and wait for its acknowledgement. Blocks up to `timeout_s`.
+
+    Args:
+        target: a confluent `Producer` to reuse (it is flushed), or a `KafkaConfig` to build a one-off one.
+        names: the namespace's `TopicNames`, or the control topic's full name (``NS.control``).
+
+    Raises:
+        RollstreamError (retriable): not acknowledged within `timeout_s`, or the broker refused it.
+    """
+    topic = names.control if isinstance(names, TopicNames) else names
+    producer = Producer(target.producer({"linger.ms": 0})) if isinstance(target, KafkaConfig) else target
+    errors: list[str] = []
+
+    def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            errors.append(err.str())
+
+    producer.produce(topic, value=encode(version), key=CONTROL_KEY, on_delivery=on_delivery)
+    left = producer.flush(timeout_s)
+    if left or errors:
+        reason = errors[0] if errors else f"not acknowledged within {timeout_s:g} s"
+        raise RollstreamError(f"policy version {version.version} was not written to {topic}: {reason}",
+                              retriable=True)
+    log.info("announced policy version %d on %s (weights %s)", version.version, topic, version.weights_path)
 
 
 class ControlWatcher:
-    """Follows NS.control. `start` returns at once; `stop` is idempotent and never blocks."""
+    """Follows NS.control. `start` returns at once; `stop` is idempotent and never blocks.
+
+    Args:
+        config: how to reach Kafka.
+        topic: the control topic (``NS.control``).
+        on_version: called in the watcher thread with each version newer than any seen before; it
+            must not block for long (hand work to another thread or loop). Its exceptions are logged.
+    """
 
     def __init__(self, config: KafkaConfig, topic: str, *,
                  on_version: Callable[[PolicyVersion], None] | None = None) -> None:
@@ -37,11 +146,13 @@ class ControlWatcher:
 
     @property
     def current_weight_version(self) -> int | None:
+        """The highest version announced so far (None before any). Thread-safe."""
         latest = self._latest
         return None if latest is None else latest.version
 
     @property
     def latest(self) -> PolicyVersion | None:
+        """The highest announced `PolicyVersion` (None before any). Thread-safe."""
         return self._latest
 
     def start(self) -> None:
@@ -88,8 +199,13 @@ class ControlWatcher:
         except DecodeError as exc:
             log.warning("skipping undecodable control record: %s", exc.located(self.topic, partition, offset))
             return
-        if self._latest is None or version.version > self._latest.version:
-            self._latest = version
-            log.info("policy version %d announced (weights %s)", version.version, version.weights_path)
-            if self._on_version is not None:
+        if self._latest is not None and version.version <= self._latest.version:
+            return
+        self._latest = version
+        log.info("policy version %d announced on %s[%d]@%d (weights %s)", version.version, self.topic, partition,
+                 offset, version.weights_path)
+        if self._on_version is not None:
+            try:
                 self._on_version(version)
+            except Exception:  # a callback bug must not stop version tracking
+                log.exception("on_version callback failed for policy version %d", version.version)

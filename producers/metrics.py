@@ -71,6 +71,11 @@ class ProducerMetrics:
                                  buckets=_LATENCY_BUCKETS, registry=r)
         self.loop_lag = Histogram(p + "event_loop_lag_seconds", "How late the event loop runs a timer.",
                                   buckets=_LOOP_LAG_BUCKETS, registry=r)
+        self.weight_version = Gauge(p + "weight_version", "Policy version of the weights the engine serves "
+                                    "(engines that load announced weights; -1 while unknown).", registry=r)
+        self.weight_version.set(-1)
+        self.weight_reloads = Counter(p + "weight_reloads", "Announced policy versions loaded into the engine, "
+                                      "by result (loaded, failed).", ["result"], registry=r)
         self._http: tuple[Any, threading.Thread] | None = None
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:

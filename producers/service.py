@@ -13,6 +13,10 @@ Three behaviours are pinned by tests against a real broker (tests/integration/te
 Lifecycle: `run` until `stop` (SIGTERM/SIGINT with `run_sync`), ``exit_when_idle_s``, or a fatal error.
 Stopping halts intake, lets in-flight groups finish and publish up to ``drain_timeout_s``, flushes,
 commits the final watermarks and returns.
+
+Policy versions: samples are stamped with the latest version announced on NS.control, unless the engine
+reports its own. An engine that owns its weights (`ReloadableEngine`, e.g. `HFEngine`) loads each newer
+announced version that names a ``weights_path`` (`producers._reload`) and stamps the version it served.
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from infra import KafkaConfig
+from infra.control import ControlWatcher
 from producers._pipeline import GroupPipeline
+from producers._reload import WeightFollower
 from producers._startup import check_cluster
 from producers._watermarks import Watermarks
-from producers.control import ControlWatcher
-from producers.engines.base import Engine
+from producers.engines.base import Engine, ReloadableEngine
 from producers.engines.custom import CustomEngine
 from producers.gate import LagGate
 from producers.intake import Intake, TakenPrompt
@@ -79,6 +84,7 @@ class RolloutProducer:
         self._intake: Intake | None = None
         self._publisher: Publisher | None = None
         self._control: ControlWatcher | None = None
+        self._weights: WeightFollower | None = None
         self._pipeline: GroupPipeline | None = None
         self.metrics_port: int | None = None
         self.exit_reason: str | None = None
@@ -101,7 +107,10 @@ class RolloutProducer:
 
     @property
     def current_weight_version(self) -> int:
-        """The policy version stamped on samples whose engine reports none: NS.control's latest, else 0."""
+        """The policy version stamped on samples whose engine reports none: NS.control's latest, else 0.
+
+        An engine that loads announced weights (`ReloadableEngine`, e.g. `HFEngine`) reports the version
+        it served each sample with, so its samples never claim a version that was not loaded yet."""
         control = self._control
         version = control.current_weight_version if control is not None else None
         return 0 if version is None else version
@@ -170,6 +179,8 @@ class RolloutProducer:
         await asyncio.to_thread(check_cluster, self.kafka, [names.prompts, names.rollouts], s.namespace,
                                 timeout_s=s.startup_timeout_s)
         await self.engine.start()
+        if isinstance(self.engine, ReloadableEngine) and self.engine.weight_version is not None:
+            self.metrics.weight_version.set(self.engine.weight_version)
         loop = asyncio.get_running_loop()
         self._publisher = Publisher(self.kafka, names.rollouts, overrides=s.producer_overrides,
                                     on_fatal=self._on_fatal, on_queue_full=self.metrics.queue_full.inc)
@@ -180,7 +191,10 @@ class RolloutProducer:
         await self._gate.start(timeout_s=s.startup_timeout_s)
         self._on_gate_change(self._gate.opened.is_set())
         if s.watch_control:
-            self._control = ControlWatcher(self.kafka, names.control)
+            if isinstance(self.engine, ReloadableEngine):  # it owns its weights: follow announced versions
+                self._weights = WeightFollower(self.engine, loop, self.metrics)
+            self._control = ControlWatcher(self.kafka, names.control,
+                                           on_version=self._weights.on_version if self._weights else None)
             self._control.start()
             if not await asyncio.to_thread(self._control.wait_caught_up, min(5.0, s.startup_timeout_s)):
                 log.warning("%s not read to its end in time: early samples may carry an older policy version",
@@ -224,6 +238,8 @@ class RolloutProducer:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        if self._weights is not None:
+            await self._weights.close()
         await self.engine.close()
         self.metrics.close()
 

@@ -17,7 +17,6 @@ Not thread-safe: one thread owns a trainer.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infra.control import VERSION_FILE, write_weights_version
+
 if TYPE_CHECKING:
     import torch
 
@@ -34,8 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
-                "pytorch_model.bin", "rollstream_version.json")
-VERSION_FILE = "rollstream_version.json"
+                "pytorch_model.bin", VERSION_FILE)
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ class GRPOTrainer:
         for src in self.model_dir.iterdir():
             if src.is_file() and src.name not in _MODEL_FILES and not src.name.endswith(".safetensors"):
                 shutil.copy2(src, tmp / src.name)
-        (tmp / VERSION_FILE).write_text(json.dumps({"version": self.version if version is None else version}))
+        write_weights_version(tmp, self.version if version is None else version)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -109,3 +109,26 @@ class Engine(Protocol):
 
     async def close(self) -> None:
         """Release clients, threads and models."""
+
+
+@runtime_checkable
+class ReloadableEngine(Protocol):
+    """An engine that owns its weights and can swap in a new policy version while it serves.
+
+    The producer calls `reload` for each newer version announced on NS.control with a ``weights_path``
+    (only the newest pending one, one call at a time). Engines whose weights the trainer updates itself
+    (SGLang servers, through SGLang's own weight-update API) do not implement it: they only stamp versions.
+    """
+
+    @property
+    def weight_version(self) -> int | None:
+        """The version of the weights serving now (None when unknown)."""
+
+    async def reload(self, weights_path: str, version: int) -> bool:
+        """Load `weights_path` as `version` without blocking the loop; keep serving the old weights until
+        the new ones are in. Returns False when `version` is not newer than the one serving.
+
+        Raises:
+            EngineError: the weights could not be loaded (the old ones keep serving).
+        """
+        ...

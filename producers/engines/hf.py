@@ -5,19 +5,31 @@ and per-token logprobs come from ``compute_transition_scores`` over the scores o
 distribution. Generation runs in one dedicated worker thread (``rollstream-hf``): torch already uses
 every core for one batch, and the event loop never waits on it. The response keeps the EOS token
 (with its logprob) and drops the padding after it.
+
+Weight updates (`reload`): the new state dict is read from disk in another thread while the old
+weights keep serving, then copied into the model *in the worker thread, between two generations*, so
+no generation ever sees half-updated weights. Every completion is stamped with the version of the
+weights that generated it: the `reload`ed version, or at start the version recorded in the model
+directory (`infra.VERSION_FILE`), else the one given to the constructor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
+import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from infra.control import read_weights_version
 from producers.engines._tokenize import PromptEncoder, load_tokenizer
 from producers.engines.base import Completion, EngineError, Generation, SamplingParams
 from schemas import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 class HFEngine:
@@ -27,7 +39,8 @@ class HFEngine:
         model_dir: a directory ``AutoModelForCausalLM.from_pretrained`` loads (e.g. `build_tiny_model`'s).
         device: torch device (``cpu`` by default).
         torch_threads: cap torch's intra-op threads (None leaves torch's default).
-        weight_version: the version stamped on samples (None: the producer's current version).
+        weight_version: the version of the weights in `model_dir`, stamped on samples until a `reload`
+            (None: the version recorded in the directory, if any, else the producer's current version).
     """
 
     name = "hf"
@@ -38,7 +51,7 @@ class HFEngine:
         self._device = device
         self._chat_template = chat_template
         self._torch_threads = torch_threads
-        self._weight_version = weight_version
+        self._weight_version = weight_version  # written only by the worker thread after start()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._model: Any = None
         self._encoder: PromptEncoder | None = None
@@ -72,7 +85,62 @@ class HFEngine:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--model {self._model_dir}: cannot load a causal LM: {exc}") from exc
         model.to(self._device).eval()
+        if self._weight_version is None:
+            self._weight_version = read_weights_version(self._model_dir)
         return model, tokenizer
+
+    @property
+    def weight_version(self) -> int | None:
+        """The version of the weights serving now (None when unknown). Thread-safe to read."""
+        return self._weight_version
+
+    async def reload(self, weights_path: str | Path, version: int) -> bool:
+        """Serve the weights saved in `weights_path` as `version` from the next generation on.
+
+        Reads the state dict in a helper thread while the current weights keep serving, then copies
+        it into the model in the worker thread between two generations (a generation in progress
+        finishes with the old weights). Returns False, loading nothing, when `version` is not newer
+        than the version serving now. Never blocks the loop. Call from the loop that runs `generate`.
+
+        Raises:
+            EngineError (retriable): the directory holds no loadable weights for this model (missing
+                or mismatched tensors); the old weights keep serving.
+        """
+        if self._model is None or self._executor is None:
+            raise EngineError("HFEngine.reload called before start()", retriable=False)
+        current = self._weight_version
+        if current is not None and version <= current:
+            return False
+        started = time.perf_counter()
+        state = await asyncio.to_thread(_read_state_dict, Path(weights_path))
+        loop = asyncio.get_running_loop()
+        applied = await loop.run_in_executor(self._executor, self._apply_blocking, state, version)
+        if applied:
+            log.info("loaded policy version %d from %s in %.0f ms", version, weights_path,
+                     1e3 * (time.perf_counter() - started))
+        return applied
+
+    def _apply_blocking(self, state: dict[str, Any], version: int) -> bool:
+        """Copy `state` into the model (worker thread only). False when a newer version got there first."""
+        import torch
+
+        if self._model is None:
+            raise EngineError("HFEngine is closed", retriable=False)
+        if self._weight_version is not None and version <= self._weight_version:
+            return False
+        current = self._model.state_dict()
+        unexpected = sorted(set(state) - set(current))
+        loaded_ptrs = {t.data_ptr() for k, t in current.items() if k in state}
+        # Tied weights (lm_head = embed_tokens) are saved once: missing is fine if it shares storage.
+        missing = sorted(k for k, t in current.items() if k not in state and t.data_ptr() not in loaded_ptrs)
+        shapes = sorted(k for k in state if k in current and tuple(state[k].shape) != tuple(current[k].shape))
+        if unexpected or missing or shapes:
+            raise EngineError(f"weights of version {version} do not fit the model: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}, wrong shape {shapes[:3]}", retriable=True)
+        with torch.no_grad():
+            self._model.load_state_dict(state, strict=False)
+        self._weight_version = version
+        return True
 
     async def close(self) -> None:
         executor, self._executor = self._executor, None
@@ -119,6 +187,25 @@ class HFEngine:
         text = tokenizer.decode(tokens, skip_special_tokens=True)
         return Completion(text=text, tokens=tokens, logprobs=logprobs, finish_reason=finish,
                           weight_version=self._weight_version)
+
+
+def _read_state_dict(weights_path: Path) -> dict[str, Any]:
+    """Read the safetensors weights of a saved model directory (one file or an indexed set of shards)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    single, index = weights_path / "model.safetensors", weights_path / "model.safetensors.index.json"
+    try:
+        if single.is_file():
+            return load_file(str(single))
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        state: dict[str, Any] = {}
+        for shard in shards:
+            state.update(load_file(str(weights_path / shard)))
+        return state
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:
+        raise EngineError(f"cannot read weights from {weights_path} (expected model.safetensors or "
+                          f"model.safetensors.index.json): {exc}", retriable=True) from exc
 
 
 def _generate_kwargs(sampling: SamplingParams, tokenizer: Any) -> dict[str, Any]:
