@@ -14,6 +14,10 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from infra.config import KafkaConfig
 from schemas import RollstreamError
 
+# A request answers within its request_timeout; waiting a little longer on its future lets the broker's
+# own timeout error (which says more) arrive first.
+_GRACE_S = 1.0
+
 
 @dataclass(frozen=True)
 class PartitionLag:
@@ -76,12 +80,16 @@ class LagReader:
             tps = [TopicPartition(topic, p) for p in parts]
             request = [ConsumerGroupTopicPartitions(group, tps)]
             committed_future = self._admin.list_consumer_group_offsets(request, request_timeout=timeout)[group]
-            committed = {tp.partition: tp.offset for tp in committed_future.result(timeout=timeout).topic_partitions}
+            answer = committed_future.result(timeout=timeout + _GRACE_S)
+            committed = {tp.partition: tp.offset for tp in answer.topic_partitions}
             ends = self._offsets(tps, OffsetSpec.latest(), timeout)
             starts = self._offsets(tps, OffsetSpec.earliest(), timeout)
         except KafkaException as exc:
             raise RollstreamError(f"cannot read lag of group {group} on {topic}: {exc.args[0]}",
                                   retriable=True) from exc
+        except TimeoutError as exc:  # a future's result() that outlived its wait (broker slow or down)
+            raise RollstreamError(f"cannot read lag of group {group} on {topic}: no answer from the broker "
+                                  f"within {timeout:.1f} s", retriable=True) from exc
         rows = tuple(
             PartitionLag(p, committed[p] if committed.get(p, -1) >= 0 else None, starts[p], ends[p])
             for p in parts
@@ -90,4 +98,4 @@ class LagReader:
 
     def _offsets(self, tps: list[TopicPartition], spec: OffsetSpec, timeout: float) -> dict[int, int]:
         futures = self._admin.list_offsets({tp: spec for tp in tps}, request_timeout=timeout)
-        return {tp.partition: f.result(timeout=timeout).offset for tp, f in futures.items()}
+        return {tp.partition: f.result(timeout=timeout + _GRACE_S).offset for tp, f in futures.items()}

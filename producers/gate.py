@@ -98,15 +98,16 @@ class LagGate:
             base = self._produced()
             try:
                 lag = reader.group_lag(self.trainer_group, self.topic, timeout=max(1.0, 4 * self._interval_s)).total
-            except RollstreamError as exc:
+            except Exception as exc:  # noqa: BLE001 -- this thread must outlive any one failed read
                 failures += 1
                 if failures in (1, 10) or failures % 100 == 0:
                     log.warning("cannot read lag of %s on %s (%d times; keeping the estimate): %s",
                                 self.trainer_group, self.topic, failures, exc)
                 continue
             failures = 0
+            if self._loop is None:
+                return
             try:
-                assert self._loop is not None
                 self._loop.call_soon_threadsafe(self._apply, lag, base)
             except RuntimeError:
                 return  # the loop is closed
