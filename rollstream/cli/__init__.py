@@ -10,6 +10,7 @@ import sys
 from typing import Annotated
 
 import typer
+from confluent_kafka import KafkaError, KafkaException
 
 from rollstream.cli import _broker, _topics
 from rollstream.cli._common import setup_logging
@@ -52,4 +53,11 @@ def main() -> None:
         app()
     except RollstreamError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        sys.exit(2)
+    except KafkaException as exc:  # raised by librdkafka itself, e.g. a client refusing a setting
+        err = exc.args[0]
+        hint = (" (check the --kafka-config file)" if isinstance(err, KafkaError)
+                and err.code() == KafkaError._INVALID_ARG else "")
+        typer.secho(f"error: Kafka client: {err.str() if isinstance(err, KafkaError) else err}{hint}",
+                    fg=typer.colors.RED, err=True)
         sys.exit(2)
