@@ -67,11 +67,23 @@ class GroupPipeline:
         try:
             rewards = await self.score(pdict, generation)
             samples = _groups.samples_of(generation, rewards, version)
+            return _groups.ok_group(prompt, generation, samples, producer_id=pid, started_at_ms=started_ms)
         except (RewardError, InvalidRecordError) as exc:
             log.warning("group %s failed: %s", prompt.group_id, exc)
-            return _groups.failed_group(prompt, str(exc), producer_id=pid, started_at_ms=started_ms,
-                                        generation=generation, samples=_unscored(generation, version))
-        return _groups.ok_group(prompt, generation, samples, producer_id=pid, started_at_ms=started_ms)
+            try:
+                return _groups.failed_group(prompt, str(exc), producer_id=pid, started_at_ms=started_ms,
+                                            generation=generation, samples=_unscored(generation, version))
+            except InvalidRecordError:  # the generation itself does not fit (e.g. prompt tokens beyond int32)
+                return _groups.failed_group(prompt, str(exc), producer_id=pid, started_at_ms=started_ms)
+
+    def failed_stand_in(self, taken: TakenPrompt, error: str) -> ScoredGroup:
+        """A failed group for `taken` carrying only `error` (its group could not be made or published)."""
+        if taken.prompt is None:
+            return _groups.undecodable_group(self.prompts_topic, taken.partition, taken.offset,
+                                             f"{taken.error or ''} ({error})",
+                                             producer_id=self.producer_id, started_at_ms=taken.taken_at_ms)
+        return _groups.failed_group(taken.prompt, error, producer_id=self.producer_id,
+                                    started_at_ms=taken.taken_at_ms)
 
     async def generate(self, prompt: dict[str, Any]) -> Generation:
         """`engine.generate` with bounded retries of retriable errors. Raises the last error."""

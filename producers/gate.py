@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 
 from infra import KafkaConfig, LagReader
-from schemas import RollstreamError
 
 log = logging.getLogger(__name__)
 

@@ -221,20 +221,30 @@ class Intake:
         taken = TakenPrompt(partition, offset, generation, prompt, error, now_ms())
         self._loop.call_soon_threadsafe(self._deliver, taken)
 
-    def _commit(self, consumer: Consumer, offsets: dict[int, int]) -> None:
+    def _commit(self, consumer: Consumer, offsets: dict[int, int]) -> dict[int, int]:
+        """Commit `offsets`; mark committed only the partitions the broker accepted (the others are
+        retried on the next commit tick). Returns the offsets that failed."""
         if not offsets:
-            return
+            return {}
         try:
-            consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
-                            asynchronous=False)
+            results = consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
+                                      asynchronous=False)
         except KafkaException as exc:
             err = exc.args[0]
             if getattr(err, "fatal", lambda: False)():
                 raise
             log.warning("commit of %s offsets %s failed (will retry): %s", self.topic, offsets, err)
-            return
-        self._marks.mark_committed(offsets)
-        log.debug("committed %s offsets %s for group %s", self.topic, offsets, self.group_id)
+            return dict(offsets)
+        failed = {}
+        for tp in results or ():
+            if tp.error is not None:
+                failed[tp.partition] = offsets.get(tp.partition, tp.offset)
+                log.warning("commit of %s[%d]@%d for group %s failed (will retry): %s", self.topic, tp.partition,
+                            tp.offset, self.group_id, tp.error)
+        done = {p: o for p, o in offsets.items() if p not in failed}
+        self._marks.mark_committed(done)
+        log.debug("committed %s offsets %s for group %s", self.topic, done, self.group_id)
+        return failed
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._marks.assign([tp.partition for tp in partitions])
@@ -249,7 +259,10 @@ class Intake:
         offsets = self._marks.revoke([tp.partition for tp in partitions])
         log.info("revoked %s partitions %s%s", self.topic, sorted(tp.partition for tp in partitions),
                  f"; committing {offsets}" if offsets else "")
-        self._commit(consumer, offsets)
+        failed = self._commit(consumer, offsets)
+        if failed:  # the bookkeeping is gone: the next owner regenerates these prompts (duplicates, no loss)
+            log.warning("revoked %s partitions: commit of %s failed; prompts acknowledged since the last commit "
+                        "of those partitions will be generated again by the next owner", self.topic, failed)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._marks.revoke([tp.partition for tp in partitions])

@@ -7,7 +7,8 @@
   loop keeps running (the fully-async bug was exactly a blocking put on the loop).
 - A dedicated thread (``rollstream-publish-poll``) serves delivery reports; each report only schedules
   the future's result on the loop (``call_soon_threadsafe``), so a callback never blocks.
-- `flush` runs in the worker thread too.
+- `flush` runs in the worker thread too, behind any produce waiting there; `close` flushes in a thread of
+  its own, so a produce waiting for room (broker down) never holds it past its timeout.
 """
 
 from __future__ import annotations
@@ -186,10 +187,15 @@ class Publisher:
         return await asyncio.get_running_loop().run_in_executor(self._executor, producer.flush, timeout_s)
 
     async def close(self, timeout_s: float = 30.0) -> int:
-        """Flush, stop the poll thread. Idempotent. Returns the count of records never acknowledged."""
+        """Flush, stop the poll thread. Idempotent. Returns the count of records never acknowledged.
+
+        Bounded by `timeout_s` (plus up to 5 s to join the poll thread) even with the broker down: a
+        produce still waiting for queue room then fails with `PublishError` (``_DESTROY``).
+        """
         if self._producer is None:
             return 0
-        left = await self.flush(timeout_s)
+        # Not on the worker: a produce waiting there for room would hold the flush up to message.timeout.ms.
+        left = await asyncio.to_thread(self._producer.flush, timeout_s)
         self._stop.set()
         self._room.set()
         if self._poller is not None:

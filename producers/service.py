@@ -46,6 +46,7 @@ from producers.settings import ProducerSettings
 from schemas import RollstreamError
 
 log = logging.getLogger(__name__)
+_JOIN_TIMEOUT_S = 5.0
 
 
 class RolloutProducer:
@@ -226,8 +227,10 @@ class RolloutProducer:
         self._stopping = True
         if self._intake is not None:
             self._intake.halt()
-        await self._drain()
-        remaining = 0 if self._force else self.settings.drain_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.drain_timeout_s
+        await self._drain(deadline)
+        remaining = 0.0 if self._force else deadline - loop.time()
         if self._publisher is not None:
             await self._publisher.close(timeout_s=max(remaining, 5.0))
         if self._intake is not None:
@@ -238,10 +241,21 @@ class RolloutProducer:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
+        await self._join_threads(_JOIN_TIMEOUT_S)
         if self._weights is not None:
             await self._weights.close()
         await self.engine.close()
-        self.metrics.close()
+        await asyncio.to_thread(self.metrics.close)  # server.shutdown() waits for serve_forever's 0.5 s poll
+
+    async def _join_threads(self, timeout_s: float) -> None:
+        """Join the lag and control threads, each up to `timeout_s` (a lag read may be under way)."""
+        # LagGate and ControlWatcher expose no join(); their thread handles are the one way to wait.
+        threads = [t for t in (getattr(self._gate, "_thread", None), getattr(self._control, "_thread", None))
+                   if t is not None]
+        await asyncio.gather(*(asyncio.to_thread(t.join, timeout_s) for t in threads))
+        for thread in threads:
+            if thread.is_alive():
+                log.warning("thread %s did not stop within %g s; left running (daemon)", thread.name, timeout_s)
 
     async def _close_intake(self) -> None:
         assert self._intake is not None
@@ -250,7 +264,7 @@ class RolloutProducer:
         except TimeoutError:
             log.error("prompt consumer did not close in time; its last commit may be missing")
 
-    async def _drain(self) -> None:
+    async def _drain(self, deadline: float) -> None:
         """Let in-flight groups finish (up to the drain deadline); cancel what is left."""
         dropped = len(self._buffer)
         self._buffer.clear()
@@ -259,7 +273,6 @@ class RolloutProducer:
         if not self._in_flight:
             return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.drain_timeout_s
         log.info("stopping: draining %d in-flight groups (up to %g s)", len(self._in_flight),
                  self.settings.drain_timeout_s)
         pending = set(self._in_flight)
@@ -338,11 +351,24 @@ class RolloutProducer:
     # -- one group -----------------------------------------------------------------------------------
 
     async def _process(self, taken: TakenPrompt) -> None:
+        """Ends in exactly one of: the group (ok, or failed with its error) acknowledged and its prompt
+        acked, or a fatal stop. Never a prompt left unacknowledged while the producer runs on."""
         assert self._pipeline is not None
+        where = f"{self.settings.topics.prompts}[{taken.partition}]@{taken.offset}"
         try:
-            await self._pipeline.run(taken)
+            try:
+                await self._pipeline.run(taken)
+            except PublishError:
+                raise
+            except Exception as exc:  # a bug or an unforeseen error: account the prompt as a failed group
+                log.exception("group of %s failed unexpectedly; publishing it as failed", where)
+                error = f"internal error: {type(exc).__name__}: {exc}"
+                await self._pipeline.publish(self._pipeline.failed_stand_in(taken, error))
             self._marks.ack(taken.partition, taken.offset, taken.generation)
         except PublishError as exc:
+            self._on_fatal(exc)
+        except Exception as exc:  # not even the failed stand-in went out: stop rather than leave a hole
+            log.error("group of %s could not be published, not even as failed; stopping", where, exc_info=True)
             self._on_fatal(exc)
         finally:
             task = asyncio.current_task()

@@ -22,8 +22,13 @@ def pack(values: Sequence[int] | Sequence[float] | np.ndarray, dtype: np.dtype, 
         array = np.asarray(values)
         if array.ndim != 1:
             raise ValueError(f"expected a 1-D sequence, got shape {array.shape}")
-        if dtype.kind == "i" and array.size and array.dtype.kind not in "iu":
-            raise ValueError(f"expected integers, got {array.dtype}")
+        if dtype.kind == "i" and array.size:
+            if array.dtype.kind not in "iu":
+                raise ValueError(f"expected integers, got {array.dtype}")
+            info = np.iinfo(dtype)
+            if array.min() < info.min or array.max() > info.max:
+                raise ValueError(f"values must fit {dtype.name} ({info.min}..{info.max}); "
+                                 f"got {array.min()}..{array.max()}")
         return array.astype(dtype, copy=False).tobytes()
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidRecordError(f"field {field!r}: {exc}") from exc

@@ -53,7 +53,7 @@ class SGLangEngine:
         if self._engine is not None:
             return
         try:
-            sglang = importlib.import_module("sglang")
+            sglang = await asyncio.to_thread(importlib.import_module, "sglang")  # torch and CUDA: seconds
         except ImportError as exc:
             raise ConfigError("--engine sglang without --sglang-url runs SGLang in-process and needs it "
                               "installed: pip install 'rollstream[sglang]' (GPU only)") from exc

@@ -70,8 +70,9 @@ def produce(
         help="Stable identity (static group membership): a restarted producer gets its prompt partitions "
              "back at once.", rich_help_panel=_LIFE)] = None,
     exit_when_idle: Annotated[float | None, typer.Option(
-        min=0.0, help="Exit once, for this many seconds, no prompt came while intake was not paused, and "
-                      "everything taken is published and committed.", rich_help_panel=_LIFE)] = None,
+        help="Exit once, for this many seconds (> 0; 0 is rejected), no prompt came while intake was not "
+             "paused, and everything taken is published and committed. Omit it to run until stopped.",
+        rich_help_panel=_LIFE)] = None,
     drain_timeout: Annotated[float, typer.Option(
         min=0.0, help="On SIGTERM/SIGINT, seconds in-flight groups get to finish (a second signal skips it).",
         rich_help_panel=_LIFE)] = 60.0,
@@ -87,9 +88,12 @@ def produce(
     bootstrap_servers: BootstrapOpt = None,
     kafka_config_file: KafkaConfigOpt = None,
 ) -> None:
+    if exit_when_idle is not None and exit_when_idle <= 0:
+        raise typer.BadParameter(f"--exit-when-idle {exit_when_idle:g}: must be > 0 seconds; omit it to run "
+                                 "until stopped")
     settings = ProducerSettings(
         namespace=namespace, n_samples=n_samples, concurrency=concurrency, max_lag=max_lag,
-        trainer_group=trainer_group, producer_id=producer_id, exit_when_idle_s=exit_when_idle or None,
+        trainer_group=trainer_group, producer_id=producer_id, exit_when_idle_s=exit_when_idle,
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, drain_timeout_s=drain_timeout,
         startup_timeout_s=startup_timeout, session_timeout_s=session_timeout, metrics_port=metrics_port,
         summary_interval_s=summary_interval)

@@ -156,6 +156,8 @@ def test_invalid_records_name_the_field() -> None:
         Sample(tokens=[1], finish_reason="eos")
     with pytest.raises(InvalidRecordError, match="tokens"):
         Sample(tokens=[1.5, 2.5])
+    with pytest.raises(InvalidRecordError, match="int32"):
+        Sample(tokens=[1, 2**40])  # would silently wrap to 0 if cast
     with pytest.raises(InvalidRecordError, match="needs an error"):
         ScoredGroup(group_id="g", prompt_id="p", epoch=0, prompt_tokens=[], samples=(),
                     started_at_ms=0, finished_at_ms=0, status="failed")

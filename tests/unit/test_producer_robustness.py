@@ -1,0 +1,182 @@
+"""Broker-free robustness of the producer: every group task ends acknowledged or fatal (never a silent
+hole in the watermark), shutdown is bounded by its timeouts, and a partly failed commit is retried."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError
+
+from infra import KafkaConfig
+from producers import ProducerSettings, RolloutProducer, SamplingParams
+from producers._pipeline import GroupPipeline
+from producers._watermarks import Watermarks
+from producers.engines.base import Completion, Generation
+from producers.intake import Intake, TakenPrompt
+from producers.publisher import Publisher, PublishError
+from schemas import Prompt, ScoredGroup, decode
+
+# -- a group task ends acknowledged (ok or failed) or fatal ----------------------------------------------
+
+
+class _Engine:
+    name = "fake"
+
+    def __init__(self, prompt_tokens: tuple[int, ...] = (1, 2)) -> None:
+        self.prompt_tokens = prompt_tokens
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
+        return Generation(completions=[Completion(text="a", tokens=[3])] * n, prompt_text="q",
+                          prompt_tokens=self.prompt_tokens)
+
+
+class _Publisher:
+    """Records what is published; the first `fail` publishes raise RuntimeError like a closed publisher."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.fail = fail
+        self.records: list[ScoredGroup] = []
+        self.timeouts: list[float] = []
+
+    async def publish(self, key: bytes, value: bytes) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("publisher closed")
+        self.records.append(decode(value, ScoredGroup))
+
+    async def close(self, timeout_s: float = 30.0) -> int:
+        self.timeouts.append(timeout_s)
+        return 0
+
+
+def _producer(engine: _Engine, publisher: _Publisher, *, on_produce: Any = None,
+              drain_timeout_s: float = 60.0) -> RolloutProducer:
+    producer = RolloutProducer(engine, ProducerSettings(namespace="t", drain_timeout_s=drain_timeout_s))
+    producer._pipeline = GroupPipeline(
+        engine=engine, reward=None, sampling=SamplingParams(), n_samples=1, attempts=1, backoff_s=0.0,
+        producer_id="p", prompts_topic="t.prompts", max_message_bytes=1 << 20, publisher=publisher,  # type: ignore[arg-type]
+        gate=None, metrics=producer.metrics, weight_version=lambda: 0,  # type: ignore[arg-type]
+        on_produce=on_produce or (lambda: None))
+    producer._publisher = publisher  # type: ignore[assignment]
+    return producer
+
+
+def _take(producer: RolloutProducer, offset: int = 5) -> TakenPrompt:
+    producer._marks.assign([0])
+    generation = producer._marks.take(0, offset)
+    assert generation is not None
+    return TakenPrompt(0, offset, generation, Prompt(id="p1", prompt="q"), None, 0)
+
+
+def test_a_group_that_does_not_fit_the_schema_is_published_as_failed_and_acked() -> None:
+    """Prompt tokens that do not fit int32 made ok_group (and failed_group with the generation) raise outside any
+    handler: the prompt stayed unacknowledged for ever."""
+    publisher = _Publisher()
+    producer = _producer(_Engine(prompt_tokens=(1, 2**70)), publisher)
+    asyncio.run(producer._process(_take(producer)))
+    assert [r.status for r in publisher.records] == ["failed"] and producer._fatal is None
+    assert producer._marks.committable() == {0: 6}
+
+
+def test_an_unexpected_error_publishes_a_failed_stand_in_and_acks() -> None:
+    calls = []
+
+    def buggy_on_produce() -> None:  # e.g. a bug in a metrics call, once
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("metrics bug")
+
+    publisher = _Publisher()
+    producer = _producer(_Engine(), publisher, on_produce=buggy_on_produce)
+    asyncio.run(producer._process(_take(producer)))
+    assert len(publisher.records) == 1 and publisher.records[0].status == "failed"
+    assert "internal error: ValueError: metrics bug" in (publisher.records[0].error or "")
+    assert producer._fatal is None and producer._marks.committable() == {0: 6}
+
+
+def test_a_group_that_cannot_be_published_at_all_stops_the_producer() -> None:
+    publisher = _Publisher(fail=2)  # the group and its failed stand-in: "publisher closed"
+    producer = _producer(_Engine(), publisher)
+    asyncio.run(producer._process(_take(producer)))
+    assert isinstance(producer._fatal, RuntimeError) and producer._stopping
+    assert (producer.exit_reason or "").startswith("fatal") and producer._marks.committable() == {0: 5}
+
+
+# -- shutdown is bounded --------------------------------------------------------------------------------
+
+
+def test_close_passes_the_publisher_the_time_left_after_the_drain() -> None:
+    publisher = _Publisher()
+    producer = _producer(_Engine(), publisher, drain_timeout_s=6.0)
+
+    async def scenario() -> None:
+        producer._in_flight.add(asyncio.create_task(asyncio.sleep(0.6)))
+        await producer._close([])
+
+    asyncio.run(scenario())
+    assert publisher.timeouts and publisher.timeouts[0] <= 5.6
+
+
+def test_publisher_close_is_bounded_while_a_produce_waits_for_queue_room() -> None:
+    """No broker: the queue (2 records) is full and a third produce waits in the worker thread. Records
+    would time out only after message.timeout.ms (60 s); close(0.5) must not wait for that."""
+    config = KafkaConfig(bootstrap_servers="127.0.0.1:1", extra={"log_level": 0})
+    publisher = Publisher(config, "t", overrides={"queue.buffering.max.messages": 2, "message.timeout.ms": 60_000})
+
+    async def scenario() -> tuple[float, int, list[Any]]:
+        publisher.start(asyncio.get_running_loop())
+        sends = [asyncio.create_task(publisher.publish(b"k", b"v")) for _ in range(3)]
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        left = await asyncio.wait_for(publisher.close(timeout_s=0.5), 10)
+        elapsed = time.monotonic() - started
+        await asyncio.sleep(0.2)
+        for task in sends:
+            task.cancel()
+        return elapsed, left, await asyncio.gather(*sends, return_exceptions=True)
+
+    elapsed, left, results = asyncio.run(scenario())
+    assert elapsed < 3.0 and left == 2
+    assert isinstance(results[2], PublishError) and results[2].code == "_DESTROY"
+
+
+# -- intake commits: a partition the broker refused is retried -------------------------------------------
+
+
+class _Consumer:
+    def __init__(self, refuse: set[int]) -> None:
+        self.refuse = refuse
+        self.commits: list[dict[int, int]] = []
+
+    def commit(self, offsets: list[Any], asynchronous: bool) -> list[Any]:
+        self.commits.append({tp.partition: tp.offset for tp in offsets})
+        return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=tp.offset,
+                                error=KafkaError(KafkaError.REBALANCE_IN_PROGRESS) if tp.partition in self.refuse
+                                else None) for tp in offsets]
+
+
+def test_intake_marks_only_accepted_partitions_committed(caplog: pytest.LogCaptureFixture) -> None:
+    marks = Watermarks()
+    intake = Intake(KafkaConfig(bootstrap_servers="127.0.0.1:1"), "t.prompts", "g", watermarks=marks, prefetch=1)
+    marks.assign([0, 1])
+    for p in (0, 1):
+        generation = marks.take(p, 7)
+        assert generation is not None and marks.ack(p, 7, generation)
+    consumer = _Consumer(refuse={1})
+    assert intake._commit(consumer, marks.committable()) == {1: 8}  # type: ignore[arg-type]
+    assert "t.prompts[1]@8" in caplog.text
+    assert marks.committable() == {1: 8} and not marks.settled()  # retried on the next tick
+    consumer.refuse.clear()
+    assert intake._commit(consumer, marks.committable()) == {}  # type: ignore[arg-type]
+    assert consumer.commits[-1] == {1: 8} and marks.settled()
