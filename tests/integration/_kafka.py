@@ -11,14 +11,17 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from infra import KafkaConfig, LagReader, TopicNames
 from producers.prompts import publish_prompts
 from schemas import Prompt, ScoredGroup, decode
+
+T = TypeVar("T")
 
 
 def write_prompts(config: KafkaConfig, names: TopicNames, ids: Iterable[str], *, label: str = "42") -> int:
@@ -109,3 +112,15 @@ def start_cli(bootstrap: str, *args: str, **env: str) -> subprocess.Popen[str]:
 def run_cli(bootstrap: str, *args: str, timeout_s: float = 60.0, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "rollstream", *args], cwd=REPO_ROOT, env=cli_env(bootstrap, **env),
                           capture_output=True, text=True, timeout=timeout_s)
+
+
+def until(probe: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.1) -> T:
+    """Poll `probe` until it returns something truthy and return that; AssertionError naming `what` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)

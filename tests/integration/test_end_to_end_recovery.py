@@ -34,7 +34,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -45,7 +44,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from consumers import Batch, RolloutConsumer, TakeTimeout, audit
 from infra import KafkaConfig, LagReader, TopicNames
 from schemas import Prompt, ScoredGroup, decode
-from tests.integration._kafka import REPO_ROOT, cli_env, end_offsets, run_cli
+from tests.integration._kafka import REPO_ROOT, cli_env, end_offsets, run_cli, until
 
 T = TypeVar("T")
 N = 30  # prompts, one epoch
@@ -56,16 +55,6 @@ SESSION_S = 2  # a killed producer's partitions move after this
 IDLE_S = 5  # the survivor exits after this long idle: longer than the session timeout plus a rebalance
 VICTIM, SURVIVOR = "P1", "P2"
 
-
-def until(probe: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.1) -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def read_records(config: KafkaConfig, topic: str, cls: type[T], timeout_s: float = 20.0) -> list[tuple[int, int, T]]:

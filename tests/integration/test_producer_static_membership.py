@@ -21,27 +21,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from confluent_kafka.admin import AdminClient
 
 from infra import KafkaConfig, TopicNames
-from tests.integration._kafka import REPO_ROOT, cli_env, count, lag, read_all, write_prompts
+from tests.integration._kafka import REPO_ROOT, cli_env, count, lag, read_all, until, write_prompts
 
-T = TypeVar("T")
 PARTITIONS = 3
 
-
-def until(probe: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.1) -> T:
-    """Poll `probe` until it returns something other than None/False; that value."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
 
 
 @dataclass(frozen=True)
