@@ -161,7 +161,16 @@ class ControlWatcher:
             self._thread.start()
 
     def stop(self) -> None:
+        """Ask the thread to end (within one poll). Idempotent; never blocks."""
         self._stop.set()
+
+    def join(self, timeout_s: float) -> bool:
+        """Block up to `timeout_s` for the thread to end (after `stop`); True when it has (or never ran)."""
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
 
     def wait_caught_up(self, timeout_s: float) -> bool:
         """Block up to `timeout_s` until every record present at startup was read; False on timeout."""

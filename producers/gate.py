@@ -64,6 +64,14 @@ class LagGate:
         """Stop the thread (it exits within one interval). Idempotent; never blocks."""
         self._stop.set()
 
+    def join(self, timeout_s: float) -> bool:
+        """Block up to `timeout_s` for the thread to end (after `stop`); True when it has (or never ran)."""
+        thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
     @property
     def estimate(self) -> int:
         """Last reading plus what this producer produced since that reading started."""

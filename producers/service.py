@@ -249,13 +249,12 @@ class RolloutProducer:
 
     async def _join_threads(self, timeout_s: float) -> None:
         """Join the lag and control threads, each up to `timeout_s` (a lag read may be under way)."""
-        # LagGate and ControlWatcher expose no join(); their thread handles are the one way to wait.
-        threads = [t for t in (getattr(self._gate, "_thread", None), getattr(self._control, "_thread", None))
-                   if t is not None]
-        await asyncio.gather(*(asyncio.to_thread(t.join, timeout_s) for t in threads))
-        for thread in threads:
-            if thread.is_alive():
-                log.warning("thread %s did not stop within %g s; left running (daemon)", thread.name, timeout_s)
+        workers = {"rollstream-lag": self._gate, "rollstream-control": self._control}
+        running = {name: w for name, w in workers.items() if w is not None}
+        ended = await asyncio.gather(*(asyncio.to_thread(w.join, timeout_s) for w in running.values()))
+        for name, done in zip(running, ended, strict=True):
+            if not done:
+                log.warning("thread %s did not stop within %g s; left running (daemon)", name, timeout_s)
 
     async def _close_intake(self) -> None:
         assert self._intake is not None
