@@ -1,6 +1,7 @@
 """Kafka-facing plumbing: client configuration, the topic plan, consumer-group lag, policy versions on
 NS.control, the local broker."""
 
+from infra._worker import WorkerThread
 from infra.config import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, KafkaConfig, default_bootstrap
 from infra.control import (
     VERSION_FILE,
@@ -14,7 +15,8 @@ from infra.lag import GroupLag, LagReader, PartitionLag
 from infra.topics import TopicNames, TopicPlan, TopicSpec, create_topics, describe_topic_configs
 
 __all__ = [
-    "BOOTSTRAP_ENV", "DEFAULT_BOOTSTRAP", "VERSION_FILE", "ControlWatcher", "GroupLag", "KafkaConfig", "LagReader",
-    "PartitionLag", "PolicyAnnouncer", "TopicNames", "TopicPlan", "TopicSpec", "announce_policy_version",
-    "create_topics", "default_bootstrap", "describe_topic_configs", "read_weights_version", "write_weights_version",
+    "BOOTSTRAP_ENV", "DEFAULT_BOOTSTRAP", "VERSION_FILE", "ControlWatcher", "GroupLag", "KafkaConfig",
+    "LagReader", "PartitionLag", "PolicyAnnouncer", "TopicNames", "TopicPlan", "TopicSpec", "WorkerThread",
+    "announce_policy_version", "create_topics", "default_bootstrap", "describe_topic_configs",
+    "read_weights_version", "write_weights_version",
 ]

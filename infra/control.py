@@ -27,6 +27,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from infra._worker import WorkerThread
 from infra.config import KafkaConfig
 from infra.topics import TopicNames
 from schemas import DecodeError, PolicyVersion, RollstreamError, decode, encode
@@ -123,7 +124,7 @@ def announce_policy_version(target: Producer | KafkaConfig, names: TopicNames | 
     log.info("announced policy version %d on %s (weights %s)", version.version, topic, version.weights_path)
 
 
-class ControlWatcher:
+class ControlWatcher(WorkerThread):
     """Follows NS.control. `start` returns at once; `stop` is idempotent and never blocks.
 
     Args:
@@ -135,14 +136,13 @@ class ControlWatcher:
 
     def __init__(self, config: KafkaConfig, topic: str, *,
                  on_version: Callable[[PolicyVersion], None] | None = None) -> None:
+        super().__init__()
         self._conf = config.consumer(f"rollstream-control-watch-{uuid.uuid4().hex[:12]}",
                                      {"fetch.wait.max.ms": 200})
         self.topic = topic
         self._on_version = on_version
         self._latest: PolicyVersion | None = None
-        self._stop = threading.Event()
         self._caught_up = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def current_weight_version(self) -> int | None:
@@ -156,21 +156,9 @@ class ControlWatcher:
         return self._latest
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rollstream-control", daemon=True)
-            self._thread.start()
+        """Start following the topic in thread ``rollstream-control``; returns at once. Idempotent."""
+        self._launch(self._run, "rollstream-control")
 
-    def stop(self) -> None:
-        """Ask the thread to end (within one poll). Idempotent; never blocks."""
-        self._stop.set()
-
-    def join(self, timeout_s: float) -> bool:
-        """Block up to `timeout_s` for the thread to end (after `stop`); True when it has (or never ran)."""
-        thread = self._thread
-        if thread is None:
-            return True
-        thread.join(timeout_s)
-        return not thread.is_alive()
 
     def wait_caught_up(self, timeout_s: float) -> bool:
         """Block up to `timeout_s` until every record present at startup was read; False on timeout."""

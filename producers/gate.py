@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable
 
 from infra import KafkaConfig, LagReader
+from infra._worker import WorkerThread
 
 log = logging.getLogger(__name__)
 
 
-class LagGate:
+class LagGate(WorkerThread):
     """Open/closed state for starting new prompts. Loop-side methods must run on the loop given to `start`."""
 
     def __init__(self, config: KafkaConfig, trainer_group: str, topic: str, *, max_lag: int, interval_s: float,
                  produced: Callable[[], int], on_change: Callable[[bool], None] | None = None) -> None:
+        super().__init__()
         self._config = config
         self.trainer_group, self.topic = trainer_group, topic
         self.max_lag = max_lag
@@ -36,8 +37,6 @@ class LagGate:
         self._base = 0
         self.measured_at = 0.0
         self.opened = asyncio.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self, timeout_s: float = 10.0) -> None:
@@ -57,20 +56,8 @@ class LagGate:
         else:
             log.info("intake paused from the start: lag of %s on %s is %d (max %d)", self.trainer_group, self.topic,
                      lag, self.max_lag)
-        self._thread = threading.Thread(target=self._run, args=(reader,), name="rollstream-lag", daemon=True)
-        self._thread.start()
+        self._launch(self._run, "rollstream-lag", reader)
 
-    def stop(self) -> None:
-        """Stop the thread (it exits within one interval). Idempotent; never blocks."""
-        self._stop.set()
-
-    def join(self, timeout_s: float) -> bool:
-        """Block up to `timeout_s` for the thread to end (after `stop`); True when it has (or never ran)."""
-        thread = self._thread
-        if thread is None:
-            return True
-        thread.join(timeout_s)
-        return not thread.is_alive()
 
     @property
     def estimate(self) -> int:

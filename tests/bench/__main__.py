@@ -25,11 +25,10 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames
 from tests.bench import bench_baseline, bench_codec, bench_consumer, bench_pipeline, bench_producer
-from tests.bench._common import NamesFactory, delete_topics, topic_factory
+from tests.bench._common import NamesFactory, Rows, delete_topics, topic_factory
 from tests.bench._report import Part, machine_facts, render
 
 log = logging.getLogger("tests.bench")
-Rows = list[tuple[str, str]]
 
 
 @dataclass(frozen=True)

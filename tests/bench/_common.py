@@ -64,3 +64,20 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> floa
             raise RuntimeError(f"bench: {what} did not happen within {timeout:g} s")
         time.sleep(0.001)
     return time.perf_counter()
+
+
+Rows = list[tuple[str, str]]
+
+
+def run_standalone(run: Callable[[KafkaConfig, NamesFactory], Rows], prefix: str) -> None:
+    """``python -m tests.bench.<part>``: run one part against ROLLSTREAM_BOOTSTRAP_SERVERS on fresh
+    namespaces (deleted afterwards) and print its rows as a markdown table."""
+    config = KafkaConfig(client_id="rollstream-bench")
+    made: list[TopicNames] = []
+    try:
+        rows = run(config, topic_factory(config, made, prefix))
+    finally:
+        delete_topics(config, made)
+    print("| figure | value |\n|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")

@@ -269,15 +269,6 @@ def _delivery_rows(label: str, o: Outcome) -> list[tuple[str, str]]:
 
 
 if __name__ == "__main__":
-    from tests.bench._common import delete_topics, topic_factory
+    from tests.bench._common import run_standalone
 
-    cfg = KafkaConfig(client_id="rollstream-bench")
-    made: list[TopicNames] = []
-    try:
-        rows = run(cfg, topic_factory(cfg, made, "bench-baseline"))
-    finally:
-        delete_topics(cfg, made)
-    print("| figure | value |\n|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
-
+    run_standalone(run, "bench-baseline")

@@ -137,14 +137,6 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames], *,
 
 
 if __name__ == "__main__":
-    from tests.bench._common import delete_topics, topic_factory
+    from tests.bench._common import run_standalone
 
-    cfg = KafkaConfig(client_id="rollstream-bench")
-    made: list[TopicNames] = []
-    try:
-        rows = run(cfg, topic_factory(cfg, made, "bench-pipeline"))
-    finally:
-        delete_topics(cfg, made)
-    print("| figure | value |\n|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
+    run_standalone(run, "bench-pipeline")

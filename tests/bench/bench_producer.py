@@ -192,7 +192,6 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames] | None = N
 
 
 if __name__ == "__main__":
-    cfg = KafkaConfig(client_id="rollstream-bench")
-    print("| figure | value |\n|---|---|")
-    for name, value in run(cfg):
-        print(f"| {name} | {value} |")
+    from tests.bench._common import run_standalone
+
+    run_standalone(run, "bench-producer")

@@ -38,27 +38,32 @@ def end_offsets(config: KafkaConfig, topic: str) -> dict[int, int]:
         consumer.close()
 
 
-def read_all(config: KafkaConfig, topic: str, timeout_s: float = 20.0) -> list[ScoredGroup]:
-    """Every record on `topic` (all partitions, from the beginning to the current end), decoded."""
-    ends = end_offsets(config, topic)
+def read_records(config: KafkaConfig, topic: str, cls: type[T], timeout_s: float = 20.0
+                 ) -> list[tuple[int, int, T]]:
+    """(partition, offset, decoded record) of everything on `topic` now, in offset order per partition."""
+    ends = {p: e for p, e in end_offsets(config, topic).items() if e > 0}
     consumer = Consumer(config.consumer(f"reader-{uuid.uuid4().hex[:8]}"))
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-    out: list[ScoredGroup] = []
-    remaining = {p: e for p, e in ends.items() if e > 0}
+    out: list[tuple[int, int, T]] = []
     deadline = time.monotonic() + timeout_s
     try:
-        while remaining and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
+        while ends and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
             if msg is None or msg.error():
                 continue
-            out.append(decode(msg.value(), ScoredGroup))
-            if msg.offset() + 1 >= remaining.get(msg.partition(), 0):
-                remaining.pop(msg.partition(), None)
+            out.append((msg.partition(), msg.offset(), decode(msg.value(), cls)))  # type: ignore[arg-type]
+            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
+                ends.pop(msg.partition(), None)
     finally:
         consumer.close()
-    if remaining:
-        raise AssertionError(f"could not read {topic} to its end in {timeout_s} s: {remaining}")
-    return out
+    if ends:
+        raise AssertionError(f"could not read {topic} to its end in {timeout_s} s: {ends}")
+    return sorted(out, key=lambda r: (r[0], r[1]))
+
+
+def read_all(config: KafkaConfig, topic: str, timeout_s: float = 20.0) -> list[ScoredGroup]:
+    """Every group on `topic` (all partitions, from the beginning to the current end), decoded."""
+    return [group for _, _, group in read_records(config, topic, ScoredGroup, timeout_s)]
 
 
 def count(config: KafkaConfig, topic: str) -> int:

@@ -35,7 +35,6 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -44,9 +43,8 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from consumers import Batch, RolloutConsumer, TakeTimeout, audit
 from infra import KafkaConfig, LagReader, TopicNames
 from schemas import Prompt, ScoredGroup, decode
-from tests.integration._kafka import REPO_ROOT, cli_env, end_offsets, run_cli, until
+from tests.integration._kafka import REPO_ROOT, cli_env, end_offsets, read_records, run_cli, until
 
-T = TypeVar("T")
 N = 30  # prompts, one epoch
 PROMPT_PARTITIONS = 3
 STEP = 7  # groups per trainer step: 7, 7, 7, 7, 2
@@ -55,27 +53,6 @@ SESSION_S = 2  # a killed producer's partitions move after this
 IDLE_S = 5  # the survivor exits after this long idle: longer than the session timeout plus a rebalance
 VICTIM, SURVIVOR = "P1", "P2"
 
-
-
-def read_records(config: KafkaConfig, topic: str, cls: type[T], timeout_s: float = 20.0) -> list[tuple[int, int, T]]:
-    """(partition, offset, decoded record) of everything on `topic` now, in offset order per partition."""
-    ends = {p: e for p, e in end_offsets(config, topic).items() if e > 0}
-    consumer = Consumer(config.consumer(f"reader-{uuid.uuid4().hex[:8]}", {"enable.auto.commit": False}))
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
-    out: list[tuple[int, int, T]] = []
-    deadline = time.monotonic() + timeout_s
-    try:
-        while ends and time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None or msg.error():
-                continue
-            out.append((msg.partition(), msg.offset(), decode(msg.value(), cls)))  # type: ignore[arg-type]
-            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                ends.pop(msg.partition(), None)
-    finally:
-        consumer.close()
-    assert not ends, f"could not read {topic} to its end in {timeout_s} s: {ends}"
-    return sorted(out, key=lambda r: (r[0], r[1]))
 
 
 def tail(path: Path, lines: int = 25) -> str:
