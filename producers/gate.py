@@ -20,6 +20,9 @@ from infra._worker import WorkerThread
 
 log = logging.getLogger(__name__)
 
+# Consecutive failed lag reads after which the gate replaces its admin client (see _fresh_reader).
+_FRESH_CLIENT_AFTER = 3
+
 
 class LagGate(WorkerThread):
     """Open/closed state for starting new prompts. Loop-side methods must run on the loop given to `start`."""
@@ -97,7 +100,12 @@ class LagGate(WorkerThread):
                 if failures in (1, 10) or failures % 100 == 0:
                     log.warning("cannot read lag of %s on %s (%d times; keeping the estimate): %s",
                                 self.trainer_group, self.topic, failures, exc)
+                if failures % _FRESH_CLIENT_AFTER == 0:
+                    reader = self._fresh_reader(reader)
                 continue
+            if failures >= _FRESH_CLIENT_AFTER:
+                log.info("lag of %s on %s readable again after %d failed reads", self.trainer_group, self.topic,
+                         failures)
             failures = 0
             if self._loop is None:
                 return
@@ -106,3 +114,13 @@ class LagGate(WorkerThread):
             except RuntimeError:
                 return  # the loop is closed
         reader.close()
+
+    def _fresh_reader(self, stale: LagReader) -> LagReader:
+        """A new admin client in place of one that keeps failing.
+
+        After a broker restart, librdkafka 2.16's admin client can keep a group-coordinator request
+        queued that it never sends: every ListConsumerGroupOffsets then times out although the broker
+        answers metadata (seen in test_lag_gate_restart). A fresh client does not carry that state.
+        """
+        stale.close()
+        return LagReader(self._config)
