@@ -37,7 +37,7 @@ from consumers._gather import Entry, Gathering
 from consumers._ledger import StepLedger
 from consumers._metrics import ConsumerMetrics
 from consumers.filters import GroupFilter, default_filters
-from infra import GroupLag, KafkaConfig, LagReader, TopicNames
+from infra import GroupLag, KafkaConfig, LagReader, TopicNames, open_consumer, open_producer
 from schemas import RollstreamError, StepManifest, encode, now_ms
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,8 @@ class RolloutConsumer:
             raise RollstreamError(f"the consumer of group {self.group_id} is closed")
         if self._consumer is not None:
             return self._consumer
-        consumer = Consumer(self.config.consumer(self.group_id, {"enable.partition.eof": False, **self._overrides}))
+        overrides = {"enable.partition.eof": False, **self._overrides}
+        consumer = open_consumer(self.config.consumer(self.group_id, overrides))
         try:
             self._position = self._initial_positions(consumer)
             consumer.assign([TopicPartition(self.names.rollouts, p, o) for p, o in self._position.items()])
@@ -137,7 +138,7 @@ class RolloutConsumer:
             raise
         self._consumer = consumer
         if self.manifests and self._producer is None:  # connects (idempotent PID) while the trainer works
-            self._producer = Producer(self.config.producer({"linger.ms": 0}))
+            self._producer = open_producer(self.config.producer({"linger.ms": 0}))
         log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
                  self._position, self._next_step)
         return consumer
@@ -317,7 +318,7 @@ class RolloutConsumer:
 
     def _publish(self, manifests: list[StepManifest], batch: Batch) -> None:
         if self._producer is None:
-            self._producer = Producer(self.config.producer({"linger.ms": 0}))
+            self._producer = open_producer(self.config.producer({"linger.ms": 0}))
         values = [encode(m) for m in manifests]
         if error := _kafka.produce_and_wait(self._producer, self.names.steps, self.group_id, values, self._timeout):
             raise CommitError(batch, f"the manifest of step {batch.step} was not written to {self.names.steps}: "

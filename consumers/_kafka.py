@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from infra import KafkaConfig
+from infra import KafkaConfig, open_consumer
 from schemas import RollstreamError, SchemaError, StepManifest, decode
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ def wrap_kafka_error(what: str, exc: KafkaException) -> RollstreamError:
 @contextmanager
 def reader(config: KafkaConfig, group_id: str) -> Iterator[Consumer]:
     """A consumer that only reads (explicit assignment, no commits); closed on exit."""
-    consumer = Consumer(config.consumer(group_id, {"enable.partition.eof": False}))
+    consumer = open_consumer(config.consumer(group_id, {"enable.partition.eof": False}))
     try:
         yield consumer
     finally:

@@ -2,6 +2,7 @@
 NS.control, the local broker."""
 
 from infra._worker import WorkerThread
+from infra.clients import open_admin, open_consumer, open_producer
 from infra.config import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, KafkaConfig, default_bootstrap
 from infra.control import (
     VERSION_FILE,
@@ -17,6 +18,7 @@ from infra.topics import TopicNames, TopicPlan, TopicSpec, create_topics, descri
 __all__ = [
     "BOOTSTRAP_ENV", "DEFAULT_BOOTSTRAP", "VERSION_FILE", "ControlWatcher", "GroupLag", "KafkaConfig",
     "LagReader", "PartitionLag", "PolicyAnnouncer", "TopicNames", "TopicPlan", "TopicSpec", "WorkerThread",
-    "announce_policy_version", "create_topics", "default_bootstrap", "describe_topic_configs",
+    "announce_policy_version", "create_topics", "default_bootstrap", "describe_topic_configs", "open_admin",
+    "open_consumer", "open_producer",
     "read_weights_version", "write_weights_version",
 ]

@@ -25,9 +25,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Producer, TopicPartition
 
 from infra._worker import WorkerThread
+from infra.clients import open_consumer, open_producer
 from infra.config import KafkaConfig
 from infra.topics import TopicNames
 from schemas import DecodeError, PolicyVersion, RollstreamError, decode, encode
@@ -82,7 +83,7 @@ class PolicyAnnouncer:
             RollstreamError (retriable): not acknowledged within `timeout_s`, or the broker refused it.
         """
         if self._producer is None:
-            self._producer = Producer(self._config.producer({"linger.ms": 0}))
+            self._producer = open_producer(self._config.producer({"linger.ms": 0}))
         announce_policy_version(self._producer, self.topic, version, timeout_s=timeout_s)
 
     async def announce_async(self, version: PolicyVersion, *, timeout_s: float = 30.0) -> None:
@@ -108,7 +109,7 @@ def announce_policy_version(target: Producer | KafkaConfig, names: TopicNames | 
         RollstreamError (retriable): not acknowledged within `timeout_s`, or the broker refused it.
     """
     topic = names.control if isinstance(names, TopicNames) else names
-    producer = Producer(target.producer({"linger.ms": 0})) if isinstance(target, KafkaConfig) else target
+    producer = open_producer(target.producer({"linger.ms": 0})) if isinstance(target, KafkaConfig) else target
     errors: list[str] = []
 
     def on_delivery(err: KafkaError | None, _msg: Any) -> None:
@@ -165,7 +166,7 @@ class ControlWatcher(WorkerThread):
         return self._caught_up.wait(timeout_s)
 
     def _run(self) -> None:
-        consumer = Consumer(self._conf)
+        consumer = open_consumer(self._conf)
         try:
             meta = consumer.list_topics(self.topic, timeout=10.0).topics.get(self.topic)
             if meta is None or meta.error is not None:

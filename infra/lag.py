@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import OffsetSpec
 
+from infra.clients import open_admin
 from infra.config import KafkaConfig
 from schemas import RollstreamError
 
@@ -50,7 +51,7 @@ class LagReader:
     """
 
     def __init__(self, config: KafkaConfig) -> None:
-        self._admin = AdminClient(config.admin())
+        self._admin = open_admin(config.admin())
 
     def __enter__(self) -> LagReader:
         return self

@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import ConfigResource, NewTopic
 
+from infra.clients import open_admin
 from infra.config import DEFAULT_MAX_MESSAGE_BYTES, KafkaConfig
 from schemas import ConfigError, RollstreamError
 
@@ -128,9 +129,10 @@ def create_topics(plan: TopicPlan, config: KafkaConfig, *, timeout: float = 30.0
         topic name -> "created" or "exists". An existing topic is left as it is (its configs are
         not altered; `describe_topics` shows them).
     Raises:
-        RollstreamError: the broker refused a topic (e.g. replication factor above the broker count).
+        RollstreamError: the broker refused a topic (e.g. replication factor above the broker count),
+            or did not answer within `timeout` (retriable).
     """
-    admin = AdminClient(config.admin())
+    admin = open_admin(config.admin())
     new = [NewTopic(t.name, num_partitions=t.partitions, replication_factor=t.replication_factor,
                     config=t.config) for t in plan.topics()]
     futures = admin.create_topics(new, request_timeout=timeout, operation_timeout=timeout)
@@ -147,17 +149,35 @@ def create_topics(plan: TopicPlan, config: KafkaConfig, *, timeout: float = 30.0
                 continue
             raise RollstreamError(f"cannot create topic {name}: {err.str()}",
                                   retriable=err.retriable()) from exc
+        except TimeoutError as exc:
+            raise _no_answer(f"cannot create topic {name}", config, timeout) from exc
     return result
 
 
 def describe_topic_configs(names: list[str], config: KafkaConfig, *, timeout: float = 30.0
                            ) -> dict[str, dict[str, str]]:
-    """Read topic configs back from the broker (blocks up to `timeout` s)."""
-    admin = AdminClient(config.admin())
+    """Read topic configs back from the broker (blocks up to `timeout` s).
+
+    Raises:
+        RollstreamError: a topic does not exist, or the broker did not answer within `timeout` (retriable).
+    """
+    admin = open_admin(config.admin())
     futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, n) for n in names],
                                      request_timeout=timeout)
     out: dict[str, dict[str, str]] = {}
     for resource, future in futures.items():
-        entries: dict[str, Any] = future.result(timeout=timeout)
+        try:
+            entries: dict[str, Any] = future.result(timeout=timeout)
+        except KafkaException as exc:
+            err = exc.args[0]
+            raise RollstreamError(f"cannot describe topic {resource.name}: {err.str()}",
+                                  retriable=err.retriable()) from exc
+        except TimeoutError as exc:
+            raise _no_answer(f"cannot describe topic {resource.name}", config, timeout) from exc
         out[resource.name] = {k: v.value for k, v in entries.items()}
     return out
+
+
+def _no_answer(what: str, config: KafkaConfig, timeout: float) -> RollstreamError:
+    return RollstreamError(f"{what}: no answer from {config.bootstrap_servers} within {timeout:.0f} s; is a "
+                           "Kafka broker listening there (rollstream broker status)?", retriable=True)

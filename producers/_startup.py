@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
 
-from infra import BOOTSTRAP_ENV, KafkaConfig
+from infra import BOOTSTRAP_ENV, KafkaConfig, open_admin
 from schemas import RollstreamError
 
 
@@ -19,7 +18,7 @@ def check_cluster(config: KafkaConfig, topics: Sequence[str], namespace: str, *,
         RollstreamError: a topic is missing; the message says to run ``rollstream topics create``.
     """
     # log_level 0: librdkafka's own connection-refused lines would repeat what the error below says.
-    admin = AdminClient(config.admin({"log_level": 0}))
+    admin = open_admin(config.admin({"log_level": 0}))
     try:
         metadata = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:

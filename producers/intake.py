@@ -27,7 +27,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from infra import KafkaConfig
+from infra import KafkaConfig, open_consumer
 from producers._watermarks import Watermarks
 from schemas import DecodeError, Prompt, RollstreamError, decode, now_ms
 
@@ -125,7 +125,7 @@ class Intake:
         error: BaseException | None = None
         consumer: Consumer | None = None
         try:
-            consumer = Consumer(self._conf)
+            consumer = open_consumer(self._conf)
             consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                on_lost=self._on_lost)
             last_commit = 0.0

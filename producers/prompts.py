@@ -18,9 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError
 
-from infra import KafkaConfig, TopicNames
+from infra import KafkaConfig, TopicNames, open_producer
 from producers._startup import check_cluster
 from schemas import ConfigError, InvalidRecordError, Prompt, RollstreamError, encode
 
@@ -100,7 +100,7 @@ def publish_prompts(prompts: list[Prompt], config: KafkaConfig, topic: str, *, e
     """
     if epochs < 1:
         raise ConfigError(f"--epochs {epochs} must be >= 1")
-    producer = Producer(config.producer({"linger.ms": 20}))
+    producer = open_producer(config.producer({"linger.ms": 20}))
     errors: list[str] = []
 
     def on_delivery(err: KafkaError | None, _msg: Any) -> None:

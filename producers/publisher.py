@@ -23,7 +23,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from infra import KafkaConfig
+from infra import KafkaConfig, open_producer
 from schemas import RollstreamError
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class Publisher:
         if self._producer is not None:
             return
         self._loop = loop
-        self._producer = Producer(self._conf)
+        self._producer = open_producer(self._conf)
         self._poller = threading.Thread(target=self._poll_forever, name="rollstream-publish-poll", daemon=True)
         self._poller.start()
 

@@ -63,3 +63,30 @@ def test_topic_plan_is_explicit() -> None:
         TopicPlan(replication_factor=1, min_insync_replicas=2)
     with pytest.raises(ConfigError, match="namespace"):
         TopicNames("bad name!")
+
+
+def test_a_bad_client_property_is_a_config_error_from_the_python_api() -> None:
+    """librdkafka rejects unknown properties when a client is created; API users get ConfigError too."""
+    from consumers import RolloutConsumer
+    from infra import LagReader
+
+    config = KafkaConfig(bootstrap_servers="127.0.0.1:1", extra={"no.such.property": "1"})
+    with pytest.raises(ConfigError, match='No such configuration property: "no.such.property"'):
+        LagReader(config)
+    consumer = RolloutConsumer(config=config, group_id="g", namespace="ns")
+    with pytest.raises(ConfigError, match="cannot create a Kafka consumer"):
+        consumer.take(1, timeout=0)
+    consumer.close()
+
+
+def test_topics_against_no_broker_fail_in_bounded_time_with_a_clear_error() -> None:
+    from infra import create_topics, describe_topic_configs
+    from schemas import RollstreamError
+    from tests.conftest import free_port
+
+    config = KafkaConfig(bootstrap_servers=f"127.0.0.1:{free_port()}")
+    with pytest.raises(RollstreamError, match="no answer from 127.0.0.1") as err:
+        create_topics(TopicPlan(names=TopicNames("nobroker")), config, timeout=1.0)
+    assert err.value.retriable
+    with pytest.raises(RollstreamError, match="cannot describe topic nobroker.prompts"):
+        describe_topic_configs(["nobroker.prompts"], config, timeout=1.0)
