@@ -37,7 +37,7 @@ from consumers._gather import Entry, Gathering
 from consumers._ledger import StepLedger
 from consumers._metrics import ConsumerMetrics
 from consumers.filters import GroupFilter, default_filters
-from infra import GroupLag, KafkaConfig, LagReader, TopicNames, open_consumer, open_producer
+from infra import GroupLag, KafkaConfig, LagReader, TopicNames, open_consumer, open_producer, sized_to_topic
 from schemas import RollstreamError, StepManifest, encode, now_ms
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,8 @@ class RolloutConsumer:
         bootstrap_servers: Kafka address (default: ``ROLLSTREAM_BOOTSTRAP_SERVERS``); ignored with `config`.
         group_id: the trainer's consumer group: where offsets are committed, what manifests are keyed by.
         namespace: topic namespace (NS.rollouts, NS.steps).
-        config: full client configuration (security settings, size limits); wins over `bootstrap_servers`.
+        config: full client configuration (security settings); wins over `bootstrap_servers`. Its size
+            limits are replaced by the rollouts topic's ``max.message.bytes`` when the consumer starts.
         filters: group filters, in order (default: `default_filters()`); pass ``()`` to take everything decodable.
         max_staleness: skip groups more than this many policy versions behind `policy_version`.
         policy_version: the trainer's current policy version (settable later).
@@ -128,6 +129,7 @@ class RolloutConsumer:
             raise RollstreamError(f"the consumer of group {self.group_id} is closed")
         if self._consumer is not None:
             return self._consumer
+        self.config = sized_to_topic(self.config, self.names.rollouts, timeout=self._timeout)
         overrides = {"enable.partition.eof": False, **self._overrides}
         consumer = open_consumer(self.config.consumer(self.group_id, overrides))
         try:

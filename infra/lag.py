@@ -6,6 +6,7 @@ start offset when the group has committed nothing there yet, since the group wou
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
@@ -18,6 +19,10 @@ from schemas import RollstreamError
 # A request answers within its request_timeout; waiting a little longer on its future lets the broker's
 # own timeout error (which says more) arrive first.
 _GRACE_S = 1.0
+# Retrying a read that failed for a passing reason (coordinator loading, reconnecting).
+_FIRST_BACKOFF_S = 0.1
+_MAX_BACKOFF_S = 1.0
+_MIN_ATTEMPT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -71,11 +76,26 @@ class LagReader:
         return sorted(info.partitions)
 
     def group_lag(self, group: str, topic: str, *, timeout: float = 10.0) -> GroupLag:
-        """The lag of `group` on every partition of `topic`. Blocks up to about 3 x `timeout` s.
+        """The lag of `group` on every partition of `topic`. Blocks up to about `timeout` s.
+
+        A retriable broker error (coordinator still loading after a broker start, a connection being
+        re-established) is retried until `timeout` runs out.
 
         Raises:
-            RollstreamError (retriable): the broker did not answer in time.
+            RollstreamError: the topic does not exist; or (retriable) no good answer within `timeout`.
         """
+        deadline = time.monotonic() + timeout
+        backoff = _FIRST_BACKOFF_S
+        while True:
+            try:
+                return self._group_lag(group, topic, max(_MIN_ATTEMPT_S, deadline - time.monotonic()))
+            except RollstreamError as exc:
+                if not exc.retriable or time.monotonic() + backoff >= deadline:
+                    raise
+            time.sleep(backoff)
+            backoff = min(2 * backoff, _MAX_BACKOFF_S)
+
+    def _group_lag(self, group: str, topic: str, timeout: float) -> GroupLag:
         try:
             parts = self.partitions(topic, timeout=timeout)
             tps = [TopicPartition(topic, p) for p in parts]

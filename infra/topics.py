@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigResource, NewTopic
 
 from infra.clients import open_admin
@@ -22,6 +22,9 @@ from infra.config import DEFAULT_MAX_MESSAGE_BYTES, KafkaConfig
 from schemas import ConfigError, RollstreamError
 
 log = logging.getLogger(__name__)
+# librdkafka's codes for "the broker did not answer" (none listening, or too slow).
+_UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                          KafkaError._TIMED_OUT_QUEUE})
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 _DAY_MS = 24 * 3600 * 1000
 
@@ -147,6 +150,8 @@ def create_topics(plan: TopicPlan, config: KafkaConfig, *, timeout: float = 30.0
             if err.name() == "TOPIC_ALREADY_EXISTS":
                 result[name] = "exists"
                 continue
+            if err.code() in _UNREACHABLE:
+                raise _no_answer(f"cannot create topic {name}", config, timeout) from exc
             raise RollstreamError(f"cannot create topic {name}: {err.str()}",
                                   retriable=err.retriable()) from exc
         except TimeoutError as exc:
@@ -170,6 +175,8 @@ def describe_topic_configs(names: list[str], config: KafkaConfig, *, timeout: fl
             entries: dict[str, Any] = future.result(timeout=timeout)
         except KafkaException as exc:
             err = exc.args[0]
+            if err.code() in _UNREACHABLE:
+                raise _no_answer(f"cannot describe topic {resource.name}", config, timeout) from exc
             raise RollstreamError(f"cannot describe topic {resource.name}: {err.str()}",
                                   retriable=err.retriable()) from exc
         except TimeoutError as exc:
@@ -178,6 +185,27 @@ def describe_topic_configs(names: list[str], config: KafkaConfig, *, timeout: fl
     return out
 
 
+def sized_to_topic(config: KafkaConfig, topic: str, *, timeout: float = 10.0) -> KafkaConfig:
+    """`config` with its client size limits taken from `topic`'s ``max.message.bytes`` on the broker.
+
+    So a producer or trainer fits the topics that ``rollstream topics create --max-message-mib`` made,
+    whatever its own default: a consumer sized below the topic could not fetch its largest records, a
+    producer sized above it would have them refused. Blocks up to `timeout` s. When the broker does not
+    say (no DescribeConfigs permission, no answer), returns `config` unchanged and logs a warning.
+    """
+    try:
+        value = int(describe_topic_configs([topic], config, timeout=timeout)[topic]["max.message.bytes"])
+    except (RollstreamError, KeyError, ValueError) as exc:
+        log.warning("cannot read max.message.bytes of %s (%s); clients keep max_message_bytes=%d", topic, exc,
+                    config.max_message_bytes)
+        return config
+    if value != config.max_message_bytes:
+        log.info("clients sized from %s: max.message.bytes=%d (configured %d)", topic, value,
+                 config.max_message_bytes)
+        config = replace(config, max_message_bytes=value)
+    return config
+
+
 def _no_answer(what: str, config: KafkaConfig, timeout: float) -> RollstreamError:
-    return RollstreamError(f"{what}: no answer from {config.bootstrap_servers} within {timeout:.0f} s; is a "
+    return RollstreamError(f"{what}: no answer from {config.bootstrap_servers} within {timeout:g} s; is a "
                            "Kafka broker listening there (rollstream broker status)?", retriable=True)

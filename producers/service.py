@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from infra import KafkaConfig
+from infra import KafkaConfig, sized_to_topic
 from infra.control import ControlWatcher
 from producers._pipeline import GroupPipeline
 from producers._reload import WeightFollower
@@ -55,7 +55,8 @@ class RolloutProducer:
     Args:
         engine: an `Engine`, or a custom generate function (``async def f(prompt, n, sampling_params)``).
         settings: see `ProducerSettings`.
-        kafka: how to reach Kafka (default: ``ROLLSTREAM_BOOTSTRAP_SERVERS``).
+        kafka: how to reach Kafka (default: ``ROLLSTREAM_BOOTSTRAP_SERVERS``). Size limits follow the
+            rollouts topic's ``max.message.bytes``, read at start.
         reward: a built-in name (``math``, ``exact``), ``MODULE:FUNC``, a function, or None (no reward).
 
     Construction does no I/O. `run` owns every thread and client and releases them when it returns.
@@ -179,6 +180,8 @@ class RolloutProducer:
         s, names = self.settings, self.settings.topics
         await asyncio.to_thread(check_cluster, self.kafka, [names.prompts, names.rollouts], s.namespace,
                                 timeout_s=s.startup_timeout_s)
+        self.kafka = await asyncio.to_thread(sized_to_topic, self.kafka, names.rollouts,
+                                             timeout=s.startup_timeout_s)
         await self.engine.start()
         if isinstance(self.engine, ReloadableEngine) and self.engine.weight_version is not None:
             self.metrics.weight_version.set(self.engine.weight_version)

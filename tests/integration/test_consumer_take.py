@@ -110,3 +110,24 @@ def test_commit_later_and_take_past_an_uncommitted_batch(kafka_config, namespace
         assert again.group_ids == [g.group_id for g in groups[6:]] and again.step == 2
     report = audit(kafka_config, names.namespace, group_id)  # the re-taken step 2 supersedes the first one
     assert report.ok and report.steps == (0, 1, 2) and report.superseded == (2,), report.summary()
+
+
+def test_the_consumer_sizes_itself_from_the_topic_not_its_default(kafka_config, namespace_factory,
+                                                                  group_id) -> None:
+    """Topics made with a larger --max-message-mib than the clients' 64 MiB default: a record above 64 MiB
+    still reaches the trainer, because the consumer takes its fetch limits from the topic."""
+    import numpy as np
+
+    from infra import sized_to_topic
+    from schemas import Sample, ScoredGroup, make_group_id
+
+    names = namespace_factory(partitions=1, max_message_bytes=80 * 1024 * 1024)
+    tokens = np.arange(17 * 1024 * 1024, dtype=np.int32)  # 68 MiB of packed tokens: above the default
+    big = ScoredGroup(group_id=make_group_id("huge", 0), prompt_id="huge", epoch=0, prompt_tokens=[1],
+                      samples=[Sample(tokens=tokens, reward=1.0)], started_at_ms=1, finished_at_ms=2)
+    publish(sized_to_topic(kafka_config, names.rollouts), names, [big])
+    assert kafka_config.max_message_bytes == 64 * 1024 * 1024
+    with consumer(kafka_config, names, group_id) as c:
+        batch = c.take(1, timeout=60)
+        assert c.config.max_message_bytes == 80 * 1024 * 1024
+    assert np.array_equal(batch.groups[0].samples[0].tokens, tokens)

@@ -28,16 +28,15 @@ async def flaky(prompt: dict[str, Any], n: int, sampling_params: dict[str, Any])
 
 def test_engine_reward_size_and_decode_failures_are_published(kafka_config: KafkaConfig, namespace_factory,
                                                               group_id: str) -> None:
-    names = namespace_factory(partitions=2)
+    names = namespace_factory(partitions=2, max_message_bytes=1024 * 1024)  # the producer sizes itself from it
     write_prompts(kafka_config, names, ["ok-1", "ok-2", "engine-fail-1", "reward-fail-1", "big-1"])
     garbage = Producer(kafka_config.producer())
     garbage.produce(names.prompts, value=b"not avro at all", key=b"junk")
     garbage.flush(10)
-    small = KafkaConfig(bootstrap_servers=kafka_config.bootstrap_servers, max_message_bytes=1024 * 1024)
     s = ProducerSettings(namespace=names.namespace, n_samples=2, concurrency=4, trainer_group=group_id,
                          max_lag=100, generate_attempts=2, retry_backoff_s=0.01, exit_when_idle_s=0.5,
                          summary_interval_s=0, watch_control=False)
-    stats = RolloutProducer(flaky, s, kafka=small, reward="tests.plugins:reward").run_sync(handle_signals=False)
+    stats = RolloutProducer(flaky, s, kafka=kafka_config, reward="tests.plugins:reward").run_sync(handle_signals=False)
 
     groups = {g.prompt_id: g for g in read_all(kafka_config, names.rollouts)}
     assert stats.groups_ok == 2 and stats.groups_failed == 4 and len(groups) == 6
@@ -50,7 +49,7 @@ def test_engine_reward_size_and_decode_failures_are_published(kafka_config: Kafk
     assert reward.status == "failed" and "reward exploded" in (reward.error or "")
     assert len(reward.samples) == 2 and reward.rewards == [None, None]  # what exists is kept
     big = groups["big-1"]
-    assert big.status == "failed" and "exceeds max_message_bytes" in (big.error or "")
+    assert big.status == "failed" and "exceeds max_message_bytes=1048576" in (big.error or "")
     junk = next(g for pid, g in groups.items() if pid.startswith("undecodable:"))
     assert junk.status == "failed" and "undecodable prompt" in (junk.error or "")
     assert lag(kafka_config, f"{names.namespace}.producers", names.prompts) == 0  # all accounted, all committed
