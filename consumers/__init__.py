@@ -9,7 +9,7 @@ every committed offset was accounted for once. `consumers.slime.generate_rollout
 from consumers._audit import AuditReport, audit
 from consumers._batch import Batch, TensorBatch, grpo_advantages
 from consumers._consumer import DEFAULT_GROUP, RolloutConsumer
-from consumers._errors import CommitError, FilterError, TakeTimeout
+from consumers._errors import CommitError, FilterError, GroupConflictError, TakeTimeout
 from consumers._metrics import ConsumerMetrics
 from consumers._replay import (
     ReplayedRecord,
@@ -33,7 +33,7 @@ from consumers.filters import (
 
 __all__ = [
     "DEFAULT_GROUP", "AuditReport", "Batch", "CommitError", "ConsumerMetrics", "FilterContext", "FilterError",
-    "GroupFilter", "ReplayedRecord", "ReplayedStep", "RolloutConsumer", "TakeTimeout", "TensorBatch",
-    "all_rewards_equal", "audit", "default_filters", "failed_group", "group_to_json", "grpo_advantages", "parse_time",
-    "replay_range", "replay_since", "replay_step", "reward_missing", "since_bounds", "stale",
+    "GroupConflictError", "GroupFilter", "ReplayedRecord", "ReplayedStep", "RolloutConsumer", "TakeTimeout",
+    "TensorBatch", "all_rewards_equal", "audit", "default_filters", "failed_group", "group_to_json", "grpo_advantages",
+    "parse_time", "replay_range", "replay_since", "replay_step", "reward_missing", "since_bounds", "stale",
 ]

@@ -17,6 +17,8 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
   earlier in this step) is skipped as ``duplicate``. Across restarts the taken ids are rebuilt from
   the group's manifests (see `consumers._ledger` for which manifests count).
 - One consumer per group at a time: two trainers sharing a group id would both read everything.
+  Kafka does not keep them apart (no membership), so every commit first checks that the group's
+  committed offsets are still the ones this consumer left; if not, `GroupConflictError`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from consumers import _kafka
 from consumers._batch import Batch
-from consumers._errors import CommitError, TakeTimeout
+from consumers._errors import CommitError, GroupConflictError, TakeTimeout
 from consumers._gather import Entry, Gathering
 from consumers._ledger import StepLedger
 from consumers._metrics import ConsumerMetrics
@@ -100,6 +102,10 @@ class RolloutConsumer:
         self._pending_ids: set[str] = set()
         self._next_step = 0
         self._last_committed_step: int | None = None
+        # What this consumer knows to be the group's committed offsets, and offsets it tried to commit since
+        # (a commit that failed on the client may still have landed): anything else means another client.
+        self._committed: dict[int, int | None] = {}
+        self._tried: dict[int, set[int]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -149,6 +155,7 @@ class RolloutConsumer:
         topic = self.names.rollouts
         partitions = _kafka.partitions_of(consumer, topic, self._timeout)
         committed = _kafka.committed_offsets(consumer, topic, partitions, self._timeout)
+        self._committed = dict(committed)
         if self.manifests:
             for manifest in _kafka.read_manifests(self.config, self.names.steps, self.group_id, timeout=self._timeout):
                 self._ledger.add(manifest)
@@ -290,6 +297,8 @@ class RolloutConsumer:
             CommitError (retriable): the manifest or the commit failed; the batch stays uncommitted
                 and can be committed again (a manifest written twice is harmless: the later
                 one for the same step supersedes the earlier).
+            GroupConflictError (a CommitError, not retriable): another client committed offsets for
+                this group since this consumer last did (two trainers on one group id); nothing was written.
             RollstreamError: `batch` was not taken by this consumer, or was dropped by `seek_to`.
         """
         index = next((i for i, b in enumerate(self._pending) if b is batch), None)
@@ -299,13 +308,18 @@ class RolloutConsumer:
             raise RollstreamError(f"step {batch.step} is not an uncommitted batch of this consumer "
                                   "(taken by another consumer, or dropped by seek_to)")
         batches = self._pending[:index + 1]
+        self._check_sole_committer(batch)
         manifests = [b.manifest() for b in batches]
         if self.manifests:
             self._publish(manifests, batch)
         offsets: dict[int, int] = {}
         for b in batches:
             offsets.update({r.partition: r.end for r in b.ranges})
+        for p, o in offsets.items():
+            self._tried.setdefault(p, set()).add(o)
         self._commit_offsets(offsets, batch)
+        self._committed.update(offsets)
+        self._tried.clear()
         for m, b in zip(manifests, batches, strict=True):
             self._ledger.add(m)
             self._pending_ids.difference_update(b.group_ids)
@@ -313,6 +327,23 @@ class RolloutConsumer:
         self._last_committed_step = batch.step
         self.metrics.steps_committed.inc(len(batches))
         log.info("step %d committed: group %s offsets %s", batch.step, self.group_id, offsets)
+
+    def _check_sole_committer(self, batch: Batch) -> None:
+        """Raise GroupConflictError when the group's committed offsets moved under this consumer.
+
+        One trainer per group id is the contract (partitions are assigned, not subscribed, so Kafka
+        does not keep two consumers of a group apart); this catches a second one at its first commit,
+        at the cost of one offset fetch per commit.
+        """
+        topic = self.names.rollouts
+        try:
+            found = _kafka.committed_offsets(self._start(), topic, sorted(self._committed), self._timeout)
+        except RollstreamError as exc:
+            raise CommitError(batch, f"cannot read the committed offsets of group {self.group_id}: {exc}") from exc
+        moved = {p: (self._committed.get(p), o) for p, o in found.items()
+                 if o != self._committed.get(p) and o not in self._tried.get(p, ())}
+        if moved:
+            raise GroupConflictError(batch, self.group_id, moved)
 
     def _is_committed(self, batch: Batch) -> bool:
         last = self._last_committed_step

@@ -60,3 +60,28 @@ class CommitError(RollstreamError):
     def __init__(self, batch: object, message: str) -> None:
         super().__init__(message + "; the batch is still uncommitted: retry consumer.commit(err.batch)")
         self.batch = batch
+
+
+class GroupConflictError(CommitError):
+    """Another client committed offsets for this consumer group since this consumer last did.
+
+    Two trainers (or a trainer and a ``rollstream take``) are using the same group id: each would take
+    the same groups. Nothing of this batch was written. Give each trainer job its own group id; or, if
+    the offsets were moved on purpose, start a new consumer (it reads them afresh).
+
+    Attributes:
+        batch: the `Batch` that was taken and is not committed.
+        moved: partition -> (offset this consumer expected, offset found committed).
+    """
+
+    retriable = False
+
+    def __init__(self, batch: object, group_id: str, moved: dict[int, tuple[int | None, int | None]]) -> None:
+        where = ", ".join(f"partition {p} is at {found}, expected {expected}"
+                          for p, (expected, found) in sorted(moved.items()))
+        RollstreamError.__init__(
+            self, f"group {group_id}: another client committed offsets since this consumer last did ({where}); "
+                  "two trainers are sharing one group id and would take the same groups. Give each trainer job "
+                  "its own --group; nothing of this step was committed")
+        self.batch = batch
+        self.moved = moved

@@ -131,3 +131,23 @@ def test_the_consumer_sizes_itself_from_the_topic_not_its_default(kafka_config, 
         batch = c.take(1, timeout=60)
         assert c.config.max_message_bytes == 80 * 1024 * 1024
     assert np.array_equal(batch.groups[0].samples[0].tokens, tokens)
+
+
+def test_a_second_trainer_on_the_same_group_is_stopped_at_its_first_commit(kafka_config, namespace_factory,
+                                                                           group_id) -> None:
+    from consumers import GroupConflictError
+
+    names = namespace_factory(partitions=1)
+    groups = publish_many(kafka_config, names, 6)
+    with consumer(kafka_config, names, group_id) as first, consumer(kafka_config, names, group_id) as second:
+        first.position(), second.position()  # both started: both read committed = nothing
+        assert first.take(2, timeout=30).group_ids == [g.group_id for g in groups[:2]]
+        twin = second.take(2, timeout=30, commit=False)  # the same two groups: that is the hazard
+        with pytest.raises(GroupConflictError, match="partition 0 is at 2, expected None") as err:
+            second.commit(twin)
+        assert err.value.batch is twin and not err.value.retriable
+        assert committed(kafka_config, names, group_id) == {0: 2}  # the second wrote nothing
+        assert first.take(2, timeout=30).group_ids == [g.group_id for g in groups[2:4]]  # the first goes on
+    with consumer(kafka_config, names, group_id) as after:  # a fresh consumer reads the offsets afresh
+        assert after.take(2, timeout=30).group_ids == [g.group_id for g in groups[4:]]
+    assert audit(kafka_config, names.namespace, group_id).ok
