@@ -122,6 +122,9 @@ class KafkaConfig:
             "message.max.bytes": fetch_max,  # librdkafka wants fetch.max.bytes >= message.max.bytes
             "receive.message.max.bytes": fetch_max + _FRAMING_BYTES,
             "queued.max.messages.kbytes": max(64 * 1024, 2 * fetch_max // 1024),
+            # When that queue is full librdkafka pauses fetching for fetch.queue.backoff.ms (1 s by default):
+            # a trainer that drains a deep backlog faster than that would then wait up to a second per take.
+            "fetch.queue.backoff.ms": 20,
             **self.common(),
             **(overrides or {}),
         }
