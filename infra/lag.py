@@ -1,7 +1,13 @@
-"""Consumer-group lag on a topic, read through the admin API (no consumer joins the group).
+"""Consumer-group lag on a topic, read by a consumer of that group that never joins it.
 
 Lag of a partition = its end offset minus the group's committed offset (or minus the partition's
 start offset when the group has committed nothing there yet, since the group would start there).
+
+The reader asks as the group's own consumers do (committed offsets through the group coordinator,
+watermarks from the partition leaders), never through the admin API: librdkafka 2.16's admin client
+was seen to leave a ListConsumerGroupOffsets unsent for good after a broker restart, and to abort the
+process (``rd_kafka_enq_once_del_source_return`` assertion) when a cluster node died under it. It never
+subscribes, so it never joins the group, triggers no rebalance and commits nothing.
 """
 
 from __future__ import annotations
@@ -9,20 +15,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-from confluent_kafka.admin import OffsetSpec
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from infra.clients import open_admin
+from infra.clients import open_consumer
 from infra.config import KafkaConfig
 from schemas import RollstreamError
 
-# A request answers within its request_timeout; waiting a little longer on its future lets the broker's
-# own timeout error (which says more) arrive first.
-_GRACE_S = 1.0
 # Retrying a read that failed for a passing reason (coordinator loading, reconnecting).
 _FIRST_BACKOFF_S = 0.1
 _MAX_BACKOFF_S = 1.0
 _MIN_ATTEMPT_S = 0.5
+# The group id of the consumer that only reads metadata (`partitions`); it never commits or joins.
+_METADATA_GROUP = "rollstream-lag-reader"
 
 
 @dataclass(frozen=True)
@@ -51,12 +55,13 @@ class GroupLag:
 class LagReader:
     """Reads a consumer group's lag on a topic. Blocking: call it off any event loop.
 
-    Not thread-safe per instance (one admin client); cheap to create one per thread. Close it, or use
-    it as a context manager.
+    Not thread-safe per instance (one consumer per group asked about); cheap to create one per thread.
+    Close it, or use it as a context manager.
     """
 
     def __init__(self, config: KafkaConfig) -> None:
-        self._admin = open_admin(config.admin())
+        self._config = config
+        self._consumers: dict[str, Consumer] = {}
 
     def __enter__(self) -> LagReader:
         return self
@@ -65,21 +70,23 @@ class LagReader:
         self.close()
 
     def close(self) -> None:
-        """Idempotent. The admin client holds no group membership, so there is nothing to leave."""
+        """Close the consumers (they hold no membership: nothing to leave). Idempotent."""
+        consumers, self._consumers = list(self._consumers.values()), {}
+        for consumer in consumers:
+            try:
+                consumer.close()
+            except (KafkaException, RuntimeError):
+                pass
 
     def partitions(self, topic: str, *, timeout: float = 10.0) -> list[int]:
         """Partition ids of `topic`. Raises RollstreamError if the topic does not exist."""
-        meta = self._admin.list_topics(topic, timeout=timeout)
-        info = meta.topics.get(topic)
-        if info is None or info.error is not None:
-            raise RollstreamError(f"topic {topic} does not exist: run 'rollstream topics create' first")
-        return sorted(info.partitions)
+        return self._partitions(self._consumer(_METADATA_GROUP), topic, timeout)
 
     def group_lag(self, group: str, topic: str, *, timeout: float = 10.0) -> GroupLag:
         """The lag of `group` on every partition of `topic`. Blocks up to about `timeout` s.
 
-        A retriable broker error (coordinator still loading after a broker start, a connection being
-        re-established) is retried until `timeout` runs out.
+        A retriable broker error (coordinator still loading after a broker start, a leader moving, a
+        connection being re-established) is retried until `timeout` runs out.
 
         Raises:
             RollstreamError: the topic does not exist; or (retriable) no good answer within `timeout`.
@@ -95,28 +102,47 @@ class LagReader:
             time.sleep(backoff)
             backoff = min(2 * backoff, _MAX_BACKOFF_S)
 
-    def _group_lag(self, group: str, topic: str, timeout: float) -> GroupLag:
+    def _consumer(self, group: str) -> Consumer:
+        consumer = self._consumers.get(group)
+        if consumer is None:
+            consumer = open_consumer(self._config.consumer(group, {"enable.partition.eof": False}))
+            self._consumers[group] = consumer
+        return consumer
+
+    def _partitions(self, consumer: Consumer, topic: str, timeout: float) -> list[int]:
         try:
-            parts = self.partitions(topic, timeout=timeout)
-            tps = [TopicPartition(topic, p) for p in parts]
-            request = [ConsumerGroupTopicPartitions(group, tps)]
-            committed_future = self._admin.list_consumer_group_offsets(request, request_timeout=timeout)[group]
-            answer = committed_future.result(timeout=timeout + _GRACE_S)
-            committed = {tp.partition: tp.offset for tp in answer.topic_partitions}
-            ends = self._offsets(tps, OffsetSpec.latest(), timeout)
-            starts = self._offsets(tps, OffsetSpec.earliest(), timeout)
+            meta = consumer.list_topics(topic, timeout=timeout)
         except KafkaException as exc:
-            raise RollstreamError(f"cannot read lag of group {group} on {topic}: {exc.args[0]}",
-                                  retriable=True) from exc
-        except TimeoutError as exc:  # a future's result() that outlived its wait (broker slow or down)
-            raise RollstreamError(f"cannot read lag of group {group} on {topic}: no answer from the broker "
-                                  f"within {timeout:.1f} s", retriable=True) from exc
+            raise RollstreamError(f"cannot read the partitions of {topic}: {exc.args[0]}", retriable=True) from exc
+        info = meta.topics.get(topic)
+        if info is None or (info.error is not None and info.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            raise RollstreamError(f"topic {topic} does not exist: run 'rollstream topics create' first")
+        if info.error is not None:
+            raise RollstreamError(f"cannot read the partitions of {topic}: {info.error.str()}",
+                                  retriable=info.error.retriable())
+        return sorted(info.partitions)
+
+    def _group_lag(self, group: str, topic: str, timeout: float) -> GroupLag:
+        consumer = self._consumer(group)
+        deadline = time.monotonic() + timeout
+        parts = self._partitions(consumer, topic, timeout)
+        where = f"cannot read lag of group {group} on {topic}"
+        try:
+            answer = consumer.committed([TopicPartition(topic, p) for p in parts],
+                                        timeout=max(0.1, deadline - time.monotonic()))
+            committed = {tp.partition: tp.offset for tp in answer if tp.error is None}
+            failed = [tp for tp in answer if tp.error is not None]
+            if failed:
+                raise RollstreamError(f"{where}: partition {failed[0].partition}: {failed[0].error}", retriable=True)
+            bounds = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), cached=False,
+                                                        timeout=max(0.1, deadline - time.monotonic()))
+                      for p in parts}
+        except KafkaException as exc:
+            raise RollstreamError(f"{where}: {exc.args[0]}", retriable=True) from exc
+        if any(b is None or b[0] < 0 or b[1] < 0 for b in bounds.values()):
+            raise RollstreamError(f"{where}: a partition leader gave no offsets ({bounds})", retriable=True)
         rows = tuple(
-            PartitionLag(p, committed[p] if committed.get(p, -1) >= 0 else None, starts[p], ends[p])
+            PartitionLag(p, committed[p] if committed.get(p, -1) >= 0 else None, bounds[p][0], bounds[p][1])
             for p in parts
         )
         return GroupLag(group, topic, rows)
-
-    def _offsets(self, tps: list[TopicPartition], spec: OffsetSpec, timeout: float) -> dict[int, int]:
-        futures = self._admin.list_offsets({tp: spec for tp in tps}, request_timeout=timeout)
-        return {tp.partition: f.result(timeout=timeout + _GRACE_S).offset for tp, f in futures.items()}

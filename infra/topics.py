@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from infra.clients import open_admin
 from infra.config import DEFAULT_MAX_MESSAGE_BYTES, KafkaConfig
@@ -126,7 +127,8 @@ class TopicPlan:
 
 
 def create_topics(plan: TopicPlan, config: KafkaConfig, *, timeout: float = 30.0) -> dict[str, str]:
-    """Create every topic of `plan` that does not exist yet (idempotent). Blocks up to `timeout` s.
+    """Create every topic of `plan` that does not exist yet (idempotent), and wait until every partition of
+    the new ones has a leader, so they are usable when this returns. Blocks up to about 2 x `timeout` s.
 
     Returns:
         topic name -> "created" or "exists". An existing topic is left as it is (its configs are
@@ -156,7 +158,25 @@ def create_topics(plan: TopicPlan, config: KafkaConfig, *, timeout: float = 30.0
                                   retriable=err.retriable()) from exc
         except TimeoutError as exc:
             raise _no_answer(f"cannot create topic {name}", config, timeout) from exc
+    _wait_for_leaders(admin, [n for n, how in result.items() if how == "created"], config, timeout)
     return result
+
+
+def _wait_for_leaders(admin: AdminClient, topics: list[str], config: KafkaConfig, timeout: float) -> None:
+    """Block until every partition of `topics` has a leader: a topic is usable when `create_topics` returns."""
+    deadline = time.monotonic() + timeout
+    while topics:
+        try:
+            meta = admin.list_topics(timeout=max(0.1, deadline - time.monotonic())).topics
+        except KafkaException as exc:
+            raise _no_answer(f"cannot confirm topics {', '.join(topics)}", config, timeout) from exc
+        topics = [t for t in topics if t not in meta or meta[t].error is not None
+                  or not meta[t].partitions or any(p.leader < 0 for p in meta[t].partitions.values())]
+        if topics and time.monotonic() >= deadline:
+            raise RollstreamError(f"topics {', '.join(topics)} were created but have no leader after {timeout:g} s; "
+                                  "is the cluster healthy (rollstream broker status)?", retriable=True)
+        if topics:
+            time.sleep(0.05)
 
 
 def describe_topic_configs(names: list[str], config: KafkaConfig, *, timeout: float = 30.0

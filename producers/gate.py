@@ -1,6 +1,6 @@
 """The lag gate: backpressure from the trainer's consumer-group lag on NS.rollouts.
 
-A thread (``rollstream-lag``) reads the lag through the admin API every `interval_s` (a blocking call,
+A thread (``rollstream-lag``) reads the lag (`infra.LagReader`) every `interval_s` (a blocking call,
 never on the loop). Between two readings the gate does not trust a stale number: it adds every record
 this producer produced since the reading started, so with instant generation the estimate still
 rises record by record and intake stops in time. The gate is open while the estimate is at most
@@ -20,7 +20,7 @@ from infra._worker import WorkerThread
 
 log = logging.getLogger(__name__)
 
-# Consecutive failed lag reads after which the gate replaces its admin client (see _fresh_reader).
+# Consecutive failed lag reads after which the gate replaces its reader's client (see _fresh_reader).
 _FRESH_CLIENT_AFTER = 3
 
 
@@ -116,11 +116,7 @@ class LagGate(WorkerThread):
         reader.close()
 
     def _fresh_reader(self, stale: LagReader) -> LagReader:
-        """A new admin client in place of one that keeps failing.
-
-        After a broker restart, librdkafka 2.16's admin client can keep a group-coordinator request
-        queued that it never sends: every ListConsumerGroupOffsets then times out although the broker
-        answers metadata (seen in test_lag_gate_restart). A fresh client does not carry that state.
-        """
+        """A new reader (new client: fresh connections and coordinator lookup) in place of one that keeps
+        failing, so no state a client kept from before a broker restart or failover can pin the gate."""
         stale.close()
         return LagReader(self._config)

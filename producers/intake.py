@@ -249,8 +249,11 @@ class Intake:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._marks.assign([tp.partition for tp in partitions])
         consumer.incremental_assign(partitions)
-        if self._paused and partitions:
-            consumer.pause(partitions)
+        if partitions:
+            # Explicitly, both ways: librdkafka keeps a partition's pause flag across a loss and a
+            # reassignment, so a partition lost while paused would come back paused with nothing left
+            # to resume it (seen when a broker node died: intake stalled for good).
+            (consumer.pause if self._paused else consumer.resume)(partitions)
         self.joined.set()
         if partitions:
             log.info("assigned %s partitions %s", self.topic, sorted(tp.partition for tp in partitions))

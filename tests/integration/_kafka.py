@@ -30,12 +30,9 @@ def write_prompts(config: KafkaConfig, names: TopicNames, ids: Iterable[str], *,
 
 
 def end_offsets(config: KafkaConfig, topic: str) -> dict[int, int]:
-    consumer = Consumer(config.consumer(f"probe-{uuid.uuid4().hex[:8]}"))
-    try:
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
-    finally:
-        consumer.close()
+    """End offset per partition (retrying while a leader is still being elected, as LagReader does)."""
+    with LagReader(config) as reader:
+        return {p.partition: p.end for p in reader.group_lag(f"probe-{uuid.uuid4().hex[:8]}", topic).partitions}
 
 
 def read_records(config: KafkaConfig, topic: str, cls: type[T], timeout_s: float = 20.0

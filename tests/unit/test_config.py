@@ -72,7 +72,7 @@ def test_a_bad_client_property_is_a_config_error_from_the_python_api() -> None:
 
     config = KafkaConfig(bootstrap_servers="127.0.0.1:1", extra={"no.such.property": "1"})
     with pytest.raises(ConfigError, match='No such configuration property: "no.such.property"'):
-        LagReader(config)
+        LagReader(config).partitions("ns.rollouts")
     consumer = RolloutConsumer(config=config, group_id="g", namespace="ns")
     with pytest.raises(ConfigError, match="cannot create a Kafka consumer"):
         consumer.take(1, timeout=0)
