@@ -418,7 +418,7 @@ class RolloutConsumer:
                  self._next_step, dropped)
 
     def lag(self, timeout: float = 10.0) -> GroupLag:
-        """The group's committed lag on NS.rollouts, read through the admin API. Blocks up to ~3 x `timeout`.
+        """The group's committed lag on NS.rollouts (`infra.LagReader`). Blocks up to about `timeout` s.
 
         Raises:
             RollstreamError (retriable): the broker did not answer in time.
