@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,6 +25,7 @@ from schemas import ConfigError, RollstreamError
 
 log = logging.getLogger(__name__)
 # librdkafka's codes for "the broker did not answer" (none listening, or too slow).
+_TOLERATED = object()  # what `_answer` returns for the error it was told to accept
 _UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
                           KafkaError._TIMED_OUT_QUEUE})
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
@@ -143,21 +145,12 @@ def create_topics(plan: TopicPlan, config: KafkaConfig, *, timeout: float = 30.0
     futures = admin.create_topics(new, request_timeout=timeout, operation_timeout=timeout)
     result: dict[str, str] = {}
     for name, future in futures.items():
-        try:
-            future.result(timeout=timeout)
+        if _answer(future, f"cannot create topic {name}", config, timeout, ok=KafkaError.TOPIC_ALREADY_EXISTS
+                   ) is _TOLERATED:
+            result[name] = "exists"
+        else:
             result[name] = "created"
             log.info("created topic %s", name)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.name() == "TOPIC_ALREADY_EXISTS":
-                result[name] = "exists"
-                continue
-            if err.code() in _UNREACHABLE:
-                raise _no_answer(f"cannot create topic {name}", config, timeout) from exc
-            raise RollstreamError(f"cannot create topic {name}: {err.str()}",
-                                  retriable=err.retriable()) from exc
-        except TimeoutError as exc:
-            raise _no_answer(f"cannot create topic {name}", config, timeout) from exc
     _wait_for_leaders(admin, [n for n, how in result.items() if how == "created"], config, timeout)
     return result
 
@@ -191,16 +184,7 @@ def describe_topic_configs(names: list[str], config: KafkaConfig, *, timeout: fl
                                      request_timeout=timeout)
     out: dict[str, dict[str, str]] = {}
     for resource, future in futures.items():
-        try:
-            entries: dict[str, Any] = future.result(timeout=timeout)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.code() in _UNREACHABLE:
-                raise _no_answer(f"cannot describe topic {resource.name}", config, timeout) from exc
-            raise RollstreamError(f"cannot describe topic {resource.name}: {err.str()}",
-                                  retriable=err.retriable()) from exc
-        except TimeoutError as exc:
-            raise _no_answer(f"cannot describe topic {resource.name}", config, timeout) from exc
+        entries: dict[str, Any] = _answer(future, f"cannot describe topic {resource.name}", config, timeout)
         out[resource.name] = {k: v.value for k, v in entries.items()}
     return out
 
@@ -224,6 +208,25 @@ def sized_to_topic(config: KafkaConfig, topic: str, *, timeout: float = 10.0) ->
                  config.max_message_bytes)
         config = replace(config, max_message_bytes=value)
     return config
+
+
+def _answer(future: Future[Any], what: str, config: KafkaConfig, timeout: float, *, ok: int | None = None) -> Any:
+    """The result of an admin `future`, or `_TOLERATED` when it failed with the error code `ok`.
+
+    Raises RollstreamError saying `what` failed (retriable as librdkafka says, or when the broker did
+    not answer within `timeout`)."""
+    try:
+        value = future.result(timeout=timeout)
+    except KafkaException as exc:
+        err = exc.args[0]
+        if ok is not None and err.code() == ok:
+            return _TOLERATED
+        if err.code() in _UNREACHABLE:
+            raise _no_answer(what, config, timeout) from exc
+        raise RollstreamError(f"{what}: {err.str()}", retriable=err.retriable()) from exc
+    except TimeoutError as exc:
+        raise _no_answer(what, config, timeout) from exc
+    return value
 
 
 def _no_answer(what: str, config: KafkaConfig, timeout: float) -> RollstreamError:
