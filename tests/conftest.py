@@ -25,20 +25,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def free_broker_port() -> int:
-    """A client port whose controller port (port + CONTROLLER_PORT_OFFSET) is free too."""
+def free_broker_port(nodes: int = 1) -> int:
+    """A base port whose client ports (port + i) and controller ports (port + CONTROLLER_PORT_OFFSET + i),
+    i < `nodes`, are all free right now."""
     from infra.broker import CONTROLLER_PORT_OFFSET
 
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + CONTROLLER_PORT_OFFSET))
-            except OSError:
-                continue
-        if port + CONTROLLER_PORT_OFFSET < 65536:
-            return port
-    raise RuntimeError("no free pair of broker ports on 127.0.0.1")
+    for _ in range(200):
+        base = free_port()
+        ports = [base + i for i in range(nodes)] + [base + CONTROLLER_PORT_OFFSET + i for i in range(nodes)]
+        if max(ports) <= 65535 and all(_bindable(p) for p in ports):
+            return base
+    raise RuntimeError(f"no free range of broker ports for {nodes} node(s) on 127.0.0.1")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
 
 
 @pytest.fixture(scope="session")

@@ -37,30 +37,9 @@ from infra.broker import (
     stop_broker,
 )
 from schemas._errors import ConfigError, RollstreamError
+from tests.conftest import free_broker_port
 
 log = logging.getLogger(__name__)
-
-
-def _free_base_port(nodes: int) -> int:
-    """A base port whose client ports and controller ports are all free right now."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        ports = [base + i for i in range(nodes)] + [base + CONTROLLER_PORT_OFFSET + i for i in range(nodes)]
-        if max(ports) <= 65535 and all(_bindable(p) for p in ports):
-            return base
-    raise RuntimeError("no free port range found")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def _kafka_pids_for(data_dir: Path) -> list[int]:
@@ -111,7 +90,7 @@ def _consume_all(bootstrap: str, topic: str, count: int, timeout: float = 30.0) 
 
 @pytest.mark.integration
 def test_start_stop_restart_keeps_data(tmp_path: Path) -> None:
-    spec = BrokerSpec(port=_free_base_port(1), data_dir=tmp_path / "broker", heap_mb=384)
+    spec = BrokerSpec(port=free_broker_port(1), data_dir=tmp_path / "broker", heap_mb=384)
     try:
         began = time.monotonic()
         bootstrap = start_broker(spec, timeout=90)
@@ -145,7 +124,7 @@ def test_start_stop_restart_keeps_data(tmp_path: Path) -> None:
 @pytest.mark.integration
 @pytest.mark.parametrize("which", ["client", "controller"])
 def test_port_taken_is_a_clear_error(tmp_path: Path, which: str) -> None:
-    base = _free_base_port(1)
+    base = free_broker_port(1)
     taken = base if which == "client" else base + CONTROLLER_PORT_OFFSET
     spec = BrokerSpec(port=base, data_dir=tmp_path / "broker", heap_mb=256)
     with socket.socket() as squatter:
@@ -165,7 +144,7 @@ def test_port_taken_is_a_clear_error(tmp_path: Path, which: str) -> None:
 
 @pytest.mark.integration
 def test_three_nodes_serve_min_isr_2_and_stop_completely(tmp_path: Path) -> None:
-    spec = BrokerSpec(port=_free_base_port(3), nodes=3, data_dir=tmp_path / "cluster", heap_mb=384)
+    spec = BrokerSpec(port=free_broker_port(3), nodes=3, data_dir=tmp_path / "cluster", heap_mb=384)
     try:
         began = time.monotonic()
         bootstrap = start_broker(spec, timeout=90)
@@ -193,7 +172,7 @@ def test_three_nodes_serve_min_isr_2_and_stop_completely(tmp_path: Path) -> None
 
 @pytest.mark.integration
 def test_a_node_that_exits_while_starting_is_reported_and_leaves_nothing(tmp_path: Path) -> None:
-    spec = BrokerSpec(port=_free_base_port(1), data_dir=tmp_path / "broker", heap_mb=256)
+    spec = BrokerSpec(port=free_broker_port(1), data_dir=tmp_path / "broker", heap_mb=256)
     # Storage "formatted" for another node id: the JVM exits at once with a fatal error.
     (spec.data_dir / "node-1" / "data").mkdir(parents=True)
     (spec.data_dir / "node-1" / "data" / "meta.properties").write_text(
@@ -220,7 +199,7 @@ def test_start_keeps_its_timeout_when_the_coordinator_never_comes_up(
         return config
 
     monkeypatch.setattr(infra.broker, "write_config", offsets_need_three_nodes)
-    spec = BrokerSpec(port=_free_base_port(1), data_dir=tmp_path / "broker", heap_mb=256)
+    spec = BrokerSpec(port=free_broker_port(1), data_dir=tmp_path / "broker", heap_mb=256)
     began = time.monotonic()
     try:
         with pytest.raises(BrokerError, match=r"did not serve .* within the 15 s timeout") as caught:
