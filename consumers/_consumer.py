@@ -145,8 +145,8 @@ class RolloutConsumer:
             consumer.close()
             raise
         self._consumer = consumer
-        if self.manifests and self._producer is None:  # connects (idempotent PID) while the trainer works
-            self._producer = open_producer(self.config.producer({"linger.ms": 0}))
+        if self.manifests and self._producer is None:
+            self._producer = self._manifest_producer()
         log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
                  self._position, self._next_step)
         return consumer
@@ -351,11 +351,21 @@ class RolloutConsumer:
 
     def _publish(self, manifests: list[StepManifest], batch: Batch) -> None:
         if self._producer is None:
-            self._producer = open_producer(self.config.producer({"linger.ms": 0}))
+            self._producer = self._manifest_producer()
         values = [encode(m) for m in manifests]
         if error := _kafka.produce_and_wait(self._producer, self.names.steps, self.group_id, values, self._timeout):
             raise CommitError(batch, f"the manifest of step {batch.step} was not written to {self.names.steps}: "
                                      f"{error}")
+
+    def _manifest_producer(self) -> Producer:
+        """The producer of step manifests, with NS.steps' metadata fetched now, so that the first commit
+        does not wait for it."""
+        producer = open_producer(self.config.manifest_producer())
+        try:
+            producer.list_topics(self.names.steps, timeout=self._timeout)
+        except KafkaException as exc:
+            raise _kafka.wrap_kafka_error(f"cannot read metadata of {self.names.steps}", exc) from exc
+        return producer
 
     def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch) -> None:
         if error := _kafka.commit_offsets(self._start(), self.names.rollouts, offsets):

@@ -56,30 +56,25 @@ def failed_group(group: ScoredGroup, context: FilterContext) -> str | None:
 
 def reward_missing(group: ScoredGroup, context: FilterContext) -> str | None:
     """Skip a group without samples (``no_samples``) or with an unscored sample (``reward_missing``)."""
-    if not group.samples:
+    rewards = group.rewards
+    if not rewards:
         return "no_samples"
-    if any(s.reward is None for s in group.samples):
+    if None in rewards:
         return "reward_missing"
     return None
 
 
 def all_rewards_equal(group: ScoredGroup, context: FilterContext) -> str | None:
     """DAPO dynamic sampling: skip a group of 2+ samples whose rewards are all equal (zero advantage)."""
-    rewards = [s.reward for s in group.samples]
+    rewards = group.rewards
     if len(rewards) >= 2 and None not in rewards and min(rewards) == max(rewards):  # type: ignore[type-var]
         return "all_rewards_equal"
     return None
 
 
-def oldest_weight_version(group: ScoredGroup) -> int | None:
-    """The oldest policy version among the group's samples (None when no sample carries one)."""
-    versions = [v for s in group.samples if (v := s.weight_version) is not None]
-    return min(versions) if versions else None
-
-
 def staleness_of(group: ScoredGroup, policy_version: int | None) -> int | None:
     """``policy_version`` minus the group's oldest weight version; None when either is unknown."""
-    oldest = oldest_weight_version(group)
+    oldest = group.oldest_weight_version
     if policy_version is None or oldest is None:
         return None
     return policy_version - oldest

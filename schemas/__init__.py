@@ -16,6 +16,7 @@ from schemas.records import (
     PolicyVersion,
     Prompt,
     Sample,
+    Samples,
     ScoredGroup,
     StepManifest,
     make_group_id,
@@ -24,7 +25,7 @@ from schemas.records import (
 
 __all__ = [
     "ChatMessage", "Codec", "ConfigError", "DecodeError", "InvalidRecordError", "OffsetDisposition",
-    "PartitionRange", "PolicyVersion", "Prompt", "RollstreamError", "Sample", "SchemaError",
+    "PartitionRange", "PolicyVersion", "Prompt", "RollstreamError", "Sample", "Samples", "SchemaError",
     "ScoredGroup", "StepManifest", "UnknownSchemaError", "decode", "default_codec", "encode",
     "fingerprint", "make_group_id", "now_ms",
 ]

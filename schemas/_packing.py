@@ -6,6 +6,7 @@ it is one memcpy. Decoded arrays are zero-copy, read-only numpy views over the r
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -41,3 +42,16 @@ def unpack(data: bytes, dtype: np.dtype, field: str) -> np.ndarray:
             f"field {field!r}: {len(data)} bytes is not a multiple of {dtype.itemsize} ({dtype})"
         )
     return np.frombuffer(data, dtype=dtype)
+
+
+def pack_values(values: Sequence[int] | Sequence[float], code: str) -> bytes:
+    """Pack a few numbers as little-endian `struct` type `code` (``i`` int32, ``q`` int64, ``d`` float64)."""
+    return struct.pack(f"<{len(values)}{code}", *values)
+
+
+def unpack_values(data: bytes | memoryview, code: str, field: str) -> tuple:
+    """The numbers packed by `pack_values`, as a tuple of Python ints or floats."""
+    size = struct.calcsize(code)
+    if len(data) % size:
+        raise DecodeError(f"field {field!r}: {len(data)} bytes is not a multiple of {size}")
+    return struct.unpack(f"<{len(data) // size}{code}", data)

@@ -3,8 +3,14 @@
 Wire format (Avro specification, "Single object encoding"): the two marker bytes ``C3 01``, the
 8-byte little-endian CRC-64-AVRO fingerprint of the writer schema's Parsing Canonical Form, then the
 Avro binary body. A reader looks the fingerprint up among every schema this version knows (the
-current ones in ``avro/`` and the older ones in ``avro/history/``) and resolves the writer schema
-to the current reader schema of the same record name, so records written by older producers decode.
+current ones in ``avro/`` and the older ones in ``avro/history/``). A record written with a current
+schema is read with it; one written with an older schema is resolved (Avro schema resolution) to the
+newest older schema of its name, and the record class converts that layout (``from_avro`` knows
+every layout), so records written by older producers decode.
+
+Trailing ``bytes`` fields of a current schema (ScoredGroup's packed token columns) are not copied
+through fastavro: the codec reads the fields before them with fastavro and hands the trailing ones to
+``from_avro`` as memoryviews of the record's bytes, so decoded token arrays are views, not copies.
 
 Pure: no Kafka, no torch, no I/O beyond reading the bundled ``.avsc`` files once. Thread-safe.
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,9 +48,15 @@ def fingerprint(schema: dict[str, Any] | str) -> bytes:
 
 @dataclass(frozen=True)
 class _WriterSchema:
+    """A schema records may be written with, and how to read them: `reader` (None: itself, the current
+    schema, whose body is `head` read by fastavro followed by the `tail` bytes fields read in place)."""
+
     name: str
     parsed: dict[str, Any]
     path: Path
+    reader: dict[str, Any] | None = None
+    head: dict[str, Any] | None = None
+    tail: tuple[str, ...] = ()
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -66,9 +79,15 @@ class Codec:
             self._current[cls] = parsed
             self._header[cls] = MAGIC + fingerprint(parsed)
             self._class_by_name[parsed["name"]] = cls
-        for path in sorted(schema_dir.glob("*.avsc")) + sorted(schema_dir.glob("history/*.avsc")):
+            head, tail = _split_tail(json.loads((schema_dir / filename).read_text()))
+            self._writers[fingerprint(parsed)] = _WriterSchema(parsed["name"], parsed, schema_dir / filename,
+                                                               head=head, tail=tail)
+        history = sorted(schema_dir.glob("history/*.avsc"), key=_version_of)
+        newest_older = {p["name"]: p for p in map(_load, history)}  # sorted by version: the last one wins
+        for path in history:
             parsed = _load(path)
-            self._writers[fingerprint(parsed)] = _WriterSchema(parsed["name"], parsed, path)
+            self._writers.setdefault(fingerprint(parsed), _WriterSchema(parsed["name"], parsed, path,
+                                                                        reader=newest_older[parsed["name"]]))
 
     def schema(self, record_type: type[R]) -> dict[str, Any]:
         """The current (reader and writer) parsed schema of `record_type`."""
@@ -123,9 +142,13 @@ class Codec:
     def _read(self, data: bytes, writer: _WriterSchema, record_type: type) -> Any:
         body = io.BytesIO(data)  # shares the bytes object: no copy
         body.seek(HEADER_SIZE)
-        reader = self._current[record_type]
         try:
-            datum = fastavro.schemaless_reader(body, writer.parsed, None if writer.parsed is reader else reader)
+            if writer.head is None:
+                datum = fastavro.schemaless_reader(body, writer.parsed, writer.reader)
+                end = body.tell()
+            else:
+                datum = fastavro.schemaless_reader(body, writer.head, None)
+                end = _read_tail(data, body.tell(), writer.tail, datum)
             record = record_type.from_avro(datum)
         except SchemaError as exc:
             raise DecodeError(f"corrupt {writer.name} record: {exc}", raw=data) from exc
@@ -133,10 +156,57 @@ class Codec:
                 OverflowError, MemoryError, StopIteration) as exc:
             raise DecodeError(f"corrupt {writer.name} record: {type(exc).__name__}: {exc}",
                               raw=data) from exc
-        if body.tell() != len(data):
-            raise DecodeError(f"corrupt {writer.name} record: {len(data) - body.tell()} "
+        if end != len(data):
+            raise DecodeError(f"corrupt {writer.name} record: {len(data) - end} "
                               "trailing bytes after the body", raw=data)
         return record
+
+
+def _split_tail(schema: dict[str, Any]) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """A record schema's leading fields (parsed, for fastavro) and the names of its trailing ``bytes`` fields."""
+    fields = schema["fields"]
+    split = len(fields)
+    while split and fields[split - 1]["type"] == "bytes":
+        split -= 1
+    if split == len(fields):
+        return None, ()
+    head = fastavro.parse_schema({**schema, "fields": fields[:split]})
+    return head, tuple(f["name"] for f in fields[split:])
+
+
+def _read_tail(data: bytes, pos: int, names: tuple[str, ...], datum: dict[str, Any]) -> int:
+    """Read Avro ``bytes`` fields `names` from `data` at `pos` into `datum` as memoryviews; return the end.
+
+    Avro encodes ``bytes`` as a zig-zag varint length and the bytes themselves.
+    """
+    view = memoryview(data)
+    for name in names:
+        size, pos = _read_long(data, pos)
+        if size < 0 or pos + size > len(data):
+            raise ValueError(f"field {name!r} claims {size} bytes at offset {pos}, the record has {len(data)}")
+        datum[name] = view[pos:pos + size]
+        pos += size
+    return pos
+
+
+def _read_long(data: bytes, pos: int) -> tuple[int, int]:
+    """An Avro ``long`` (zig-zag varint) at `pos`: (value, position after it). IndexError when truncated."""
+    byte = data[pos]
+    raw, shift = byte & 0x7F, 7
+    while byte & 0x80:
+        if shift > 63:
+            raise ValueError(f"varint longer than 10 bytes at offset {pos}")
+        pos += 1
+        byte = data[pos]
+        raw |= (byte & 0x7F) << shift
+        shift += 7
+    return (raw >> 1) ^ -(raw & 1), pos + 1
+
+
+def _version_of(path: Path) -> tuple[str, int]:
+    """Sort key of a history file ``name.vN.avsc``: by name, then by N as a number."""
+    match = re.search(r"^(.*)\.v(\d+)\.avsc$", path.name)
+    return (match.group(1), int(match.group(2))) if match else (path.name, 0)
 
 
 def _explain_invalid(schema: dict[str, Any], datum: dict[str, Any], exc: Exception) -> str:

@@ -8,15 +8,16 @@ The `.avsc` files beside this module are the wire contract; these classes mirror
 from __future__ import annotations
 
 import json
+import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import numpy as np
 
 from schemas._errors import DecodeError, InvalidRecordError
-from schemas._packing import FLOAT32_LE, INT32_LE, pack, unpack
+from schemas._packing import FLOAT32_LE, INT32_LE, pack, pack_values, unpack, unpack_values
 
 FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")
@@ -120,7 +121,8 @@ def _chat_message(m: Any) -> ChatMessage:
 
 @dataclass(frozen=True, eq=False)
 class Sample:
-    """One generated response: token ids (int32), optional per-token logprobs (float32), reward."""
+    """One generated response: token ids (int32), optional per-token logprobs (float32), reward
+    (None when unscored; a NaN reward is taken as None)."""
 
     tokens: np.ndarray
     text: str = ""
@@ -141,8 +143,9 @@ class Sample:
             raise InvalidRecordError(
                 f"finish_reason {self.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}"
             )
-        if self.reward is not None:
-            object.__setattr__(self, "reward", float(self.reward))
+        if self.reward is not None:  # NaN is no score: the wire stores a missing reward as NaN
+            reward = float(self.reward)
+            object.__setattr__(self, "reward", None if math.isnan(reward) else reward)
         object.__setattr__(self, "weight_versions", tuple(int(v) for v in self.weight_versions))
 
     def __eq__(self, other: object) -> bool:
@@ -168,8 +171,8 @@ class Sample:
 
     @classmethod
     def from_avro(cls, d: Mapping[str, Any]) -> Sample:
-        """Build from a decoded datum. Trusted, hot path: the schema already typed every field, so
-        only what Avro cannot check (array sizes and lengths, the finish-reason set) is validated."""
+        """Build from a decoded row-layout (schema v1/v2) sample datum. Trusted path: the schema already
+        typed every field, so only what Avro cannot check (array sizes, the finish-reason set) is validated."""
         tokens = np.frombuffer(d["tokens"], INT32_LE)  # ValueError on a ragged size: a DecodeError upstream
         logprobs = d["logprobs"]
         if logprobs is not None:
@@ -178,21 +181,201 @@ class Sample:
                 raise DecodeError(f"sample has {len(tokens)} tokens but {len(logprobs)} logprobs")
         if d["finish_reason"] not in FINISH_REASONS:
             raise DecodeError(f"unknown finish_reason {d['finish_reason']!r}")
+        return _trusted(cls, tokens=tokens, text=d["text"], logprobs=logprobs, reward=d["reward"],
+                        finish_reason=d["finish_reason"], weight_versions=tuple(d["weight_versions"]))
+
+
+class Samples(Sequence[Sample]):
+    """The samples of one group: a read-only sequence of `Sample`, held as the columns the wire carries.
+
+    Built from `Sample` objects (a producer) or from decoded columns (a consumer); each form is made
+    from the other on first use. So a trainer that only looks at rewards never builds a `Sample`, and
+    `tokens` of every sample are views into one array (`response_tokens`), not copies. Compares equal
+    to any sequence of equal samples (a tuple, a list).
+    """
+
+    __slots__ = ("_items", "_columns")
+
+    def __init__(self, items: Iterable[Sample] = ()) -> None:
+        self._items: tuple[Sample, ...] | None = tuple(items)
+        for s in self._items:
+            if not isinstance(s, Sample):
+                raise InvalidRecordError(f"samples must be Sample objects, got {type(s).__name__}")
+        self._columns: _Columns | None = None
+
+    @classmethod
+    def of(cls, samples: Iterable[Sample]) -> Samples:
+        return samples if isinstance(samples, Samples) else cls(samples)
+
+    @classmethod
+    def _from_columns(cls, columns: _Columns) -> Samples:
         obj = cls.__new__(cls)
-        obj.__dict__.update(tokens=tokens, text=d["text"], logprobs=logprobs, reward=d["reward"],
-                            finish_reason=d["finish_reason"], weight_versions=tuple(d["weight_versions"]))
+        obj._items, obj._columns = None, columns
         return obj
+
+    def __len__(self) -> int:
+        return len(self._items) if self._items is not None else len(self._columns.lengths)  # type: ignore[union-attr]
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]  # int -> Sample, slice -> tuple
+        return self.items()[index]
+
+    def __iter__(self) -> Iterator[Sample]:
+        return iter(self.items())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Samples({list(self.items())!r})"
+
+    def items(self) -> tuple[Sample, ...]:
+        """The samples as `Sample` objects (built from the columns on first call, then kept)."""
+        if self._items is None:
+            self._items = self._columns.split()  # type: ignore[union-attr]
+        return self._items
+
+    @property
+    def rewards(self) -> list[float | None]:
+        """The reward of each sample (None where unscored), without building `Sample` objects."""
+        if self._items is not None:
+            return [s.reward for s in self._items]
+        return self._columns.rewards  # type: ignore[union-attr]
+
+    @property
+    def oldest_weight_version(self) -> int | None:
+        """The oldest policy version that contributed to any sample (None when none carries one)."""
+        if self._items is not None:
+            return min((v for s in self._items for v in s.weight_versions), default=None)
+        return min(self._columns.versions, default=None)  # type: ignore[union-attr]
+
+    @property
+    def response_tokens(self) -> np.ndarray:
+        """Every sample's response tokens, back to back (split them with `response_lengths`)."""
+        return self.columns().tokens
+
+    @property
+    def response_lengths(self) -> list[int]:
+        return self.columns().lengths
+
+    def columns(self) -> _Columns:
+        if self._columns is None:
+            self._columns = _Columns.of(self._items or ())
+        return self._columns
+
+
+@dataclass(slots=True, eq=False)
+class _Columns:
+    """A group's samples column by column, as schema v3 stores them (see scored_group.avsc)."""
+
+    lengths: Sequence[int]
+    rewards: list[float | None]
+    finish_codes: bytes
+    has_logprobs: bytes
+    version_counts: Sequence[int]
+    versions: Sequence[int]
+    text_lengths: Sequence[int]
+    text: str
+    tokens: np.ndarray
+    logprobs: np.ndarray
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample]) -> _Columns:
+        texts = [s.text for s in samples]
+        return cls(lengths=[len(s.tokens) for s in samples], rewards=[s.reward for s in samples],
+                   finish_codes=bytes(FINISH_REASONS.index(s.finish_reason) for s in samples),
+                   has_logprobs=bytes(s.logprobs is not None for s in samples),
+                   version_counts=[len(s.weight_versions) for s in samples],
+                   versions=[v for s in samples for v in s.weight_versions],
+                   text_lengths=[len(t) for t in texts], text="".join(texts),
+                   tokens=_concatenate([s.tokens for s in samples], INT32_LE),
+                   logprobs=_concatenate([s.logprobs for s in samples if s.logprobs is not None], FLOAT32_LE))
+
+    @classmethod
+    def decoded(cls, d: Mapping[str, Any]) -> _Columns:
+        """Columns of a decoded v3 datum; tokens and logprobs become views of the record's bytes (no copy).
+
+        Raises DecodeError when the columns disagree (counts, lengths, codes), which Avro cannot check.
+        """
+        lengths = unpack_values(d["response_lengths"], "i", "response_lengths")
+        rewards = unpack_values(d["rewards"], "d", "rewards")
+        counts = unpack_values(d["weight_version_counts"], "i", "weight_version_counts")
+        versions = unpack_values(d["weight_versions"], "q", "weight_versions")
+        text_lengths = unpack_values(d["text_lengths"], "i", "text_lengths")
+        finish, has_logprobs, text = d["finish_reasons"], d["has_logprobs"], d["texts"]
+        n = len(lengths)
+        if not len(rewards) == len(finish) == len(has_logprobs) == len(counts) == len(text_lengths) == n:
+            raise DecodeError(f"columns disagree on the number of samples: {n} lengths, {len(rewards)} rewards, "
+                              f"{len(finish)} finish reasons, {len(has_logprobs)} logprob flags, "
+                              f"{len(counts)} weight version counts, {len(text_lengths)} text lengths")
+        tokens = unpack(d["tokens"], INT32_LE, "tokens")
+        logprobs = unpack(d["logprobs"], FLOAT32_LE, "logprobs")
+        if n and (min(lengths) < 0 or min(counts) < 0 or min(text_lengths) < 0
+                  or max(finish) >= len(FINISH_REASONS) or max(has_logprobs) > 1):
+            raise DecodeError(f"bad sample columns: lengths {lengths}, weight version counts {counts}, "
+                              f"text lengths {text_lengths}, finish codes {list(finish)}, "
+                              f"logprob flags {list(has_logprobs)}")
+        if sum(lengths) != len(tokens) or sum(counts) != len(versions) or sum(text_lengths) != len(text):
+            raise DecodeError(f"{len(tokens)} response tokens, {len(versions)} weight versions and {len(text)} "
+                              f"text characters do not match the samples' lengths {lengths}, counts {counts} "
+                              f"and text lengths {text_lengths}")
+        if sum(length for length, has in zip(lengths, has_logprobs, strict=True) if has) != len(logprobs):
+            raise DecodeError(f"{len(logprobs)} logprobs do not match the samples that have them")
+        return cls(lengths=lengths, rewards=[None if r != r else r for r in rewards], finish_codes=finish,
+                   has_logprobs=has_logprobs, version_counts=counts, versions=versions,
+                   text_lengths=text_lengths, text=text, tokens=tokens, logprobs=logprobs)
+
+    def to_avro(self) -> dict[str, Any]:
+        return {
+            "response_lengths": pack_values(self.lengths, "i"),
+            "rewards": pack_values([math.nan if r is None else r for r in self.rewards], "d"),
+            "finish_reasons": self.finish_codes,
+            "has_logprobs": self.has_logprobs,
+            "weight_version_counts": pack_values(self.version_counts, "i"),
+            "weight_versions": pack_values(self.versions, "q"),
+            "text_lengths": pack_values(self.text_lengths, "i"),
+            "texts": self.text,
+            "tokens": self.tokens.tobytes(),
+            "logprobs": self.logprobs.tobytes(),
+        }
+
+    def split(self) -> tuple[Sample, ...]:
+        """One `Sample` per row; its arrays are views of the columns."""
+        out = []
+        token_at = logprob_at = version_at = text_at = 0
+        for i, n in enumerate(self.lengths):
+            logprobs = None
+            if self.has_logprobs[i]:
+                logprobs = self.logprobs[logprob_at:logprob_at + n]
+                logprob_at += n
+            count, chars = self.version_counts[i], self.text_lengths[i]
+            out.append(_trusted(Sample, tokens=self.tokens[token_at:token_at + n],
+                                text=self.text[text_at:text_at + chars], logprobs=logprobs, reward=self.rewards[i],
+                                finish_reason=FINISH_REASONS[self.finish_codes[i]],
+                                weight_versions=tuple(self.versions[version_at:version_at + count])))
+            token_at, version_at, text_at = token_at + n, version_at + count, text_at + chars
+        return tuple(out)
+
+
+def _concatenate(arrays: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.empty(0, dtype)
 
 
 @dataclass(frozen=True, eq=False)
 class ScoredGroup:
-    """All samples for one prompt in one epoch, scored. `status == "failed"` carries `error`."""
+    """All samples for one prompt in one epoch, scored. `status == "failed"` carries `error`.
+
+    `samples` is given as any sequence of `Sample` and kept as `Samples` (a read-only sequence).
+    """
 
     group_id: str
     prompt_id: str
     epoch: int
     prompt_tokens: np.ndarray
-    samples: tuple[Sample, ...]
+    samples: Samples
     started_at_ms: int
     finished_at_ms: int
     prompt: str = ""
@@ -203,7 +386,7 @@ class ScoredGroup:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_tokens", _int_array(self.prompt_tokens, "prompt_tokens"))
-        object.__setattr__(self, "samples", tuple(self.samples))
+        object.__setattr__(self, "samples", Samples.of(self.samples))
         object.__setattr__(self, "metadata", string_metadata(self.metadata))
         if self.status not in ("ok", "failed"):
             raise InvalidRecordError(f"group status {self.status!r} is not 'ok' or 'failed'")
@@ -218,36 +401,48 @@ class ScoredGroup:
 
     @property
     def rewards(self) -> list[float | None]:
-        return [s.reward for s in self.samples]
+        return self.samples.rewards
+
+    @property
+    def oldest_weight_version(self) -> int | None:
+        """The oldest policy version among the samples (what staleness is measured by), or None."""
+        return self.samples.oldest_weight_version
 
     @property
     def nbytes(self) -> int:
         """Bytes of packed token and logprob payload (a cheap size estimate)."""
-        return self.prompt_tokens.nbytes + sum(
-            s.tokens.nbytes + (0 if s.logprobs is None else s.logprobs.nbytes) for s in self.samples
-        )
+        columns = self.samples.columns()
+        return self.prompt_tokens.nbytes + columns.tokens.nbytes + columns.logprobs.nbytes
 
     def to_avro(self) -> dict[str, Any]:
         return {
             "group_id": self.group_id,
             "prompt_id": self.prompt_id,
             "epoch": self.epoch,
-            "prompt": self.prompt,
-            "prompt_tokens": self.prompt_tokens.tobytes(),
-            "samples": [s.to_avro() for s in self.samples],
+            "status": self.status.upper(),
+            "error": self.error,
             "producer_id": self.producer_id,
             "started_at_ms": self.started_at_ms,
             "finished_at_ms": self.finished_at_ms,
-            "status": self.status.upper(),
-            "error": self.error,
+            "prompt": self.prompt,
             "metadata": dict(self.metadata),
+            **self.samples.columns().to_avro(),
+            "prompt_tokens": self.prompt_tokens.tobytes(),
         }
 
     @classmethod
     def from_avro(cls, d: Mapping[str, Any]) -> ScoredGroup:
-        """Build from a decoded datum (trusted path, see `Sample.from_avro`)."""
+        """Build from a decoded datum: schema v3 (columns) or the row layout of v1/v2 (``samples``).
+
+        Trusted path: the schema already typed every field; what Avro cannot check (sizes, lengths
+        that must agree) raises DecodeError.
+        """
         if d["status"] == "FAILED" and not d["error"]:
             raise DecodeError(f"failed group {d['group_id']!r} carries no error")
+        if "samples" in d:
+            samples = Samples(Sample.from_avro(s) for s in d["samples"])
+        else:
+            samples = Samples._from_columns(_Columns.decoded(d))
         return _trusted(
             cls,
             group_id=d["group_id"],
@@ -255,7 +450,7 @@ class ScoredGroup:
             epoch=d["epoch"],
             prompt=d["prompt"],
             prompt_tokens=unpack(d["prompt_tokens"], INT32_LE, "prompt_tokens"),
-            samples=tuple(Sample.from_avro(s) for s in d["samples"]),
+            samples=samples,
             producer_id=d["producer_id"],
             started_at_ms=d["started_at_ms"],
             finished_at_ms=d["finished_at_ms"],

@@ -29,7 +29,7 @@ from schemas import Sample, ScoredGroup, decode, encode, make_group_id
 GROUP_BYTES = 100 * 1024
 SAMPLES = 8
 PARTITIONS = 3
-GROUPS = 2000
+GROUPS = 4000
 TAKE_N = 256
 REPEATS = 6  # alternating runs per side; the best of each counts (the machine is shared and noisy)
 

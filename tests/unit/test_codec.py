@@ -29,6 +29,13 @@ from schemas import (
 from schemas.codec import MAGIC, SCHEMA_DIR
 
 GOLDEN_HEX = (
+    "c301891d5c82662d289c0a702d31233206702d310400000a6770752d3080a0abfef962d0afabfef96208312b313d040c"
+    "736f757263650a67736d386b14646966666963756c747902330008030000001000000000000000000200020108020000"
+    "002003000000000000000400000000000000080800000010616e73776572203018070000000800000009000000180000"
+    "0000010000000200000018000080bf000000bf00000000"
+)
+# The same group as written by schema v2 (one record per sample), before v3 stored samples as columns.
+GOLDEN_V2_HEX = (
     "c301d4a272ac04d8de670a702d31233206702d310408312b313d18070000000800000009000000021800000000010000"
     "00020000000218000080bf000000bf0000000010616e7377657220300200000000000000000873746f7004060800000a"
     "6770752d3080a0abfef962d0afabfef9620000040c736f757263650a67736d386b14646966666963756c7479023300"
@@ -91,9 +98,10 @@ def test_golden_bytes_pin_the_wire_format() -> None:
     group = make_group(n_samples=1, n_tokens=3)
     data = encode(group)
     assert data[:2] == MAGIC
-    assert data[2:10].hex() == "d4a272ac04d8de67"  # fingerprint of scored_group.avsc
+    assert data[2:10].hex() == "891d5c82662d289c"  # fingerprint of scored_group.avsc
     assert data.hex() == GOLDEN_HEX
     assert decode(bytes.fromhex(GOLDEN_HEX)) == decode(data)
+    assert decode(bytes.fromhex(GOLDEN_V2_HEX), ScoredGroup) == group  # records of the previous version decode
     assert fingerprint('"int"').hex() == "8f5c393f1ad57572"  # the Avro spec's CRC-64-AVRO of "int"
 
 
@@ -145,6 +153,62 @@ def test_random_garbage_never_escapes_as_anything_but_decode_error() -> None:
             decode(junk)
         except DecodeError:
             pass
+
+
+def test_mutated_records_decode_completely_or_raise_decode_error() -> None:
+    """Samples are built from the columns lazily, so decode must have checked everything they need."""
+    rng = np.random.default_rng(1)
+    data = bytearray(encode(make_group(n_samples=3, n_tokens=4)))
+    for _ in range(1000):
+        mutated = bytearray(data)
+        for at in rng.integers(10, len(data), rng.integers(1, 4)):
+            mutated[at] = int(rng.integers(0, 256))
+        try:
+            group = decode(bytes(mutated), ScoredGroup)
+        except DecodeError:
+            continue
+        for sample in group.samples:  # building every sample and re-encoding must not fail now
+            assert len(sample.tokens) >= 0 and (sample.logprobs is None or len(sample.logprobs) == len(sample.tokens))
+        decode(encode(group), ScoredGroup)
+
+
+def _columns_datum(**changes: object) -> bytes:
+    datum = make_group(n_samples=2, n_tokens=3).to_avro() | changes
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, default_codec().schema(ScoredGroup), datum)
+    return MAGIC + fingerprint(default_codec().schema(ScoredGroup)) + body.getvalue()
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"response_lengths": np.array([3, 4], "<i4").tobytes()}, "do not match"),
+    ({"response_lengths": np.array([-1, 7], "<i4").tobytes()}, "bad sample columns"),
+    ({"finish_reasons": b"\x00\x07"}, "bad sample columns"),
+    ({"text_lengths": np.array([8], "<i4").tobytes()}, "disagree"),
+    ({"texts": "answer 0"}, "do not match"),
+    ({"has_logprobs": b"\x01\x00"}, "logprobs do not match"),
+    ({"rewards": b"\x00" * 7}, "multiple of 8"),
+    ({"weight_version_counts": np.array([2, 3], "<i4").tobytes()}, "do not match"),
+])
+def test_columns_that_disagree_are_decode_errors(changes: dict[str, object], words: str) -> None:
+    with pytest.raises(DecodeError, match=words):
+        decode(_columns_datum(**changes), ScoredGroup)
+
+
+def test_samples_of_every_shape_round_trip() -> None:
+    samples = [Sample(tokens=[], reward=None, finish_reason="abort"),
+               Sample(tokens=[1, 2], logprobs=[-0.5, -0.25], reward=float("nan"), weight_versions=(1, 2)),
+               Sample(tokens=[3], text="é", reward=-1.5, finish_reason="length", weight_versions=(2,))]
+    group = ScoredGroup(group_id="g#0", prompt_id="g", epoch=0, prompt_tokens=[9], samples=samples,
+                        started_at_ms=0, finished_at_ms=1)
+    back = decode(encode(group), ScoredGroup)
+    assert back.rewards == group.rewards == [None, None, -1.5]  # a NaN reward is no reward
+    assert back.oldest_weight_version == 1 and group.oldest_weight_version == 1
+    assert [s.logprobs is None for s in back.samples] == [True, False, True]
+    assert back.samples[1].logprobs.tolist() == [-0.5, -0.25] and back.samples[2].text == "é"
+    assert [s.finish_reason for s in back.samples] == ["abort", "stop", "length"]
+    assert [s.weight_versions for s in back.samples] == [(), (1, 2), (2,)]
+    assert back.samples == samples and back == group
+    assert np.shares_memory(back.samples[1].tokens, back.samples.response_tokens)  # views, not copies
 
 
 def test_invalid_records_name_the_field() -> None:

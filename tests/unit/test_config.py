@@ -46,8 +46,11 @@ def test_client_limits_follow_the_topic_plan() -> None:
     producer, consumer = config.producer(), config.consumer("g")
     topic_limit = int(next(t for t in plan.topics() if t.name.endswith("rollouts")).config["max.message.bytes"])
     assert producer["message.max.bytes"] >= topic_limit
-    assert consumer["max.partition.fetch.bytes"] >= topic_limit
+    # A fetch asks for moderate chunks; a record larger than the chunk still comes whole (KIP-74),
+    # so what must admit the topic's largest record is the response limit.
+    assert consumer["receive.message.max.bytes"] >= topic_limit + 512
     assert consumer["receive.message.max.bytes"] >= consumer["fetch.max.bytes"] + 512
+    assert consumer["message.max.bytes"] <= consumer["fetch.max.bytes"] <= 16 * 1024 * 1024
     assert consumer["queued.max.messages.kbytes"] * 1024 >= topic_limit
 
 
@@ -90,3 +93,9 @@ def test_topics_against_no_broker_fail_in_bounded_time_with_a_clear_error() -> N
     assert err.value.retriable
     with pytest.raises(RollstreamError, match="cannot describe topic nobroker.prompts"):
         describe_topic_configs(["nobroker.prompts"], config, timeout=1.0)
+
+
+def test_manifest_producer_keeps_order_without_waiting_for_a_producer_id() -> None:
+    conf = KafkaConfig("b:1", extra={"enable.idempotence": "true"}).manifest_producer()
+    assert conf["acks"] == "all" and conf["max.in.flight.requests.per.connection"] == 1
+    assert conf["enable.idempotence"] is False and conf["bootstrap.servers"] == "b:1"
