@@ -54,7 +54,8 @@ def _specs() -> list[_Spec]:
               lambda c, f, p: bench_pipeline.run(c, f, progress=p)),
         _Spec("codec", "Codec: packed single-object Avro vs Avro arrays vs memory copy",
               "One ScoredGroup of 8 x 4096 tokens + logprobs encoded/decoded by rollstream's codec (packed "
-              "little-endian bytes), vs fastavro with the same tokens as Avro `int`/`float` arrays, vs `bytes()` "
+              "little-endian bytes; decode includes building every `Sample`), vs fastavro with the same "
+              "tokens as Avro `int`/`float` arrays, vs `bytes()` "
               "of the same encoded bytes. Each is timed over >= 1 s after a warm-up, in the same process, "
               "one after another; MB/s is payload bytes (tokens + logprobs) per second.",
               lambda c, f, p: bench_codec.run()),
