@@ -243,7 +243,7 @@ class Samples(Sequence[Sample]):
         """The reward of each sample (None where unscored), without building `Sample` objects."""
         if self._items is not None:
             return [s.reward for s in self._items]
-        return self._columns.rewards  # type: ignore[union-attr]
+        return list(self._columns.rewards)  # type: ignore[union-attr]
 
     @property
     def oldest_weight_version(self) -> int | None:
@@ -255,13 +255,14 @@ class Samples(Sequence[Sample]):
     @property
     def response_tokens(self) -> np.ndarray:
         """Every sample's response tokens, back to back (split them with `response_lengths`)."""
-        return self.columns().tokens
+        return self._as_columns().tokens
 
     @property
     def response_lengths(self) -> list[int]:
-        return self.columns().lengths
+        """The number of response tokens of each sample."""
+        return list(self._as_columns().lengths)
 
-    def columns(self) -> _Columns:
+    def _as_columns(self) -> _Columns:
         if self._columns is None:
             self._columns = _Columns.of(self._items or ())
         return self._columns
@@ -411,7 +412,7 @@ class ScoredGroup:
     @property
     def nbytes(self) -> int:
         """Bytes of packed token and logprob payload (a cheap size estimate)."""
-        columns = self.samples.columns()
+        columns = self.samples._as_columns()
         return self.prompt_tokens.nbytes + columns.tokens.nbytes + columns.logprobs.nbytes
 
     def to_avro(self) -> dict[str, Any]:
@@ -426,7 +427,7 @@ class ScoredGroup:
             "finished_at_ms": self.finished_at_ms,
             "prompt": self.prompt,
             "metadata": dict(self.metadata),
-            **self.samples.columns().to_avro(),
+            **self.samples._as_columns().to_avro(),
             "prompt_tokens": self.prompt_tokens.tobytes(),
         }
 
