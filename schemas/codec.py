@@ -8,9 +8,10 @@ schema is read with it; one written with an older schema is resolved (Avro schem
 newest older schema of its name, and the record class converts that layout (``from_avro`` knows
 every layout), so records written by older producers decode.
 
-Trailing ``bytes`` fields of a current schema (ScoredGroup's packed token columns) are not copied
-through fastavro: the codec reads the fields before them with fastavro and hands the trailing ones to
-``from_avro`` as memoryviews of the record's bytes, so decoded token arrays are views, not copies.
+Trailing ``bytes`` fields of a current schema (ScoredGroup's packed token columns) do not go through
+fastavro: the codec writes and reads the fields before them with fastavro and the trailing ones itself
+(a varint length, then the bytes). Encoding copies them once; decoding hands them to ``from_avro`` as
+memoryviews of the record's bytes, so decoded token arrays are views, not copies.
 
 Pure: no Kafka, no torch, no I/O beyond reading the bundled ``.avsc`` files once. Thread-safe.
 """
@@ -107,14 +108,18 @@ class Codec:
         if record_type not in self._current:
             raise InvalidRecordError(f"cannot encode a {record_type.__name__}: not a rollstream record")
         schema = self._current[record_type]
+        writer = self._writers[self._header[record_type][len(MAGIC):]]
         datum = record.to_avro()
         out = io.BytesIO()
         out.write(self._header[record_type])
         try:
-            fastavro.schemaless_writer(out, schema, datum)
+            fastavro.schemaless_writer(out, writer.head or schema, datum)
+            tail = [_bytes_field(datum[name]) for name in writer.tail]
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
             raise InvalidRecordError(_explain_invalid(schema, datum, exc)) from exc
-        return out.getvalue()
+        if not tail:
+            return out.getvalue()
+        return b"".join([out.getbuffer(), *(part for field in tail for part in field)])
 
     def decode(self, data: bytes, expected: type[R] | None = None) -> R:
         """Decode single-object Avro bytes into a record (of type `expected`, if given).
@@ -187,6 +192,18 @@ def _read_tail(data: bytes, pos: int, names: tuple[str, ...], datum: dict[str, A
         datum[name] = view[pos:pos + size]
         pos += size
     return pos
+
+
+def _bytes_field(value: bytes | memoryview) -> tuple[bytes, bytes | memoryview]:
+    """An Avro ``bytes`` value as its two parts: the zig-zag varint length, then the bytes (not copied)."""
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise TypeError(f"expected bytes, got {type(value).__name__}")
+    size, out = len(value) << 1, bytearray()  # zig-zag of a length (never negative)
+    while size >= 0x80:
+        out.append(size & 0x7F | 0x80)
+        size >>= 7
+    out.append(size)
+    return bytes(out), value
 
 
 def _read_long(data: bytes, pos: int) -> tuple[int, int]:

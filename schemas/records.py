@@ -339,8 +339,8 @@ class _Columns:
             "weight_versions": pack_values(self.versions, "q"),
             "text_lengths": pack_values(self.text_lengths, "i"),
             "texts": self.text,
-            "tokens": self.tokens.tobytes(),
-            "logprobs": self.logprobs.tobytes(),
+            "tokens": _byte_view(self.tokens),
+            "logprobs": _byte_view(self.logprobs),
         }
 
     def split(self) -> tuple[Sample, ...]:
@@ -359,6 +359,11 @@ class _Columns:
                                 weight_versions=tuple(self.versions[version_at:version_at + count])))
             token_at, version_at, text_at = token_at + n, version_at + count, text_at + chars
         return tuple(out)
+
+
+def _byte_view(array: np.ndarray) -> memoryview:
+    """The bytes of a packed array without copying them (the codec copies once, into the record)."""
+    return memoryview(np.ascontiguousarray(array)).cast("B")
 
 
 def _concatenate(arrays: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
@@ -428,7 +433,7 @@ class ScoredGroup:
             "prompt": self.prompt,
             "metadata": dict(self.metadata),
             **self.samples._as_columns().to_avro(),
-            "prompt_tokens": self.prompt_tokens.tobytes(),
+            "prompt_tokens": _byte_view(self.prompt_tokens),
         }
 
     @classmethod
