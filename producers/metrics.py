@@ -76,6 +76,10 @@ class ProducerMetrics:
         self.weight_version.set(-1)
         self.weight_reloads = Counter(p + "weight_reloads", "Announced policy versions loaded into the engine, "
                                       "by result (loaded, failed).", ["result"], registry=r)
+        # What `count` reads: every counter and gauge, not the histograms (collecting their buckets is the
+        # expensive part of a registry collection, and `stats()` is read often).
+        self._countable = (self.in_flight, self.buffered, self.paused, self.lag, self.prompts, self.groups,
+                           self.bytes, self.queue_full, self.weight_version, self.weight_reloads)
         self._http: tuple[Any, threading.Thread] | None = None
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
@@ -93,9 +97,14 @@ class ProducerMetrics:
             server.server_close()
 
     def count(self, name: str, **labels: str) -> float:
-        """Current value of a counter or gauge sample (tests and summaries)."""
-        value = self.registry.get_sample_value(name, labels or None)
-        return 0.0 if value is None else value
+        """Current value of a counter or gauge sample, e.g. ``rollstream_producer_prompts_taken_total``
+        (0 when it has none yet)."""
+        for metric in self._countable:
+            for family in metric.collect():
+                for sample in family.samples:
+                    if sample.name == name and sample.labels == labels:
+                        return sample.value
+        return 0.0
 
 
 class LoopLagProbe:

@@ -194,16 +194,19 @@ def _read_tail(data: bytes, pos: int, names: tuple[str, ...], datum: dict[str, A
     return pos
 
 
-def _bytes_field(value: bytes | memoryview) -> tuple[bytes, bytes | memoryview]:
-    """An Avro ``bytes`` value as its two parts: the zig-zag varint length, then the bytes (not copied)."""
-    if not isinstance(value, bytes | bytearray | memoryview):
-        raise TypeError(f"expected bytes, got {type(value).__name__}")
-    size, out = len(value) << 1, bytearray()  # zig-zag of a length (never negative)
+def _bytes_field(value: bytes | memoryview | tuple[bytes | memoryview, ...]) -> tuple[bytes | memoryview, ...]:
+    """An Avro ``bytes`` value as the parts to write: its zig-zag varint length, then the bytes, not
+    copied. A record may give the value in parts (a tuple of byte buffers), written back to back."""
+    parts = value if isinstance(value, tuple) else (value,)
+    for part in parts:
+        if not isinstance(part, bytes | bytearray | memoryview):
+            raise TypeError(f"expected bytes, got {type(part).__name__}")
+    size, out = sum(map(len, parts)) << 1, bytearray()  # zig-zag of a length (never negative)
     while size >= 0x80:
         out.append(size & 0x7F | 0x80)
         size >>= 7
     out.append(size)
-    return bytes(out), value
+    return (bytes(out), *parts)
 
 
 def _read_long(data: bytes, pos: int) -> tuple[int, int]:

@@ -270,7 +270,11 @@ class Samples(Sequence[Sample]):
 
 @dataclass(slots=True, eq=False)
 class _Columns:
-    """A group's samples column by column, as schema v3 stores them (see scored_group.avsc)."""
+    """A group's samples column by column, as schema v3 stores them (see scored_group.avsc).
+
+    Tokens and logprobs are held in parts: one per sample when built from `Sample` objects (encoding
+    writes them back to back without joining them first), one view of the record when decoded.
+    """
 
     lengths: Sequence[int]
     rewards: list[float | None]
@@ -280,8 +284,8 @@ class _Columns:
     versions: Sequence[int]
     text_lengths: Sequence[int]
     text: str
-    tokens: np.ndarray
-    logprobs: np.ndarray
+    token_parts: tuple[np.ndarray, ...]
+    logprob_parts: tuple[np.ndarray, ...]
 
     @classmethod
     def of(cls, samples: Sequence[Sample]) -> _Columns:
@@ -292,8 +296,20 @@ class _Columns:
                    version_counts=[len(s.weight_versions) for s in samples],
                    versions=[v for s in samples for v in s.weight_versions],
                    text_lengths=[len(t) for t in texts], text="".join(texts),
-                   tokens=_concatenate([s.tokens for s in samples], INT32_LE),
-                   logprobs=_concatenate([s.logprobs for s in samples if s.logprobs is not None], FLOAT32_LE))
+                   token_parts=tuple(s.tokens for s in samples),
+                   logprob_parts=tuple(s.logprobs for s in samples if s.logprobs is not None))
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return _joined(self.token_parts, INT32_LE)
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        return _joined(self.logprob_parts, FLOAT32_LE)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.token_parts) + sum(p.nbytes for p in self.logprob_parts)
 
     @classmethod
     def decoded(cls, d: Mapping[str, Any]) -> _Columns:
@@ -327,7 +343,7 @@ class _Columns:
             raise DecodeError(f"{len(logprobs)} logprobs do not match the samples that have them")
         return cls(lengths=lengths, rewards=[None if r != r else r for r in rewards], finish_codes=finish,
                    has_logprobs=has_logprobs, version_counts=counts, versions=versions,
-                   text_lengths=text_lengths, text=text, tokens=tokens, logprobs=logprobs)
+                   text_lengths=text_lengths, text=text, token_parts=(tokens,), logprob_parts=(logprobs,))
 
     def to_avro(self) -> dict[str, Any]:
         return {
@@ -339,21 +355,22 @@ class _Columns:
             "weight_versions": pack_values(self.versions, "q"),
             "text_lengths": pack_values(self.text_lengths, "i"),
             "texts": self.text,
-            "tokens": _byte_view(self.tokens),
-            "logprobs": _byte_view(self.logprobs),
+            "tokens": tuple(_byte_view(p) for p in self.token_parts),  # the codec writes parts back to back
+            "logprobs": tuple(_byte_view(p) for p in self.logprob_parts),
         }
 
     def split(self) -> tuple[Sample, ...]:
         """One `Sample` per row; its arrays are views of the columns."""
+        tokens, all_logprobs = self.tokens, self.logprobs
         out = []
         token_at = logprob_at = version_at = text_at = 0
         for i, n in enumerate(self.lengths):
             logprobs = None
             if self.has_logprobs[i]:
-                logprobs = self.logprobs[logprob_at:logprob_at + n]
+                logprobs = all_logprobs[logprob_at:logprob_at + n]
                 logprob_at += n
             count, chars = self.version_counts[i], self.text_lengths[i]
-            out.append(_trusted(Sample, tokens=self.tokens[token_at:token_at + n],
+            out.append(_trusted(Sample, tokens=tokens[token_at:token_at + n],
                                 text=self.text[text_at:text_at + chars], logprobs=logprobs, reward=self.rewards[i],
                                 finish_reason=FINISH_REASONS[self.finish_codes[i]],
                                 weight_versions=tuple(self.versions[version_at:version_at + count])))
@@ -366,8 +383,10 @@ def _byte_view(array: np.ndarray) -> memoryview:
     return memoryview(np.ascontiguousarray(array)).cast("B")
 
 
-def _concatenate(arrays: list[np.ndarray], dtype: np.dtype) -> np.ndarray:
-    return np.concatenate(arrays) if arrays else np.empty(0, dtype)
+def _joined(parts: tuple[np.ndarray, ...], dtype: np.dtype) -> np.ndarray:
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.empty(0, dtype)
 
 
 @dataclass(frozen=True, eq=False)
@@ -401,7 +420,9 @@ class ScoredGroup:
 
     def __eq__(self, other: object) -> bool:
         """Equal when every field is, arrays compared by their packed bytes."""
-        return type(other) is type(self) and self.to_avro() == other.to_avro()  # type: ignore[attr-defined]
+        if type(other) is not type(self):
+            return False
+        return _joined_parts(self.to_avro()) == _joined_parts(other.to_avro())  # type: ignore[attr-defined]
 
     __hash__ = None  # type: ignore[assignment]  # holds arrays: not hashable
 
@@ -417,8 +438,7 @@ class ScoredGroup:
     @property
     def nbytes(self) -> int:
         """Bytes of packed token and logprob payload (a cheap size estimate)."""
-        columns = self.samples._as_columns()
-        return self.prompt_tokens.nbytes + columns.tokens.nbytes + columns.logprobs.nbytes
+        return self.prompt_tokens.nbytes + self.samples._as_columns().nbytes
 
     def to_avro(self) -> dict[str, Any]:
         return {
@@ -464,6 +484,11 @@ class ScoredGroup:
             error=d["error"],
             metadata=d["metadata"],
         )
+
+
+def _joined_parts(datum: dict[str, Any]) -> dict[str, Any]:
+    """`datum` with every field given in parts (a tuple of buffers) joined into bytes."""
+    return {k: b"".join(v) if isinstance(v, tuple) else v for k, v in datum.items()}
 
 
 def _trusted(cls: type[_T], **fields: Any) -> _T:
