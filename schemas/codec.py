@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import fastavro
+import numpy as np
 from fastavro.schema import fingerprint as _avro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
@@ -38,6 +39,7 @@ HEADER_SIZE = len(MAGIC) + 8
 SCHEMA_DIR = Path(__file__).parent / "avro"
 _FILES = {Prompt: "prompt.avsc", ScoredGroup: "scored_group.avsc",
           StepManifest: "step_manifest.avsc", PolicyVersion: "policy_version.avsc"}
+Buffer = bytes | bytearray | memoryview | np.ndarray
 R = TypeVar("R", Prompt, ScoredGroup, StepManifest, PolicyVersion)
 
 
@@ -194,14 +196,22 @@ def _read_tail(data: bytes, pos: int, names: tuple[str, ...], datum: dict[str, A
     return pos
 
 
-def _bytes_field(value: bytes | memoryview | tuple[bytes | memoryview, ...]) -> tuple[bytes | memoryview, ...]:
+def _bytes_field(value: Buffer | tuple[Buffer, ...]) -> tuple[Buffer, ...]:
     """An Avro ``bytes`` value as the parts to write: its zig-zag varint length, then the bytes, not
-    copied. A record may give the value in parts (a tuple of byte buffers), written back to back."""
+    copied. A record may give the value as a contiguous numpy array, or in parts (a tuple of them),
+    written back to back."""
     parts = value if isinstance(value, tuple) else (value,)
+    size = 0
     for part in parts:
-        if not isinstance(part, bytes | bytearray | memoryview):
-            raise TypeError(f"expected bytes, got {type(part).__name__}")
-    size, out = sum(map(len, parts)) << 1, bytearray()  # zig-zag of a length (never negative)
+        if isinstance(part, bytes | bytearray):
+            size += len(part)
+        elif isinstance(part, np.ndarray) and part.flags.c_contiguous:
+            size += part.nbytes
+        elif isinstance(part, memoryview) and part.c_contiguous:
+            size += part.nbytes
+        else:
+            raise TypeError(f"expected bytes or a contiguous array, got {type(part).__name__}")
+    size, out = size << 1, bytearray()  # zig-zag of a length (never negative)
     while size >= 0x80:
         out.append(size & 0x7F | 0x80)
         size >>= 7

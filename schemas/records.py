@@ -1,6 +1,8 @@
 """The records rollstream puts on Kafka, as frozen dataclasses.
 
-Each record converts to and from the plain dict fastavro writes (`to_avro` / `from_avro`). Token ids
+Each record converts to and from the plain dict the codec writes (`to_avro` / `from_avro`); a
+ScoredGroup gives its packed token columns as contiguous numpy arrays (or a tuple of them, one per
+sample), which the codec writes without joining them first. Token ids
 and logprobs are numpy arrays (int32 / float32); lists are accepted on construction and converted.
 The `.avsc` files beside this module are the wire contract; these classes mirror them field by field.
 """
@@ -47,7 +49,7 @@ def string_metadata(metadata: Mapping[str, Any] | None) -> dict[str, str]:
 
 
 def _int_array(values: Any, name: str) -> np.ndarray:
-    if isinstance(values, np.ndarray) and values.dtype == INT32_LE and values.ndim == 1:
+    if isinstance(values, np.ndarray) and values.dtype == INT32_LE and values.ndim == 1 and values.flags.c_contiguous:
         return values
     return unpack(pack(values, INT32_LE, name), INT32_LE, name)
 
@@ -55,7 +57,7 @@ def _int_array(values: Any, name: str) -> np.ndarray:
 def _float_array(values: Any, name: str) -> np.ndarray | None:
     if values is None:
         return None
-    if isinstance(values, np.ndarray) and values.dtype == FLOAT32_LE and values.ndim == 1:
+    if isinstance(values, np.ndarray) and values.dtype == FLOAT32_LE and values.ndim == 1 and values.flags.c_contiguous:
         return values
     return unpack(pack(values, FLOAT32_LE, name), FLOAT32_LE, name)
 
@@ -355,8 +357,8 @@ class _Columns:
             "weight_versions": pack_values(self.versions, "q"),
             "text_lengths": pack_values(self.text_lengths, "i"),
             "texts": self.text,
-            "tokens": tuple(_byte_view(p) for p in self.token_parts),  # the codec writes parts back to back
-            "logprobs": tuple(_byte_view(p) for p in self.logprob_parts),
+            "tokens": self.token_parts,  # contiguous arrays: the codec writes their bytes back to back
+            "logprobs": self.logprob_parts,
         }
 
     def split(self) -> tuple[Sample, ...]:
@@ -376,11 +378,6 @@ class _Columns:
                                 weight_versions=tuple(self.versions[version_at:version_at + count])))
             token_at, version_at, text_at = token_at + n, version_at + count, text_at + chars
         return tuple(out)
-
-
-def _byte_view(array: np.ndarray) -> memoryview:
-    """The bytes of a packed array without copying them (the codec copies once, into the record)."""
-    return memoryview(np.ascontiguousarray(array)).cast("B")
 
 
 def _joined(parts: tuple[np.ndarray, ...], dtype: np.dtype) -> np.ndarray:
@@ -453,7 +450,7 @@ class ScoredGroup:
             "prompt": self.prompt,
             "metadata": dict(self.metadata),
             **self.samples._as_columns().to_avro(),
-            "prompt_tokens": _byte_view(self.prompt_tokens),
+            "prompt_tokens": self.prompt_tokens,  # a contiguous array: the codec writes its bytes
         }
 
     @classmethod
@@ -487,8 +484,9 @@ class ScoredGroup:
 
 
 def _joined_parts(datum: dict[str, Any]) -> dict[str, Any]:
-    """`datum` with every field given in parts (a tuple of buffers) joined into bytes."""
-    return {k: b"".join(v) if isinstance(v, tuple) else v for k, v in datum.items()}
+    """`datum` with every packed field (an array, or a tuple of arrays) as plain bytes."""
+    return {k: b"".join(v) if isinstance(v, tuple) else v.tobytes() if isinstance(v, np.ndarray) else v
+            for k, v in datum.items()}
 
 
 def _trusted(cls: type[_T], **fields: Any) -> _T:

@@ -174,7 +174,8 @@ def test_mutated_records_decode_completely_or_raise_decode_error() -> None:
 
 def _columns_datum(**changes: object) -> bytes:
     datum = make_group(n_samples=2, n_tokens=3).to_avro() | changes
-    datum = {k: b"".join(v) if isinstance(v, tuple) else v for k, v in datum.items()}  # parts, as fastavro wants
+    datum = {k: b"".join(v) if isinstance(v, tuple) else v.tobytes() if isinstance(v, np.ndarray) else v
+             for k, v in datum.items()}  # packed columns as bytes, as fastavro wants
     body = io.BytesIO()
     fastavro.schemaless_writer(body, default_codec().schema(ScoredGroup), datum)
     return MAGIC + fingerprint(default_codec().schema(ScoredGroup)) + body.getvalue()
