@@ -213,6 +213,17 @@ def test_samples_of_every_shape_round_trip() -> None:
     assert np.shares_memory(back.samples[1].tokens, back.samples.response_tokens)  # views, not copies
 
 
+def test_strided_arrays_are_encoded_by_value() -> None:
+    tokens = np.arange(10, dtype="<i4")[::2]  # not contiguous: copied on construction, not written raw
+    logprobs = np.linspace(-1, 0, 10, dtype="<f4")[1::2]
+    group = ScoredGroup(group_id="s#0", prompt_id="s", epoch=0, prompt_tokens=np.arange(6, dtype="<i4")[::3],
+                        samples=[Sample(tokens=tokens, logprobs=logprobs, reward=1.0)], started_at_ms=0,
+                        finished_at_ms=1)
+    back = decode(encode(group), ScoredGroup)
+    assert back.samples[0].tokens.tolist() == [0, 2, 4, 6, 8] and back.prompt_tokens.tolist() == [0, 3]
+    np.testing.assert_array_equal(back.samples[0].logprobs, logprobs)
+
+
 def test_invalid_records_name_the_field() -> None:
     with pytest.raises(InvalidRecordError, match="epoch"):
         encode(Prompt(id="a", prompt="b", epoch="one"))  # type: ignore[arg-type]
