@@ -541,6 +541,8 @@ class StepManifest:
         object.__setattr__(self, "dispositions", tuple(self.dispositions))
 
     def to_avro(self) -> dict[str, Any]:
+        dispositions = self.dispositions
+        ids = [d.group_id for d in dispositions]
         return {
             "step": self.step,
             "consumer_group": self.consumer_group,
@@ -548,22 +550,57 @@ class StepManifest:
             "created_at_ms": self.created_at_ms,
             "policy_version": self.policy_version,
             "ranges": [vars(r) for r in self.ranges],
-            "dispositions": [{**vars(d), "kind": d.kind.upper()} for d in self.dispositions],
+            "partitions": pack_values([d.partition for d in dispositions], "i"),
+            "offsets": pack_values([d.offset for d in dispositions], "q"),
+            "kinds": bytes(_KIND_CODES[d.kind] for d in dispositions),
+            "group_id_lengths": pack_values([-1 if i is None else len(i) for i in ids], "i"),
+            "group_ids": "".join(i for i in ids if i is not None),
+            "reasons": [{"index": n, "reason": d.reason} for n, d in enumerate(dispositions) if d.reason is not None],
         }
 
     @classmethod
     def from_avro(cls, d: Mapping[str, Any]) -> StepManifest:
-        return cls(
-            step=d["step"],
-            consumer_group=d["consumer_group"],
-            topic=d["topic"],
-            created_at_ms=d["created_at_ms"],
-            policy_version=d["policy_version"],
-            ranges=tuple(PartitionRange(**r) for r in d["ranges"]),
-            dispositions=tuple(
-                OffsetDisposition(**{**x, "kind": x["kind"].lower()}) for x in d["dispositions"]
-            ),
-        )
+        """Build from a decoded datum: version 2 (columns) or the one-record-per-offset layout of version 1."""
+        if "dispositions" in d:
+            dispositions = tuple(OffsetDisposition(**{**x, "kind": x["kind"].lower()}) for x in d["dispositions"])
+        else:
+            dispositions = _dispositions_from_columns(d)
+        return cls(step=d["step"], consumer_group=d["consumer_group"], topic=d["topic"],
+                   created_at_ms=d["created_at_ms"], policy_version=d["policy_version"],
+                   ranges=tuple(PartitionRange(**r) for r in d["ranges"]), dispositions=dispositions)
+
+
+_KIND_CODES = {kind: code for code, kind in enumerate(DISPOSITION_KINDS)}
+
+
+def _dispositions_from_columns(d: Mapping[str, Any]) -> tuple[OffsetDisposition, ...]:
+    """The dispositions of a version-2 manifest. Raises DecodeError when its columns disagree."""
+    partitions = unpack_values(d["partitions"], "i", "partitions")
+    offsets = unpack_values(d["offsets"], "q", "offsets")
+    lengths = unpack_values(d["group_id_lengths"], "i", "group_id_lengths")
+    kinds, ids = d["kinds"], d["group_ids"]
+    n = len(partitions)
+    if not len(offsets) == len(kinds) == len(lengths) == n:
+        raise DecodeError(f"manifest columns disagree: {n} partitions, {len(offsets)} offsets, {len(kinds)} "
+                          f"kinds, {len(lengths)} group id lengths")
+    if n and (max(kinds) >= len(DISPOSITION_KINDS) or min(lengths) < -1):
+        raise DecodeError(f"manifest has a disposition kind code beyond {len(DISPOSITION_KINDS) - 1} "
+                          "or a group id length below -1")
+    if sum(length for length in lengths if length > 0) != len(ids):
+        raise DecodeError(f"manifest group ids are {len(ids)} characters, their lengths say otherwise")
+    reasons: dict[int, str] = {}
+    for r in d["reasons"]:
+        if not 0 <= r["index"] < n:
+            raise DecodeError(f"manifest reason for disposition {r['index']} of {n}")
+        reasons[r["index"]] = r["reason"]
+    out, at = [], 0
+    for i in range(n):
+        group_id = None
+        if lengths[i] >= 0:
+            group_id, at = ids[at:at + lengths[i]], at + lengths[i]
+        out.append(_trusted(OffsetDisposition, partition=partitions[i], offset=offsets[i],
+                            kind=DISPOSITION_KINDS[kinds[i]], group_id=group_id, reason=reasons.get(i)))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

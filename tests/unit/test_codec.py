@@ -240,3 +240,38 @@ def test_invalid_records_name_the_field() -> None:
                     started_at_ms=0, finished_at_ms=0, status="failed")
     with pytest.raises(InvalidRecordError, match="non-empty"):
         Prompt(id="", prompt="x")
+
+
+def _manifest() -> StepManifest:
+    return StepManifest(step=3, consumer_group="g", topic="ns.rollouts", ranges=[PartitionRange(0, 10, 14)],
+                        dispositions=[OffsetDisposition(0, 10, "taken", "a#0"),
+                                      OffsetDisposition(0, 11, "filtered", "bé#1", "all_rewards_equal"),
+                                      OffsetDisposition(0, 12, "undecodable", None, "not a rollstream record"),
+                                      OffsetDisposition(0, 13, "duplicate", "", "group_id already taken")],
+                        created_at_ms=5, policy_version=None)
+
+
+def test_manifest_written_with_schema_v1_decodes_with_the_current_schema() -> None:
+    manifest = _manifest()
+    v1 = json.loads((SCHEMA_DIR / "history" / "step_manifest.v1.avsc").read_text())
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(v1), {
+        "step": 3, "consumer_group": "g", "topic": "ns.rollouts", "created_at_ms": 5, "policy_version": None,
+        "ranges": [{"partition": 0, "start": 10, "end": 14}],
+        "dispositions": [{**vars(d), "kind": d.kind.upper()} for d in manifest.dispositions]})
+    assert decode(MAGIC + fingerprint(v1) + body.getvalue(), StepManifest) == manifest
+    assert decode(encode(manifest), StepManifest) == manifest  # and the columns of version 2 round trip
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"offsets": np.array([1, 2], "<i8").tobytes()}, "disagree"),
+    ({"kinds": b"\x00\x01\x02\x09"}, "kind code"),
+    ({"group_ids": "a#0"}, "characters"),
+    ({"reasons": [{"index": 4, "reason": "x"}]}, "reason for disposition 4"),
+])
+def test_manifest_columns_that_disagree_are_decode_errors(changes: dict[str, object], words: str) -> None:
+    schema = default_codec().schema(StepManifest)
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, schema, _manifest().to_avro() | changes)
+    with pytest.raises(DecodeError, match=words):
+        decode(MAGIC + fingerprint(schema) + body.getvalue(), StepManifest)
