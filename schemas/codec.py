@@ -51,8 +51,12 @@ def fingerprint(schema: dict[str, Any] | str) -> bytes:
 
 @dataclass(frozen=True)
 class _WriterSchema:
-    """A schema records may be written with, and how to read them: `reader` (None: itself, the current
-    schema, whose body is `head` read by fastavro followed by the `tail` bytes fields read in place)."""
+    """A schema records may be written with, and how to read them.
+
+    `reader`: the schema an older writer resolves to (None: read with the writer schema itself).
+    `head`, `tail`: for a current schema that ends in ``bytes`` fields, the leading part fastavro reads
+    and writes, and the trailing fields the codec handles in place (None and () otherwise).
+    """
 
     name: str
     parsed: dict[str, Any]
