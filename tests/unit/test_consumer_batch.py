@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -67,3 +68,29 @@ def test_slime_samples_follow_slime_field_semantics() -> None:
     assert first.remove_sample is False
     failed = make_group("f", status="failed")
     assert {s.status for s in to_slime_group(failed, 0, sample_cls=SlimeSample)} == {SlimeSample.Status.FAILED}
+
+
+def test_tensors_match_a_row_by_row_reference_on_random_groups() -> None:
+    rng = np.random.default_rng(7)
+    groups = []
+    for g in range(12):
+        samples = []
+        for _ in range(int(rng.integers(1, 5))):
+            tokens = rng.integers(0, 1000, rng.integers(0, 9))
+            logprobs = None if rng.random() < 0.3 else -rng.random(len(tokens), dtype=np.float32)
+            samples.append(Sample(tokens=tokens, logprobs=logprobs, reward=float(rng.random())))
+        groups.append(ScoredGroup(group_id=f"r{g}#0", prompt_id=f"r{g}", epoch=0,
+                                  prompt_tokens=rng.integers(0, 1000, rng.integers(0, 6)), samples=samples,
+                                  started_at_ms=0, finished_at_ms=1))
+    t = batch_of(*groups).to_tensors(pad_id=-7)
+    rows = [(g, s) for g in groups for s in g.samples]
+    width = max(len(g.prompt_tokens) + len(s.tokens) for g, s in rows)
+    assert t.input_ids.shape == (len(rows), width)
+    for b, (g, s) in enumerate(rows):
+        p, r = len(g.prompt_tokens), len(s.tokens)
+        expected = [*g.prompt_tokens.tolist(), *s.tokens.tolist()] + [-7] * (width - p - r)
+        assert t.input_ids[b].tolist() == expected
+        assert t.attention_mask[b].tolist() == [1] * (p + r) + [0] * (width - p - r)
+        assert t.loss_mask[b].tolist() == [0] * p + [1] * r + [0] * (width - p - r)
+        lp = s.logprobs.tolist() if s.logprobs is not None else [0.0] * r
+        assert t.rollout_logprobs[b].tolist() == pytest.approx([0.0] * p + lp + [0.0] * (width - p - r))
