@@ -8,12 +8,17 @@ commit(batch) later, taking past an uncommitted batch; checkpoints with position
 
 from __future__ import annotations
 
+import io
+import json
 import time
 
+import fastavro
 import pytest
 
 from consumers import RolloutConsumer, TakeTimeout, audit
 from infra import KafkaConfig, LagReader
+from schemas import decode, encode
+from schemas.codec import MAGIC, SCHEMA_DIR, fingerprint
 from tests.integration._rollouts import make_group, publish, publish_many
 
 
@@ -151,3 +156,24 @@ def test_a_second_trainer_on_the_same_group_is_stopped_at_its_first_commit(kafka
     with consumer(kafka_config, names, group_id) as after:  # a fresh consumer reads the offsets afresh
         assert after.take(2, timeout=30).group_ids == [g.group_id for g in groups[4:]]
     assert audit(kafka_config, names.namespace, group_id).ok
+
+
+def test_groups_written_by_an_older_producer_are_taken_with_the_new_ones(kafka_config, namespace_factory,
+                                                                          group_id) -> None:
+    """Schema v2 wrote one record per sample; v3 writes columns. A topic holding both is read in order."""
+    names = namespace_factory(partitions=1)
+    old, new = make_group("old", rewards=(0.0, 1.0)), make_group("new", rewards=(1.0, 0.0), logprobs=False)
+    v2 = fastavro.parse_schema(json.loads((SCHEMA_DIR / "history" / "scored_group.v2.avsc").read_text()))
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, v2, {**{k: v for k, v in old.to_avro().items() if k in {
+        "group_id", "prompt_id", "epoch", "prompt", "producer_id", "started_at_ms", "finished_at_ms", "status",
+        "error", "metadata"}}, "prompt_tokens": old.prompt_tokens.tobytes(),
+        "samples": [s.to_avro() for s in old.samples]})
+    v2_bytes = MAGIC + fingerprint(v2) + body.getvalue()
+    assert encode(old) != v2_bytes and decode(v2_bytes) == old
+    publish(kafka_config, names, [v2_bytes, new])
+    with consumer(kafka_config, names, group_id) as c:
+        batch = c.take(2, timeout=30)
+    assert [g.group_id for g in batch.groups] == ["old#0", "new#0"]
+    assert batch.groups[0] == old and batch.groups[1] == new and batch.counts()["undecodable"] == 0
+    assert batch.groups[0].samples[1].tokens.tolist() == old.samples[1].tokens.tolist()
