@@ -81,14 +81,15 @@ class Codec:
         self._header: dict[type, bytes] = {}
         self._class_by_name: dict[str, type] = {}
         self._writers: dict[bytes, _WriterSchema] = {}
+        self._current_writer: dict[type, _WriterSchema] = {}
         for cls, filename in _FILES.items():
             parsed = _load(schema_dir / filename)
             self._current[cls] = parsed
             self._header[cls] = MAGIC + fingerprint(parsed)
             self._class_by_name[parsed["name"]] = cls
             head, tail = _split_tail(json.loads((schema_dir / filename).read_text()))
-            self._writers[fingerprint(parsed)] = _WriterSchema(parsed["name"], parsed, schema_dir / filename,
-                                                               head=head, tail=tail)
+            writer = _WriterSchema(parsed["name"], parsed, schema_dir / filename, head=head, tail=tail)
+            self._writers[fingerprint(parsed)] = self._current_writer[cls] = writer
         history = sorted(schema_dir.glob("history/*.avsc"), key=_version_of)
         newest_older = {p["name"]: p for p in map(_load, history)}  # sorted by version: the last one wins
         for path in history:
@@ -114,7 +115,7 @@ class Codec:
         if record_type not in self._current:
             raise InvalidRecordError(f"cannot encode a {record_type.__name__}: not a rollstream record")
         schema = self._current[record_type]
-        writer = self._writers[self._header[record_type][len(MAGIC):]]
+        writer = self._current_writer[record_type]
         datum = record.to_avro()
         out = io.BytesIO()
         out.write(self._header[record_type])

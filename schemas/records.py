@@ -291,13 +291,13 @@ class _Columns:
 
     @classmethod
     def of(cls, samples: Sequence[Sample]) -> _Columns:
-        texts = [s.text for s in samples]
+        text, text_lengths = _strings_joined([s.text for s in samples])
         return cls(lengths=[len(s.tokens) for s in samples], rewards=[s.reward for s in samples],
                    finish_codes=bytes(FINISH_REASONS.index(s.finish_reason) for s in samples),
                    has_logprobs=bytes(s.logprobs is not None for s in samples),
                    version_counts=[len(s.weight_versions) for s in samples],
                    versions=[v for s in samples for v in s.weight_versions],
-                   text_lengths=[len(t) for t in texts], text="".join(texts),
+                   text_lengths=text_lengths, text=text,
                    token_parts=tuple(s.tokens for s in samples),
                    logprob_parts=tuple(s.logprobs for s in samples if s.logprobs is not None))
 
@@ -364,20 +364,39 @@ class _Columns:
     def split(self) -> tuple[Sample, ...]:
         """One `Sample` per row; its arrays are views of the columns."""
         tokens, all_logprobs = self.tokens, self.logprobs
+        texts = _strings_split(self.text, self.text_lengths)
         out = []
-        token_at = logprob_at = version_at = text_at = 0
+        token_at = logprob_at = version_at = 0
         for i, n in enumerate(self.lengths):
             logprobs = None
             if self.has_logprobs[i]:
                 logprobs = all_logprobs[logprob_at:logprob_at + n]
                 logprob_at += n
-            count, chars = self.version_counts[i], self.text_lengths[i]
+            count = self.version_counts[i]
             out.append(_trusted(Sample, tokens=tokens[token_at:token_at + n],
-                                text=self.text[text_at:text_at + chars], logprobs=logprobs, reward=self.rewards[i],
+                                text=texts[i], logprobs=logprobs, reward=self.rewards[i],
                                 finish_reason=FINISH_REASONS[self.finish_codes[i]],
                                 weight_versions=tuple(self.versions[version_at:version_at + count])))
-            token_at, version_at, text_at = token_at + n, version_at + count, text_at + chars
+            token_at, version_at = token_at + n, version_at + count
         return tuple(out)
+
+
+def _strings_joined(values: Sequence[str | None]) -> tuple[str, list[int]]:
+    """Strings stored back to back: the text and each one's length in code points (-1 for None)."""
+    return "".join(v for v in values if v is not None), [-1 if v is None else len(v) for v in values]
+
+
+def _strings_split(text: str, lengths: Sequence[int]) -> list[str | None]:
+    """The inverse of `_strings_joined` (the lengths were checked against the text on decode)."""
+    out: list[str | None] = []
+    at = 0
+    for length in lengths:
+        if length < 0:
+            out.append(None)
+        else:
+            out.append(text[at:at + length])
+            at += length
+    return out
 
 
 def _joined(parts: tuple[np.ndarray, ...], dtype: np.dtype) -> np.ndarray:
@@ -542,7 +561,7 @@ class StepManifest:
 
     def to_avro(self) -> dict[str, Any]:
         dispositions = self.dispositions
-        ids = [d.group_id for d in dispositions]
+        ids, id_lengths = _strings_joined([d.group_id for d in dispositions])
         return {
             "step": self.step,
             "consumer_group": self.consumer_group,
@@ -553,8 +572,8 @@ class StepManifest:
             "partitions": pack_values([d.partition for d in dispositions], "i"),
             "offsets": pack_values([d.offset for d in dispositions], "q"),
             "kinds": bytes(_KIND_CODES[d.kind] for d in dispositions),
-            "group_id_lengths": pack_values([-1 if i is None else len(i) for i in ids], "i"),
-            "group_ids": "".join(i for i in ids if i is not None),
+            "group_id_lengths": pack_values(id_lengths, "i"),
+            "group_ids": ids,
             "reasons": [{"index": n, "reason": d.reason} for n, d in enumerate(dispositions) if d.reason is not None],
         }
 
@@ -593,14 +612,10 @@ def _dispositions_from_columns(d: Mapping[str, Any]) -> tuple[OffsetDisposition,
         if not 0 <= r["index"] < n:
             raise DecodeError(f"manifest reason for disposition {r['index']} of {n}")
         reasons[r["index"]] = r["reason"]
-    out, at = [], 0
-    for i in range(n):
-        group_id = None
-        if lengths[i] >= 0:
-            group_id, at = ids[at:at + lengths[i]], at + lengths[i]
-        out.append(_trusted(OffsetDisposition, partition=partitions[i], offset=offsets[i],
-                            kind=DISPOSITION_KINDS[kinds[i]], group_id=group_id, reason=reasons.get(i)))
-    return tuple(out)
+    group_ids = _strings_split(ids, lengths)
+    return tuple(_trusted(OffsetDisposition, partition=partitions[i], offset=offsets[i],
+                          kind=DISPOSITION_KINDS[kinds[i]], group_id=group_ids[i], reason=reasons.get(i))
+                 for i in range(n))
 
 
 @dataclass(frozen=True)
