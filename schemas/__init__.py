@@ -8,8 +8,11 @@ from schemas._errors import (
     SchemaError,
     UnknownSchemaError,
 )
+from schemas._packing import float32_array, int32_array
 from schemas.codec import Codec, decode, default_codec, encode, fingerprint
+from schemas.policy_dir import VERSION_FILE, read_policy_version, write_policy_version
 from schemas.records import (
+    FINISH_REASONS,
     ChatMessage,
     OffsetDisposition,
     PartitionRange,
@@ -24,8 +27,9 @@ from schemas.records import (
 )
 
 __all__ = [
-    "ChatMessage", "Codec", "ConfigError", "DecodeError", "InvalidRecordError", "OffsetDisposition",
-    "PartitionRange", "PolicyVersion", "Prompt", "RollstreamError", "Sample", "Samples", "SchemaError",
-    "ScoredGroup", "StepManifest", "UnknownSchemaError", "decode", "default_codec", "encode",
-    "fingerprint", "make_group_id", "now_ms",
+    "FINISH_REASONS", "VERSION_FILE", "ChatMessage", "Codec", "ConfigError", "DecodeError", "InvalidRecordError",
+    "OffsetDisposition", "PartitionRange", "PolicyVersion", "Prompt", "RollstreamError", "Sample", "Samples",
+    "SchemaError", "ScoredGroup", "StepManifest", "UnknownSchemaError", "decode", "default_codec", "encode",
+    "fingerprint", "float32_array", "int32_array", "make_group_id", "now_ms", "read_policy_version",
+    "write_policy_version",
 ]

@@ -44,6 +44,22 @@ def unpack(data: bytes, dtype: np.dtype, field: str) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype)
 
 
+def int32_array(values: Sequence[int] | np.ndarray, field: str) -> np.ndarray:
+    """`values` as a contiguous int32 array (itself when it already is one); InvalidRecordError names `field`."""
+    if isinstance(values, np.ndarray) and values.dtype == INT32_LE and values.ndim == 1 and values.flags.c_contiguous:
+        return values
+    return unpack(pack(values, INT32_LE, field), INT32_LE, field)
+
+
+def float32_array(values: Sequence[float] | np.ndarray | None, field: str) -> np.ndarray | None:
+    """`values` as a contiguous float32 array, like `int32_array`; None stays None."""
+    if values is None:
+        return None
+    if isinstance(values, np.ndarray) and values.dtype == FLOAT32_LE and values.ndim == 1 and values.flags.c_contiguous:
+        return values
+    return unpack(pack(values, FLOAT32_LE, field), FLOAT32_LE, field)
+
+
 def pack_values(values: Sequence[int] | Sequence[float], code: str) -> bytes:
     """Pack a few numbers as little-endian `struct` type `code` (``i`` int32, ``q`` int64, ``d`` float64)."""
     return struct.pack(f"<{len(values)}{code}", *values)

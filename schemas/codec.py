@@ -4,13 +4,13 @@ Wire format (Avro specification, "Single object encoding"): the two marker bytes
 8-byte little-endian CRC-64-AVRO fingerprint of the writer schema's Parsing Canonical Form, then the
 Avro binary body. A reader looks the fingerprint up among every schema this version knows (the
 current ones in ``avro/`` and the older ones in ``avro/history/``). A record written with a current
-schema is read with it; one written with an older schema is resolved (Avro schema resolution) to the
-newest older schema of its name, and the record class converts that layout (``from_avro`` knows
-every layout), so records written by older producers decode.
+schema is read with it; one written with an older schema is read with that older schema and handed to
+its upgrader (`_upgrade`), which turns it into a datum of the current layout. So evolution lives in
+one place, and what builds records from a datum (`_layout`) knows only the current layout.
 
 Trailing ``bytes`` fields of a current schema (ScoredGroup's packed token columns) do not go through
 fastavro: the codec writes and reads the fields before them with fastavro and the trailing ones itself
-(a varint length, then the bytes). Encoding copies them once; decoding hands them to ``from_avro`` as
+(a varint length, then the bytes). Encoding copies them once; decoding hands them to the layout as
 memoryviews of the record's bytes, so decoded token arrays are views, not copies.
 
 Pure: no Kafka, no torch, no I/O beyond reading the bundled ``.avsc`` files once. Thread-safe.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import io
 import json
-import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,6 +32,8 @@ from fastavro.schema import fingerprint as _avro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
 from schemas._errors import DecodeError, InvalidRecordError, SchemaError, UnknownSchemaError
+from schemas._layout import LAYOUTS
+from schemas._upgrade import UPGRADERS
 from schemas.records import PolicyVersion, Prompt, Record, ScoredGroup, StepManifest
 
 MAGIC = b"\xc3\x01"
@@ -53,7 +55,7 @@ def fingerprint(schema: dict[str, Any] | str) -> bytes:
 class _WriterSchema:
     """A schema records may be written with, and how to read them.
 
-    `reader`: the schema an older writer resolves to (None: read with the writer schema itself).
+    `upgrade`: for an older schema, its upgrader to the current layout (None for a current schema).
     `head`, `tail`: for a current schema that ends in ``bytes`` fields, the leading part fastavro reads
     and writes, and the trailing fields the codec handles in place (None and () otherwise).
     """
@@ -61,13 +63,29 @@ class _WriterSchema:
     name: str
     parsed: dict[str, Any]
     path: Path
-    reader: dict[str, Any] | None = None
+    upgrade: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     head: dict[str, Any] | None = None
     tail: tuple[str, ...] = ()
 
 
 def _load(path: Path) -> dict[str, Any]:
-    return fastavro.parse_schema(json.loads(path.read_text()))
+    return _parse(json.loads(path.read_text()))
+
+
+def _parse(schema: dict[str, Any]) -> dict[str, Any]:
+    """A record schema, parsed for fastavro."""
+    parsed = fastavro.parse_schema(schema)
+    if not isinstance(parsed, dict):
+        raise SchemaError(f"expected an Avro record schema, got {schema!r}")
+    return parsed
+
+
+def _read_datum(body: io.BytesIO, schema: dict[str, Any]) -> dict[str, Any]:
+    """The datum of a record schema at the position of `body` (fastavro; a record reads as a dict)."""
+    datum = fastavro.schemaless_reader(body, schema, None)
+    if not isinstance(datum, dict):
+        raise ValueError(f"a {schema['name']} body read as {type(datum).__name__}, not a record")
+    return datum
 
 
 class Codec:
@@ -77,6 +95,7 @@ class Codec:
     """
 
     def __init__(self, schema_dir: Path = SCHEMA_DIR) -> None:
+        self._schema_dir = schema_dir
         self._current: dict[type, dict[str, Any]] = {}
         self._header: dict[type, bytes] = {}
         self._class_by_name: dict[str, type] = {}
@@ -90,12 +109,14 @@ class Codec:
             head, tail = _split_tail(json.loads((schema_dir / filename).read_text()))
             writer = _WriterSchema(parsed["name"], parsed, schema_dir / filename, head=head, tail=tail)
             self._writers[fingerprint(parsed)] = self._current_writer[cls] = writer
-        history = sorted(schema_dir.glob("history/*.avsc"), key=_version_of)
-        newest_older = {p["name"]: p for p in map(_load, history)}  # sorted by version: the last one wins
-        for path in history:
+        for path in sorted(schema_dir.glob("history/*.avsc")):
+            upgrade = UPGRADERS.get(path.name)
+            if upgrade is None:
+                raise SchemaError(f"old schema {path} has no upgrader: add one for {path.name!r} "
+                                  "to schemas/_upgrade.py")
             parsed = _load(path)
             self._writers.setdefault(fingerprint(parsed), _WriterSchema(parsed["name"], parsed, path,
-                                                                        reader=newest_older[parsed["name"]]))
+                                                                        upgrade=upgrade))
 
     def schema(self, record_type: type[R]) -> dict[str, Any]:
         """The current (reader and writer) parsed schema of `record_type`."""
@@ -103,7 +124,7 @@ class Codec:
 
     def fingerprints(self) -> dict[str, str]:
         """Every known writer fingerprint (hex) and the schema file it belongs to."""
-        return {fp.hex(): str(w.path.relative_to(SCHEMA_DIR)) for fp, w in self._writers.items()}
+        return {fp.hex(): str(w.path.relative_to(self._schema_dir)) for fp, w in self._writers.items()}
 
     def encode(self, record: Record) -> bytes:
         """Encode `record` with the current schema of its type.
@@ -116,7 +137,7 @@ class Codec:
             raise InvalidRecordError(f"cannot encode a {record_type.__name__}: not a rollstream record")
         schema = self._current[record_type]
         writer = self._current_writer[record_type]
-        datum = record.to_avro()
+        datum = LAYOUTS[record_type].to_datum(record)
         out = io.BytesIO()
         out.write(self._header[record_type])
         try:
@@ -126,7 +147,9 @@ class Codec:
             raise InvalidRecordError(_explain_invalid(schema, datum, exc)) from exc
         if not tail:
             return out.getvalue()
-        return b"".join([out.getbuffer(), *(part for field in tail for part in field)])
+        # Any: numpy arrays are buffers, which numpy's stubs declare only for Python >= 3.12
+        chunks: list[Any] = [out.getbuffer(), *(part for field in tail for part in field)]
+        return b"".join(chunks)
 
     def decode(self, data: bytes, expected: type[R] | None = None) -> R:
         """Decode single-object Avro bytes into a record (of type `expected`, if given).
@@ -156,12 +179,14 @@ class Codec:
         body.seek(HEADER_SIZE)
         try:
             if writer.head is None:
-                datum = fastavro.schemaless_reader(body, writer.parsed, writer.reader)
+                datum = _read_datum(body, writer.parsed)
                 end = body.tell()
             else:
-                datum = fastavro.schemaless_reader(body, writer.head, None)
+                datum = _read_datum(body, writer.head)
                 end = _read_tail(data, body.tell(), writer.tail, datum)
-            record = record_type.from_avro(datum)
+            if writer.upgrade is not None:
+                datum = writer.upgrade(datum)
+            record = LAYOUTS[record_type].from_datum(datum)
         except SchemaError as exc:
             raise DecodeError(f"corrupt {writer.name} record: {exc}", raw=data) from exc
         except (EOFError, ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError,
@@ -182,7 +207,7 @@ def _split_tail(schema: dict[str, Any]) -> tuple[dict[str, Any] | None, tuple[st
         split -= 1
     if split == len(fields):
         return None, ()
-    head = fastavro.parse_schema({**schema, "fields": fields[:split]})
+    head = _parse({**schema, "fields": fields[:split]})
     return head, tuple(f["name"] for f in fields[split:])
 
 
@@ -236,12 +261,6 @@ def _read_long(data: bytes, pos: int) -> tuple[int, int]:
         raw |= (byte & 0x7F) << shift
         shift += 7
     return (raw >> 1) ^ -(raw & 1), pos + 1
-
-
-def _version_of(path: Path) -> tuple[str, int]:
-    """Sort key of a history file ``name.vN.avsc``: by name, then by N as a number."""
-    match = re.search(r"^(.*)\.v(\d+)\.avsc$", path.name)
-    return (match.group(1), int(match.group(2))) if match else (path.name, 0)
 
 
 def _explain_invalid(schema: dict[str, Any], datum: dict[str, Any], exc: Exception) -> str:

@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 from schemas import (
+    FINISH_REASONS,
+    VERSION_FILE,
+    Codec,
     DecodeError,
     InvalidRecordError,
     OffsetDisposition,
@@ -17,6 +20,7 @@ from schemas import (
     PolicyVersion,
     Prompt,
     Sample,
+    SchemaError,
     ScoredGroup,
     StepManifest,
     UnknownSchemaError,
@@ -25,6 +29,8 @@ from schemas import (
     encode,
     fingerprint,
     make_group_id,
+    read_policy_version,
+    write_policy_version,
 )
 from schemas.codec import MAGIC, SCHEMA_DIR
 
@@ -172,10 +178,13 @@ def test_mutated_records_decode_completely_or_raise_decode_error() -> None:
         decode(encode(group), ScoredGroup)
 
 
+def _current_datum(record: ScoredGroup | StepManifest) -> dict[str, object]:
+    """The datum `record` is written as with its current schema (read back from its bytes by fastavro)."""
+    return fastavro.schemaless_reader(io.BytesIO(encode(record)[10:]), default_codec().schema(type(record)), None)
+
+
 def _columns_datum(**changes: object) -> bytes:
-    datum = make_group(n_samples=2, n_tokens=3).to_avro() | changes
-    datum = {k: b"".join(v) if isinstance(v, tuple) else v.tobytes() if isinstance(v, np.ndarray) else v
-             for k, v in datum.items()}  # packed columns as bytes, as fastavro wants
+    datum = _current_datum(make_group(n_samples=2, n_tokens=3)) | changes
     body = io.BytesIO()
     fastavro.schemaless_writer(body, default_codec().schema(ScoredGroup), datum)
     return MAGIC + fingerprint(default_codec().schema(ScoredGroup)) + body.getvalue()
@@ -272,6 +281,36 @@ def test_manifest_written_with_schema_v1_decodes_with_the_current_schema() -> No
 def test_manifest_columns_that_disagree_are_decode_errors(changes: dict[str, object], words: str) -> None:
     schema = default_codec().schema(StepManifest)
     body = io.BytesIO()
-    fastavro.schemaless_writer(body, schema, _manifest().to_avro() | changes)
+    fastavro.schemaless_writer(body, schema, _current_datum(_manifest()) | changes)
     with pytest.raises(DecodeError, match=words):
         decode(MAGIC + fingerprint(schema) + body.getvalue(), StepManifest)
+
+
+def test_decoded_token_arrays_are_views_of_the_record_bytes() -> None:
+    data = encode(make_group(n_samples=3, n_tokens=4))
+    group = decode(data, ScoredGroup)
+    assert group.samples.columns is not None  # held as columns: no Sample built yet
+    record = np.frombuffer(data, np.uint8)
+    assert np.shares_memory(group.samples.response_tokens, record)
+    assert all(np.shares_memory(s.tokens, record) and np.shares_memory(s.logprobs, record) for s in group.samples)
+    assert FINISH_REASONS == ("stop", "length", "abort")  # their codes on the wire: 0, 1, 2
+
+
+def test_every_old_schema_needs_an_upgrader(tmp_path) -> None:
+    (tmp_path / "history").mkdir()
+    for path in [*SCHEMA_DIR.glob("*.avsc"), *SCHEMA_DIR.glob("history/*.avsc")]:
+        (tmp_path / path.relative_to(SCHEMA_DIR)).write_text(path.read_text())
+    assert Codec(tmp_path).fingerprints() == default_codec().fingerprints()
+    (tmp_path / "history" / "scored_group.v0.avsc").write_text(
+        (SCHEMA_DIR / "history" / "scored_group.v1.avsc").read_text().replace('"epoch"', '"era"'))
+    with pytest.raises(SchemaError, match="scored_group.v0.avsc' to schemas/_upgrade.py"):
+        Codec(tmp_path)
+
+
+def test_policy_version_file_of_a_weights_directory(tmp_path) -> None:
+    assert read_policy_version(tmp_path) is None
+    assert write_policy_version(tmp_path, 7) == tmp_path / VERSION_FILE
+    assert read_policy_version(tmp_path) == 7
+    for content in ("not json", '{"version": "7"}', '{"version": true}', "[]"):
+        (tmp_path / VERSION_FILE).write_text(content)
+        assert read_policy_version(tmp_path) is None

@@ -1,0 +1,315 @@
+"""The current wire layout of every record: the datum (plain dict) the codec writes with each schema in
+``avro/`` and reads back. Only this module knows it; records know nothing of the wire, and `_upgrade`
+turns data of older schemas into this layout, so nothing here knows an older one.
+
+A ScoredGroup (schema v3) stores its samples column by column, a StepManifest (v2) its dispositions:
+each column holds one entry per row, packed little-endian (the ``doc`` of each field says how). Strings
+of many rows are stored back to back with their lengths (`join_strings`).
+
+Decoding builds no `Sample` until `group.samples` is used: `SampleColumns` keeps the columns, and token
+arrays are views of the record's bytes. What Avro cannot check (counts and lengths that must agree,
+codes in range) is checked on decode, so building the samples later cannot fail. Pure and thread-safe.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from schemas._errors import DecodeError
+from schemas._packing import FLOAT32_LE, INT32_LE, pack_values, unpack, unpack_values
+from schemas.records import (
+    DISPOSITION_KINDS,
+    FINISH_REASONS,
+    OffsetDisposition,
+    PartitionRange,
+    PolicyVersion,
+    Prompt,
+    Sample,
+    Samples,
+    ScoredGroup,
+    StepManifest,
+)
+
+_KIND_CODES = {kind: code for code, kind in enumerate(DISPOSITION_KINDS)}
+_FINISH_CODES = {reason: code for code, reason in enumerate(FINISH_REASONS)}
+
+
+def join_strings(values: Sequence[str | None]) -> tuple[str, list[int]]:
+    """Strings stored back to back: the text and each one's length in code points (-1 for None)."""
+    return "".join(v for v in values if v is not None), [-1 if v is None else len(v) for v in values]
+
+
+def split_strings(text: str, lengths: Sequence[int]) -> list[str | None]:
+    """The inverse of `join_strings` (the lengths were checked against the text on decode)."""
+    out: list[str | None] = []
+    at = 0
+    for length in lengths:
+        if length < 0:
+            out.append(None)
+        else:
+            out.append(text[at:at + length])
+            at += length
+    return out
+
+
+def _joined(parts: tuple[np.ndarray, ...], dtype: np.dtype) -> np.ndarray:
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.empty(0, dtype)
+
+
+def as_read(datum: Mapping[str, Any]) -> dict[str, Any]:
+    """`datum` as the codec reads it back: each packed field given as an array or in parts (a tuple of
+    arrays, which encoding writes back to back without joining them) as one `bytes`."""
+    return {k: b"".join(v) if isinstance(v, tuple) else v.tobytes() if isinstance(v, np.ndarray) else v
+            for k, v in datum.items()}
+
+
+@dataclass(slots=True, eq=False)
+class SampleColumns:
+    """A group's samples column by column, as schema v3 stores them (see scored_group.avsc).
+
+    Tokens and logprobs are held in parts: one per sample when built from `Sample` objects (encoding
+    writes them back to back without joining them first), one view of the record when decoded.
+    """
+
+    lengths: Sequence[int]
+    rewards: list[float | None]
+    finish_codes: bytes
+    has_logprobs: bytes
+    version_counts: Sequence[int]
+    versions: Sequence[int]
+    text_lengths: Sequence[int]
+    text: str
+    token_parts: tuple[np.ndarray, ...]
+    logprob_parts: tuple[np.ndarray, ...]
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample]) -> SampleColumns:
+        text, text_lengths = join_strings([s.text for s in samples])
+        return cls(lengths=[len(s.tokens) for s in samples], rewards=[s.reward for s in samples],
+                   finish_codes=bytes(_FINISH_CODES[s.finish_reason] for s in samples),
+                   has_logprobs=bytes(s.logprobs is not None for s in samples),
+                   version_counts=[len(s.weight_versions) for s in samples],
+                   versions=[v for s in samples for v in s.weight_versions],
+                   text_lengths=text_lengths, text=text,
+                   token_parts=tuple(s.tokens for s in samples),
+                   logprob_parts=tuple(s.logprobs for s in samples if s.logprobs is not None))
+
+    @classmethod
+    def decoded(cls, d: Mapping[str, Any]) -> SampleColumns:
+        """Columns of a decoded v3 datum; tokens and logprobs become views of the record's bytes (no copy).
+
+        Raises DecodeError when the columns disagree (counts, lengths, codes), which Avro cannot check.
+        """
+        lengths = unpack_values(d["response_lengths"], "i", "response_lengths")
+        rewards = unpack_values(d["rewards"], "d", "rewards")
+        counts = unpack_values(d["weight_version_counts"], "i", "weight_version_counts")
+        versions = unpack_values(d["weight_versions"], "q", "weight_versions")
+        text_lengths = unpack_values(d["text_lengths"], "i", "text_lengths")
+        finish, has_logprobs, text = d["finish_reasons"], d["has_logprobs"], d["texts"]
+        n = len(lengths)
+        if not len(rewards) == len(finish) == len(has_logprobs) == len(counts) == len(text_lengths) == n:
+            raise DecodeError(f"columns disagree on the number of samples: {n} lengths, {len(rewards)} rewards, "
+                              f"{len(finish)} finish reasons, {len(has_logprobs)} logprob flags, "
+                              f"{len(counts)} weight version counts, {len(text_lengths)} text lengths")
+        tokens = unpack(d["tokens"], INT32_LE, "tokens")
+        logprobs = unpack(d["logprobs"], FLOAT32_LE, "logprobs")
+        if n and (min(lengths) < 0 or min(counts) < 0 or min(text_lengths) < 0
+                  or max(finish) >= len(FINISH_REASONS) or max(has_logprobs) > 1):
+            raise DecodeError(f"bad sample columns: lengths {lengths}, weight version counts {counts}, "
+                              f"text lengths {text_lengths}, finish codes {list(finish)}, "
+                              f"logprob flags {list(has_logprobs)}")
+        if sum(lengths) != len(tokens) or sum(counts) != len(versions) or sum(text_lengths) != len(text):
+            raise DecodeError(f"{len(tokens)} response tokens, {len(versions)} weight versions and {len(text)} "
+                              f"text characters do not match the samples' lengths {lengths}, counts {counts} "
+                              f"and text lengths {text_lengths}")
+        if sum(length for length, has in zip(lengths, has_logprobs, strict=True) if has) != len(logprobs):
+            raise DecodeError(f"{len(logprobs)} logprobs do not match the samples that have them")
+        return cls(lengths=lengths, rewards=[None if r != r else r for r in rewards], finish_codes=finish,
+                   has_logprobs=has_logprobs, version_counts=counts, versions=versions,
+                   text_lengths=text_lengths, text=text, token_parts=(tokens,), logprob_parts=(logprobs,))
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return _joined(self.token_parts, INT32_LE)
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        return _joined(self.logprob_parts, FLOAT32_LE)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.token_parts) + sum(p.nbytes for p in self.logprob_parts)
+
+    def datum(self) -> dict[str, Any]:
+        """The sample fields of a v3 ScoredGroup datum."""
+        return {
+            "response_lengths": pack_values(self.lengths, "i"),
+            "rewards": pack_values([math.nan if r is None else r for r in self.rewards], "d"),
+            "finish_reasons": self.finish_codes,
+            "has_logprobs": self.has_logprobs,
+            "weight_version_counts": pack_values(self.version_counts, "i"),
+            "weight_versions": pack_values(self.versions, "q"),
+            "text_lengths": pack_values(self.text_lengths, "i"),
+            "texts": self.text,
+            "tokens": self.token_parts,  # contiguous arrays: the codec writes their bytes back to back
+            "logprobs": self.logprob_parts,
+        }
+
+    def samples(self) -> tuple[Sample, ...]:
+        """One `Sample` per row; its arrays are views of the columns."""
+        tokens, all_logprobs = self.tokens, self.logprobs
+        texts = split_strings(self.text, self.text_lengths)
+        decoded = Sample._decoded  # bound once: one call per sample
+        out = []
+        token_at = logprob_at = version_at = 0
+        for i, n in enumerate(self.lengths):
+            logprobs = None
+            if self.has_logprobs[i]:
+                logprobs = all_logprobs[logprob_at:logprob_at + n]
+                logprob_at += n
+            count = self.version_counts[i]
+            out.append(decoded(tokens[token_at:token_at + n], texts[i] or "", logprobs, self.rewards[i],
+                               FINISH_REASONS[self.finish_codes[i]],
+                               tuple(self.versions[version_at:version_at + count])))
+            token_at, version_at = token_at + n, version_at + count
+        return tuple(out)
+
+
+def samples_datum(samples: Sequence[Sample]) -> dict[str, Any]:
+    """The sample fields of a v3 ScoredGroup datum for `samples`, as the codec reads them back."""
+    return as_read(SampleColumns.of(samples).datum())
+
+
+def _group_datum(group: ScoredGroup) -> dict[str, Any]:
+    held = group.samples.columns
+    if isinstance(held, SampleColumns):
+        columns = held
+    else:
+        columns = SampleColumns.of(group.samples.items())
+        group.samples._hold_columns(columns)
+    return {
+        "group_id": group.group_id,
+        "prompt_id": group.prompt_id,
+        "epoch": group.epoch,
+        "status": group.status.upper(),
+        "error": group.error,
+        "producer_id": group.producer_id,
+        "started_at_ms": group.started_at_ms,
+        "finished_at_ms": group.finished_at_ms,
+        "prompt": group.prompt,
+        "metadata": dict(group.metadata),
+        **columns.datum(),
+        "prompt_tokens": group.prompt_tokens,  # a contiguous array: the codec writes its bytes
+    }
+
+
+def _group_from_datum(d: Mapping[str, Any]) -> ScoredGroup:
+    """A group from a decoded v3 datum. Raises DecodeError where fields disagree (Avro cannot check that)."""
+    if d["status"] == "FAILED" and not d["error"]:
+        raise DecodeError(f"failed group {d['group_id']!r} carries no error")
+    return ScoredGroup._decoded(
+        group_id=d["group_id"],
+        prompt_id=d["prompt_id"],
+        epoch=d["epoch"],
+        prompt=d["prompt"],
+        prompt_tokens=unpack(d["prompt_tokens"], INT32_LE, "prompt_tokens"),
+        samples=Samples._of_columns(SampleColumns.decoded(d)),
+        producer_id=d["producer_id"],
+        started_at_ms=d["started_at_ms"],
+        finished_at_ms=d["finished_at_ms"],
+        status=d["status"].lower(),
+        error=d["error"],
+        metadata=d["metadata"],
+    )
+
+
+def dispositions_datum(dispositions: Sequence[OffsetDisposition]) -> dict[str, Any]:
+    """The disposition columns of a v2 StepManifest datum."""
+    ids, id_lengths = join_strings([d.group_id for d in dispositions])
+    return {
+        "partitions": pack_values([d.partition for d in dispositions], "i"),
+        "offsets": pack_values([d.offset for d in dispositions], "q"),
+        "kinds": bytes(_KIND_CODES[d.kind] for d in dispositions),
+        "group_id_lengths": pack_values(id_lengths, "i"),
+        "group_ids": ids,
+        "reasons": [{"index": n, "reason": d.reason} for n, d in enumerate(dispositions) if d.reason is not None],
+    }
+
+
+def _manifest_datum(manifest: StepManifest) -> dict[str, Any]:
+    return {
+        "step": manifest.step,
+        "consumer_group": manifest.consumer_group,
+        "topic": manifest.topic,
+        "created_at_ms": manifest.created_at_ms,
+        "policy_version": manifest.policy_version,
+        "ranges": [vars(r) for r in manifest.ranges],
+        **dispositions_datum(manifest.dispositions),
+    }
+
+
+def _manifest_from_datum(d: Mapping[str, Any]) -> StepManifest:
+    return StepManifest(step=d["step"], consumer_group=d["consumer_group"], topic=d["topic"],
+                        created_at_ms=d["created_at_ms"], policy_version=d["policy_version"],
+                        ranges=tuple(PartitionRange(**r) for r in d["ranges"]), dispositions=_dispositions(d))
+
+
+def _dispositions(d: Mapping[str, Any]) -> tuple[OffsetDisposition, ...]:
+    """The dispositions of a v2 manifest datum. Raises DecodeError when its columns disagree."""
+    partitions = unpack_values(d["partitions"], "i", "partitions")
+    offsets = unpack_values(d["offsets"], "q", "offsets")
+    lengths = unpack_values(d["group_id_lengths"], "i", "group_id_lengths")
+    kinds, ids = d["kinds"], d["group_ids"]
+    n = len(partitions)
+    if not len(offsets) == len(kinds) == len(lengths) == n:
+        raise DecodeError(f"manifest columns disagree: {n} partitions, {len(offsets)} offsets, {len(kinds)} "
+                          f"kinds, {len(lengths)} group id lengths")
+    if n and (max(kinds) >= len(DISPOSITION_KINDS) or min(lengths) < -1):
+        raise DecodeError(f"manifest has a disposition kind code beyond {len(DISPOSITION_KINDS) - 1} "
+                          "or a group id length below -1")
+    if sum(length for length in lengths if length > 0) != len(ids):
+        raise DecodeError(f"manifest group ids are {len(ids)} characters, their lengths say otherwise")
+    reasons: dict[int, str] = {}
+    for r in d["reasons"]:
+        if not 0 <= r["index"] < n:
+            raise DecodeError(f"manifest reason for disposition {r['index']} of {n}")
+        reasons[r["index"]] = r["reason"]
+    group_ids = split_strings(ids, lengths)
+    decoded = OffsetDisposition._decoded  # bound once: one call per offset of the step
+    return tuple(decoded(partitions[i], offsets[i], DISPOSITION_KINDS[kinds[i]], group_ids[i], reasons.get(i))
+                 for i in range(n))
+
+
+def _prompt_from_datum(d: Mapping[str, Any]) -> Prompt:
+    return Prompt(id=d["id"], prompt=d["prompt"], epoch=d["epoch"], label=d["label"], metadata=d["metadata"])
+
+
+def _policy_version_datum(version: PolicyVersion) -> dict[str, Any]:
+    return {"version": version.version, "weights_path": version.weights_path,
+            "created_at_ms": version.created_at_ms, "metadata": dict(version.metadata)}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one record type maps to the datum of its current schema, and back."""
+
+    to_datum: Callable[[Any], dict[str, Any]]
+    from_datum: Callable[[Mapping[str, Any]], Any]
+
+
+LAYOUTS: dict[type, Layout] = {
+    Prompt: Layout(Prompt.to_dict, _prompt_from_datum),  # the dict generate functions get is the datum
+    ScoredGroup: Layout(_group_datum, _group_from_datum),
+    StepManifest: Layout(_manifest_datum, _manifest_from_datum),
+    PolicyVersion: Layout(_policy_version_datum, lambda d: PolicyVersion(**d)),
+}

@@ -1,0 +1,60 @@
+"""One upgrader per old writer schema in ``avro/history/``: it turns a datum decoded with that schema into
+a datum of the current layout (`_layout`), so no reader past the codec knows an old layout.
+
+The codec reads a record written with an old schema with that very schema (no Avro schema resolution),
+then applies the upgrader `UPGRADERS` names for the schema's file; a history file without an upgrader
+stops the codec from being built. An upgrader validates the old rows as the records' constructors do
+(an invalid one raises InvalidRecordError, which the codec reports as a DecodeError) and leaves the
+current layout's packing to `_layout`.
+
+Adding a schema version: copy the current ``.avsc`` to ``history/NAME.vN.avsc``, add its upgrader here
+(the old datum through the change, in the new layout), point the previous upgraders at the new one, and
+change the current schema and `_layout`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from schemas._layout import dispositions_datum, samples_datum
+from schemas._packing import FLOAT32_LE, INT32_LE, unpack
+from schemas.records import OffsetDisposition, Sample
+
+Datum = dict[str, Any]
+
+
+def scored_group_v1(d: Mapping[str, Any]) -> Datum:
+    """Version 1 had no prompt text, no group metadata and no weight versions: version 2's defaults fill
+    them (as Avro resolution to v2 did), then it upgrades as version 2."""
+    samples = [{**s, "weight_versions": []} for s in d["samples"]]
+    return scored_group_v2({**d, "prompt": "", "metadata": {}, "samples": samples})
+
+
+def scored_group_v2(d: Mapping[str, Any]) -> Datum:
+    """Version 2 stored one record per sample (packed tokens and logprobs each); version 3 stores the
+    samples column by column."""
+    samples = [_sample_v2(s) for s in d["samples"]]
+    return {**{k: v for k, v in d.items() if k != "samples"}, **samples_datum(samples)}
+
+
+def _sample_v2(s: Mapping[str, Any]) -> Sample:
+    logprobs = s["logprobs"]
+    return Sample(tokens=unpack(s["tokens"], INT32_LE, "tokens"), text=s["text"],
+                  logprobs=None if logprobs is None else unpack(logprobs, FLOAT32_LE, "logprobs"),
+                  reward=s["reward"], finish_reason=s["finish_reason"], weight_versions=tuple(s["weight_versions"]))
+
+
+def step_manifest_v1(d: Mapping[str, Any]) -> Datum:
+    """Version 1 stored one record per offset (kind an enum of upper-case symbols); version 2 stores the
+    dispositions column by column."""
+    dispositions = [OffsetDisposition(**{**x, "kind": x["kind"].lower()}) for x in d["dispositions"]]
+    return {**{k: v for k, v in d.items() if k != "dispositions"}, **dispositions_datum(dispositions)}
+
+
+UPGRADERS: dict[str, Callable[[Mapping[str, Any]], Datum]] = {
+    "scored_group.v1.avsc": scored_group_v1,
+    "scored_group.v2.avsc": scored_group_v2,
+    "step_manifest.v1.avsc": step_manifest_v1,
+}
+"""The upgrader of each file in ``avro/history/``, by file name."""
