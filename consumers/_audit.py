@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from consumers import _kafka
 from consumers._ledger import StepLedger
+from consumers._manifests import read_manifests
 from infra import KafkaConfig, LagReader, TopicNames
 from schemas import SchemaError, StepManifest
 
@@ -74,16 +74,12 @@ class AuditReport:
         return "\n".join(lines)
 
 
-def _step_number(x: StepManifest | int) -> int:
-    return x.step if isinstance(x, StepManifest) else x
-
-
 def audit(config: KafkaConfig, namespace: str, consumer_group: str, *, from_first_manifest: bool = False,
           timeout: float = 30.0) -> AuditReport:
     """Audit `consumer_group` in `namespace`. See the module docstring for what is checked.
 
     Raises:
-        RollstreamError: the topics do not exist or the broker does not answer.
+        KafkaIOError: the topics do not exist or (retriable) the broker does not answer.
     """
     names = TopicNames(namespace)
     notes: list[str] = []
@@ -91,13 +87,13 @@ def audit(config: KafkaConfig, namespace: str, consumer_group: str, *, from_firs
     def bad(offset: int, exc: SchemaError) -> None:
         notes.append(f"note: undecodable record under this group's key on {names.steps} offset {offset}: {exc}")
 
-    manifests = _kafka.read_manifests(config, names.steps, consumer_group, timeout=timeout, on_bad=bad)
+    manifests = read_manifests(config, names.steps, consumer_group, timeout=timeout, on_bad=bad)
     with LagReader(config) as reader:
         lag = reader.group_lag(consumer_group, names.rollouts, timeout=timeout)
     committed = {p.partition: p.committed for p in lag.partitions}
     ledger = StepLedger(keep_manifests=True)
-    superseded = [_step_number(s) for m in manifests for s in ledger.add(m)]
-    pending = [_step_number(s) for s in ledger.drop_uncommitted(committed)]
+    superseded = [s.step for m in manifests for s in ledger.add(m)]
+    pending = [s.step for s in ledger.drop_uncommitted(committed)]
     effective = ledger.effective()
     problems: list[AuditProblem] = []
     counts: dict[str, int] = defaultdict(int)

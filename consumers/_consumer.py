@@ -15,7 +15,8 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
   not call in for hours keeps its position and commits fine, under the group id.
 - A group id already taken (in an earlier step of this consumer group, also before a restart, or
   earlier in this step) is skipped as ``duplicate``. Across restarts the taken ids are rebuilt from
-  the group's manifests (see `consumers._ledger` for which manifests count).
+  the group's manifests (see `consumers._ledger` for which manifests count); the ledger is the one
+  owner of taken ids, also of those in uncommitted steps.
 - One consumer per group at a time: two trainers sharing a group id would both read everything.
   Kafka does not keep them apart (no membership), so every commit first checks that the group's
   committed offsets are still the ones this consumer left; if not, `GroupConflictError`.
@@ -29,21 +30,37 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from prometheus_client import CollectorRegistry
 
-from consumers import _kafka
 from consumers._batch import Batch
-from consumers._errors import CommitError, GroupConflictError, TakeTimeout
+from consumers._commit import StepCommitter
+from consumers._errors import TakeTimeout
 from consumers._gather import Entry, Gathering
 from consumers._ledger import StepLedger
+from consumers._manifests import read_manifests
 from consumers._metrics import ConsumerMetrics
 from consumers.filters import GroupFilter, default_filters
-from infra import GroupLag, KafkaConfig, LagReader, TopicNames, open_consumer, open_producer, sized_to_topic
-from schemas import RollstreamError, StepManifest, encode, now_ms
+from infra import (
+    DEFAULT_TRAINER_GROUP,
+    GroupLag,
+    KafkaConfig,
+    KafkaIOError,
+    LagReader,
+    TopicNames,
+    committed_offsets,
+    is_record,
+    kafka_error,
+    open_consumer,
+    partitions_of,
+    position_of,
+    sized_to_topic,
+    watermarks,
+)
+from schemas import RollstreamError, now_ms
 
 log = logging.getLogger(__name__)
-DEFAULT_GROUP = "rollstream-trainer"
+DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`consumers.DEFAULT_GROUP`)
 _MAX_PULL = 1000
 
 
@@ -94,18 +111,13 @@ class RolloutConsumer:
         self._timeout = timeout
         self._ledger = StepLedger(dedupe_epochs=dedupe_epochs)
         self._consumer: Consumer | None = None
-        self._producer: Producer | None = None
+        self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout)
         self._closed = False
         self._buffer: deque[Entry] = deque()
         self._position: dict[int, int] = {}
         self._pending: list[Batch] = []
-        self._pending_ids: set[str] = set()
         self._next_step = 0
         self._last_committed_step: int | None = None
-        # What this consumer knows to be the group's committed offsets, and offsets it tried to commit since
-        # (a commit that failed on the client may still have landed): anything else means another client.
-        self._committed: dict[int, int | None] = {}
-        self._tried: dict[int, set[int]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -127,8 +139,7 @@ class RolloutConsumer:
                         self.group_id, len(self._pending), [b.step for b in self._pending])
         if self._consumer is not None:
             self._consumer.close()
-        if self._producer is not None:
-            self._producer.flush(self._timeout)
+        self._committer.close()
 
     def _start(self) -> Consumer:
         if self._closed:
@@ -139,33 +150,34 @@ class RolloutConsumer:
         overrides = {"enable.partition.eof": False, **self._overrides}
         consumer = open_consumer(self.config.consumer(self.group_id, overrides))
         try:
-            self._position = self._initial_positions(consumer)
+            committed = self._initial_positions(consumer)
             consumer.assign([TopicPartition(self.names.rollouts, p, o) for p, o in self._position.items()])
         except BaseException:
             consumer.close()
             raise
         self._consumer = consumer
-        if self.manifests and self._producer is None:
-            self._producer = self._manifest_producer()
+        self._committer.start(self.config, consumer, committed)
         log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
                  self._position, self._next_step)
         return consumer
 
-    def _initial_positions(self, consumer: Consumer) -> dict[int, int]:
+    def _initial_positions(self, consumer: Consumer) -> dict[int, int | None]:
+        """Set the position (committed offsets, else each partition's start) and the ledger from the
+        group's manifests; return the committed offsets."""
         topic = self.names.rollouts
-        partitions = _kafka.partitions_of(consumer, topic, self._timeout)
-        committed = _kafka.committed_offsets(consumer, topic, partitions, self._timeout)
-        self._committed = dict(committed)
+        partitions = partitions_of(consumer, topic, timeout=self._timeout)
+        committed = committed_offsets(consumer, topic, partitions, timeout=self._timeout)
         if self.manifests:
-            for manifest in _kafka.read_manifests(self.config, self.names.steps, self.group_id, timeout=self._timeout):
+            for manifest in read_manifests(self.config, self.names.steps, self.group_id, timeout=self._timeout):
                 self._ledger.add(manifest)
             for orphan in self._ledger.drop_uncommitted(committed):
-                log.warning("group %s: step %s has a manifest but its offsets were never committed (crash "
+                log.warning("group %s: step %d has a manifest but its offsets were never committed (crash "
                             "between manifest and commit?); its groups will be taken again", self.group_id,
-                            orphan.step if isinstance(orphan, StepManifest) else orphan)
+                            orphan.step)
             self._next_step = self._ledger.next_step
-        return {p: c if c is not None else _kafka.watermarks(consumer, topic, p, self._timeout)[0]
-                for p, c in committed.items()}
+        self._position = {p: c if c is not None else watermarks(consumer, topic, p, timeout=self._timeout)[0]
+                          for p, c in committed.items()}
+        return committed
 
     # -- taking ----------------------------------------------------------------------------------
 
@@ -209,7 +221,7 @@ class RolloutConsumer:
 
     def _gather(self, n: int, started: float, timeout: float | None) -> Gathering:
         deadline = None if timeout is None else started + timeout
-        gathering = Gathering(self.names.rollouts, self.group_id, self.filters, self._is_taken, self.dedupe,
+        gathering = Gathering(self.names.rollouts, self.group_id, self.filters, self._ledger, self.dedupe,
                               self.policy_version, self.max_staleness)
         try:
             while gathering.accepted < n:
@@ -218,12 +230,10 @@ class RolloutConsumer:
                     raise TakeTimeout(n, gathering.accepted, timeout or 0.0)
                 gathering.evaluate(entry)
         except BaseException:
+            self._ledger.release(gathering.group_ids)  # not taken after all
             self._buffer.extendleft(reversed(gathering.entries))  # back to the front, in order
             raise
         return gathering
-
-    def _is_taken(self, group_id: str) -> bool:
-        return group_id in self._pending_ids or self._ledger.is_taken(group_id)
 
     def _next_entry(self, deadline: float | None, want: int) -> Entry | None:
         while not self._buffer:
@@ -240,13 +250,13 @@ class RolloutConsumer:
         try:
             msgs = consumer.consume(count, timeout=wait)
         except KafkaException as exc:
-            raise _kafka.wrap_kafka_error(f"cannot fetch from {self.names.rollouts}", exc) from exc
-        error: RollstreamError | None = None
+            raise kafka_error(f"cannot fetch from {self.names.rollouts}", exc, topic=self.names.rollouts) from exc
+        error: KafkaIOError | None = None
         for msg in msgs:
             try:
-                if _kafka.check(msg):
-                    self._buffer.append(Entry(msg.partition(), msg.offset(), msg.key(), msg.value() or b""))
-            except RollstreamError as exc:  # an error event, not a record: keep the records after it
+                if is_record(msg):
+                    self._buffer.append(Entry(*position_of(msg), msg.key(), msg.value() or b""))
+            except KafkaIOError as exc:  # an error event, not a record: keep the records after it
                 error = error or exc
         if error is not None:
             raise error
@@ -259,28 +269,31 @@ class RolloutConsumer:
                       offsets=dict(self._position), consumer_group=self.group_id, topic=self.names.rollouts,
                       policy_version=self.policy_version, created_at_ms=now_ms())
         self._next_step += 1
-        self._pending.append(batch)
-        self._pending_ids.update(batch.group_ids)
+        self._pending.append(batch)  # its group ids stay held in the ledger until it is committed
         return batch
 
     def _observe(self, batch: Batch, gathering: Gathering, seconds: float) -> None:
-        self.metrics.observe_step(batch, seconds, gathering.taken_bytes, self.policy_version, self._estimated_lag())
+        self.metrics.observe_step(batch, seconds, gathering.taken_bytes, self.policy_version, self.estimated_lag())
         counts = batch.counts()
         log.info("step %d: took %d groups in %.3f s (filtered %d, duplicate %d, undecodable %d) from %s "
                  "ranges %s; next offsets %s", batch.step, counts["taken"], seconds, counts["filtered"],
                  counts["duplicate"], counts["undecodable"], batch.topic,
                  {r.partition: (r.start, r.end) for r in batch.ranges}, batch.offsets)
 
-    def _estimated_lag(self) -> int:
-        total = 0
+    def estimated_lag(self) -> int:
+        """Records on NS.rollouts after this consumer's position (uncommitted batches count as taken),
+        from the end offsets librdkafka saw on its last fetch: no network call, does not block. 0 before
+        the consumer has started. Not thread-safe. For the group's committed lag, see `lag`."""
+        consumer, total = self._consumer, 0
+        if consumer is None:
+            return 0
         for p, pos in self._position.items():
             try:
-                _, high = self._consumer.get_watermark_offsets(  # type: ignore[union-attr]
-                    TopicPartition(self.names.rollouts, p), cached=True)
+                bounds = consumer.get_watermark_offsets(TopicPartition(self.names.rollouts, p), cached=True)
             except KafkaException:
                 continue
-            if high >= 0:
-                total += max(0, high - pos)
+            if bounds is not None and bounds[1] >= 0:
+                total += max(0, bounds[1] - pos)
         return total
 
     # -- committing ------------------------------------------------------------------------------
@@ -308,69 +321,18 @@ class RolloutConsumer:
             raise RollstreamError(f"step {batch.step} is not an uncommitted batch of this consumer "
                                   "(taken by another consumer, or dropped by seek_to)")
         batches = self._pending[:index + 1]
-        self._check_sole_committer(batch)
-        manifests = [b.manifest() for b in batches]
-        if self.manifests:
-            self._publish(manifests, batch)
-        offsets: dict[int, int] = {}
-        for b in batches:
-            offsets.update({r.partition: r.end for r in b.ranges})
-        for p, o in offsets.items():
-            self._tried.setdefault(p, set()).add(o)
-        self._commit_offsets(offsets, batch)
-        self._committed.update(offsets)
-        self._tried.clear()
+        offsets, manifests = self._committer.commit(batches)
         for m, b in zip(manifests, batches, strict=True):
             self._ledger.add(m)
-            self._pending_ids.difference_update(b.group_ids)
+            self._ledger.release(b.group_ids)  # now taken in an effective step
         self._pending = self._pending[index + 1:]
         self._last_committed_step = batch.step
         self.metrics.steps_committed.inc(len(batches))
         log.info("step %d committed: group %s offsets %s", batch.step, self.group_id, offsets)
 
-    def _check_sole_committer(self, batch: Batch) -> None:
-        """Raise GroupConflictError when the group's committed offsets moved under this consumer.
-
-        One trainer per group id is the contract (partitions are assigned, not subscribed, so Kafka
-        does not keep two consumers of a group apart); this catches a second one at its first commit,
-        at the cost of one offset fetch per commit.
-        """
-        topic = self.names.rollouts
-        try:
-            found = _kafka.committed_offsets(self._start(), topic, sorted(self._committed), self._timeout)
-        except RollstreamError as exc:
-            raise CommitError(batch, f"cannot read the committed offsets of group {self.group_id}: {exc}") from exc
-        moved = {p: (self._committed.get(p), o) for p, o in found.items()
-                 if o != self._committed.get(p) and o not in self._tried.get(p, ())}
-        if moved:
-            raise GroupConflictError(batch, self.group_id, moved)
-
     def _is_committed(self, batch: Batch) -> bool:
         last = self._last_committed_step
         return batch.consumer_group == self.group_id and last is not None and batch.step <= last
-
-    def _publish(self, manifests: list[StepManifest], batch: Batch) -> None:
-        if self._producer is None:
-            self._producer = self._manifest_producer()
-        values = [encode(m) for m in manifests]
-        if error := _kafka.produce_and_wait(self._producer, self.names.steps, self.group_id, values, self._timeout):
-            raise CommitError(batch, f"the manifest of step {batch.step} was not written to {self.names.steps}: "
-                                     f"{error}")
-
-    def _manifest_producer(self) -> Producer:
-        """The producer of step manifests, with NS.steps' metadata fetched now, so that the first commit
-        does not wait for it."""
-        producer = open_producer(self.config.manifest_producer())
-        try:
-            producer.list_topics(self.names.steps, timeout=self._timeout)
-        except KafkaException as exc:
-            raise _kafka.wrap_kafka_error(f"cannot read metadata of {self.names.steps}", exc) from exc
-        return producer
-
-    def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch) -> None:
-        if error := _kafka.commit_offsets(self._start(), self.names.rollouts, offsets):
-            raise CommitError(batch, f"cannot commit offsets {dict(offsets)} of step {batch.step} for group "
-                                     f"{self.group_id}: {error}")
 
     # -- position, checkpoints, lag --------------------------------------------------------------
 
@@ -417,7 +379,7 @@ class RolloutConsumer:
         if next_step is None and self._pending:
             next_step = self._pending[0].step
         self._pending.clear()
-        self._pending_ids.clear()
+        self._ledger.release()  # nothing is held any more: the uncommitted batches are dropped
         self._buffer.clear()
         self._position.update({int(p): int(o) for p, o in offsets.items()})
         dropped = self._ledger.rewind(self._position)

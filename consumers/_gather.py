@@ -7,10 +7,11 @@ the group is taken.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from consumers._errors import FilterError
+from consumers._ledger import StepLedger
 from consumers.filters import FilterContext, GroupFilter, filter_name
 from schemas import OffsetDisposition, PartitionRange, SchemaError, ScoredGroup, decode
 
@@ -42,12 +43,16 @@ def key_text(key: bytes | None) -> str | None:
 
 @dataclass
 class Gathering:
-    """The records one take has looked at so far, in order, and the decision for each."""
+    """The records one take has looked at so far, in order, and the decision for each.
+
+    Taken ids are held in `ledger` as they are taken (dedupe within the step and against every earlier
+    one asks the ledger alone); the consumer releases them when the step is committed or put back.
+    """
 
     topic: str
     consumer_group: str
     filters: Sequence[GroupFilter]
-    is_taken: Callable[[str], bool]
+    ledger: StepLedger
     dedupe: bool
     policy_version: int | None
     max_staleness: int | None
@@ -56,11 +61,14 @@ class Gathering:
     groups: list[ScoredGroup] = field(default_factory=list)
     positions: list[tuple[int, int]] = field(default_factory=list)
     taken_bytes: int = 0
-    _ids: set[str] = field(default_factory=set)
 
     @property
     def accepted(self) -> int:
         return len(self.groups)
+
+    @property
+    def group_ids(self) -> list[str]:
+        return [g.group_id for g in self.groups]
 
     def evaluate(self, entry: Entry) -> OffsetDisposition:
         """Decide what to do with `entry` and record it. Raises FilterError if a filter raises."""
@@ -69,7 +77,7 @@ class Gathering:
         if isinstance(result, SchemaError):
             disp = OffsetDisposition(p, o, "undecodable", group_id=key_text(entry.key),
                                      reason=str(result)[:_MAX_REASON])
-        elif self.dedupe and (result.group_id in self._ids or self.is_taken(result.group_id)):
+        elif self.dedupe and self.ledger.is_taken(result.group_id):
             disp = OffsetDisposition(p, o, "duplicate", group_id=result.group_id,
                                      reason="group_id already taken")
         elif (reason := self._filter(result, p, o)) is not None:
@@ -78,7 +86,7 @@ class Gathering:
             disp = OffsetDisposition(p, o, "taken", group_id=result.group_id)
             self.groups.append(result)
             self.positions.append((p, o))
-            self._ids.add(result.group_id)
+            self.ledger.hold([result.group_id])
             self.taken_bytes += len(entry.value)
         self.entries.append(entry)
         self.dispositions.append(disp)

@@ -17,10 +17,16 @@ cannot disagree:
 
 The group ids taken in effective steps are what dedupe skips. Optionally bounded by epoch: with
 ``dedupe_epochs=E``, ids of epochs older than (newest epoch seen - E) are forgotten.
+
+The ledger is the one owner of "taken" on the trainer side: besides the effective steps it holds the
+ids of groups taken and not committed yet (in the take under way, or in batches taken with
+``commit=False``): `hold` when a group is taken, `release` when its step is committed (then `add`ed)
+or put back.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -44,6 +50,19 @@ class _Step:
         return False
 
 
+@dataclass(frozen=True)
+class DroppedStep:
+    """A step that `StepLedger.add` superseded or `drop_uncommitted` found pending.
+
+    Attributes:
+        step: its step number.
+        manifest: its manifest (only with ``keep_manifests=True``, else None).
+    """
+
+    step: int
+    manifest: StepManifest | None = None
+
+
 def epoch_of(group_id: str) -> int | None:
     """The epoch encoded in a `make_group_id` id (``prompt#epoch``), or None for other ids."""
     _, sep, tail = group_id.rpartition("#")
@@ -62,6 +81,7 @@ class StepLedger:
     def __init__(self, *, keep_manifests: bool = False, dedupe_epochs: int | None = None) -> None:
         self._steps: list[_Step] = []
         self._taken: dict[str, int] = {}
+        self._held: Counter[str] = Counter()
         self._keep = keep_manifests
         self._dedupe_epochs = dedupe_epochs
         self._newest_epoch: int | None = None
@@ -76,14 +96,27 @@ class StepLedger:
         return max((s.step for s in self._steps), default=-1) + 1
 
     def is_taken(self, group_id: str) -> bool:
-        return group_id in self._taken
+        """True when `group_id` was taken in an effective step, or is held by a step not committed yet."""
+        return group_id in self._taken or group_id in self._held
+
+    def hold(self, group_ids: Iterable[str]) -> None:
+        """Mark `group_ids` taken by a step that is not committed yet (`is_taken` is True for them)."""
+        self._held.update(group_ids)
+
+    def release(self, group_ids: Iterable[str] | None = None) -> None:
+        """Undo `hold` for `group_ids` (their step was committed and `add`ed, or put back); None: all."""
+        if group_ids is None:
+            self._held.clear()
+            return
+        self._held.subtract(group_ids)
+        self._held = +self._held  # drop the ids whose count reached 0
 
     def effective(self) -> list[StepManifest]:
         """The effective manifests in log order (only with ``keep_manifests=True``)."""
         return [s.manifest for s in self._steps if s.manifest is not None]
 
-    def add(self, manifest: StepManifest) -> list[StepManifest | int]:
-        """Apply `manifest` (rules 1 and 2); return the steps it superseded (manifests, or step numbers)."""
+    def add(self, manifest: StepManifest) -> list[DroppedStep]:
+        """Apply `manifest` (rules 1 and 2); return the steps it superseded."""
         starts = {r.partition: r.start for r in manifest.ranges}
         superseded = [s for s in self._steps if s.step >= manifest.step or _overlaps(s, starts)]
         self._remove(superseded)
@@ -97,13 +130,13 @@ class StepLedger:
         if step.newest_epoch is not None and (self._newest_epoch is None or step.newest_epoch > self._newest_epoch):
             self._newest_epoch = step.newest_epoch
         self._prune()
-        return [s.manifest or s.step for s in superseded]
+        return [DroppedStep(s.step, s.manifest) for s in superseded]
 
-    def drop_uncommitted(self, committed: Mapping[int, int | None]) -> list[StepManifest | int]:
+    def drop_uncommitted(self, committed: Mapping[int, int | None]) -> list[DroppedStep]:
         """Rule 3: remove steps that go past the committed offsets; return them (pending manifests)."""
         pending = [s for s in self._steps if s.reaches_past(committed)]
         self._remove(pending)
-        return [s.manifest or s.step for s in pending]
+        return [DroppedStep(s.step, s.manifest) for s in pending]
 
     def rewind(self, positions: Mapping[int, int]) -> list[int]:
         """The trainer's position moved back to `positions`: forget steps past it; return their numbers."""

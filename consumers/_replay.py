@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException, Message, TopicPartition
 
-from consumers import _kafka
 from consumers._batch import Batch
 from consumers._gather import key_text
 from consumers._ledger import StepLedger
-from infra import KafkaConfig, TopicNames
+from consumers._manifests import read_manifests
+from infra import KafkaConfig, TopicNames, kafka_error, partitions_of, position_of, read_ranges, reader, watermarks
 from schemas import RollstreamError, SchemaError, ScoredGroup, StepManifest, decode
 
 Progress = Callable[[int], None]
@@ -62,14 +62,15 @@ class ReplayedStep:
                      created_at_ms=m.created_at_ms)
 
 
-def _record(msg: Any) -> ReplayedRecord:
+def _record(msg: Message) -> ReplayedRecord:
     value = msg.value() or b""
+    partition, offset = position_of(msg)
     try:
         group: ScoredGroup | None = decode(value, ScoredGroup)
         error = None
     except SchemaError as exc:
-        group, error = None, str(exc.located(msg.topic(), msg.partition(), msg.offset()))
-    return ReplayedRecord(msg.partition(), msg.offset(), msg.timestamp()[1], key_text(msg.key()), value, group, error)
+        group, error = None, str(exc.located(msg.topic() or "", partition, offset))
+    return ReplayedRecord(partition, offset, msg.timestamp()[1], key_text(msg.key()), value, group, error)
 
 
 def replay_range(config: KafkaConfig, namespace: str, bounds: Mapping[int, tuple[int, int]], *,
@@ -80,8 +81,7 @@ def replay_range(config: KafkaConfig, namespace: str, bounds: Mapping[int, tuple
         RollstreamError: the topic does not exist, or no progress for `timeout` s.
     """
     topic = TopicNames(namespace).rollouts
-    for msg in _kafka.read_ranges(config, topic, bounds, group_id="rollstream-replay", timeout=timeout,
-                                  progress=progress):
+    for msg in read_ranges(config, topic, bounds, group_id="rollstream-replay", timeout=timeout, progress=progress):
         yield _record(msg)
 
 
@@ -89,16 +89,16 @@ def since_bounds(config: KafkaConfig, namespace: str, since_ms: int, *, timeout:
                  ) -> dict[int, tuple[int, int]]:
     """Per partition of NS.rollouts, [first offset at or after `since_ms`, current end)."""
     topic = TopicNames(namespace).rollouts
-    with _kafka.reader(config, "rollstream-replay") as consumer:
-        partitions = _kafka.partitions_of(consumer, topic, timeout)
+    with reader(config, "rollstream-replay") as consumer:
+        partitions = partitions_of(consumer, topic, timeout=timeout)
         try:
             wanted = [TopicPartition(topic, p, since_ms) for p in partitions]
             found = consumer.offsets_for_times(wanted, timeout=timeout)
         except KafkaException as exc:
-            raise _kafka.wrap_kafka_error(f"cannot look up offsets by time on {topic}", exc) from exc
+            raise kafka_error(f"cannot look up offsets by time on {topic}", exc, topic=topic) from exc
         bounds = {}
         for tp in found:
-            end = _kafka.watermarks(consumer, topic, tp.partition, timeout)[1]
+            end = watermarks(consumer, topic, tp.partition, timeout=timeout)[1]
             bounds[tp.partition] = (tp.offset if tp.offset >= 0 else end, end)
     return bounds
 
@@ -118,7 +118,7 @@ def find_step(config: KafkaConfig, namespace: str, consumer_group: str, step: in
         RollstreamError: the group has no such step.
     """
     ledger = StepLedger(keep_manifests=True)
-    for m in _kafka.read_manifests(config, TopicNames(namespace).steps, consumer_group, timeout=timeout):
+    for m in read_manifests(config, TopicNames(namespace).steps, consumer_group, timeout=timeout):
         ledger.add(m)
     for m in ledger.effective():
         if m.step == step:
@@ -141,10 +141,10 @@ def replay_step(config: KafkaConfig, namespace: str, consumer_group: str, step: 
     wanted = {(d.partition, d.offset): d.group_id for d in manifest.dispositions if d.kind == "taken"}
     bounds = {r.partition: (r.start, r.end) for r in manifest.ranges}
     found: dict[tuple[int, int], ReplayedRecord] = {}
-    for msg in _kafka.read_ranges(config, manifest.topic, bounds, group_id="rollstream-replay", timeout=timeout,
-                                  progress=progress):
-        if (msg.partition(), msg.offset()) in wanted:
-            found[(msg.partition(), msg.offset())] = _record(msg)
+    for msg in read_ranges(config, manifest.topic, bounds, group_id="rollstream-replay", timeout=timeout,
+                           progress=progress):
+        if position_of(msg) in wanted:
+            found[position_of(msg)] = _record(msg)
     records = []
     for position, group_id in wanted.items():
         record = found.get(position)

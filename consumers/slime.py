@@ -78,13 +78,13 @@ def sample_class() -> type:
         from slime.utils.types import Sample  # type: ignore[import-not-found]
     except ImportError:
         return SlimeSample
-    return Sample  # type: ignore[no-any-return]
+    return Sample
 
 
 def to_slime_group(group: ScoredGroup, group_index: int, position: tuple[int, int] = (-1, -1),
                    sample_cls: type | None = None) -> list[Any]:
     """The samples of one group as slime Samples (see the module docstring for each field)."""
-    cls = sample_cls or sample_class()
+    cls: Any = sample_cls or sample_class()  # slime's Sample or ours: both have a nested Status enum
     prompt = group.prompt_tokens.tolist()
     out = []
     for j, s in enumerate(group.samples):

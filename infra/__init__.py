@@ -1,24 +1,34 @@
-"""Kafka-facing plumbing: client configuration, the topic plan, consumer-group lag, policy versions on
-NS.control, the local broker."""
+"""Kafka-facing plumbing: client configuration, the topic plan, the Kafka I/O both sides share (one error
+mapping), consumer-group lag, policy versions on NS.control, the local broker."""
 
 from infra._worker import WorkerThread
 from infra.clients import open_admin, open_consumer, open_producer
-from infra.config import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, KafkaConfig, default_bootstrap
-from infra.control import (
-    VERSION_FILE,
-    ControlWatcher,
-    PolicyAnnouncer,
-    announce_policy_version,
-    read_weights_version,
-    write_weights_version,
+from infra.config import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, DEFAULT_TRAINER_GROUP, KafkaConfig, default_bootstrap
+from infra.control import ControlWatcher, PolicyAnnouncer, announce_policy_version
+from infra.kafka_io import (
+    CommitFailed,
+    KafkaIOError,
+    commit_offsets,
+    committed_offsets,
+    is_record,
+    kafka_error,
+    missing_topic_error,
+    partitions_of,
+    position_of,
+    produce_and_wait,
+    read_ranges,
+    reader,
+    require_topics,
+    watermarks,
 )
 from infra.lag import GroupLag, LagReader, PartitionLag
 from infra.topics import TopicNames, TopicPlan, TopicSpec, create_topics, describe_topic_configs, sized_to_topic
 
 __all__ = [
-    "BOOTSTRAP_ENV", "DEFAULT_BOOTSTRAP", "VERSION_FILE", "ControlWatcher", "GroupLag", "KafkaConfig",
-    "LagReader", "PartitionLag", "PolicyAnnouncer", "TopicNames", "TopicPlan", "TopicSpec", "WorkerThread",
-    "announce_policy_version", "create_topics", "default_bootstrap", "describe_topic_configs", "open_admin",
-    "open_consumer", "open_producer", "sized_to_topic",
-    "read_weights_version", "write_weights_version",
+    "BOOTSTRAP_ENV", "DEFAULT_BOOTSTRAP", "DEFAULT_TRAINER_GROUP", "CommitFailed", "ControlWatcher", "GroupLag",
+    "KafkaConfig", "KafkaIOError", "LagReader", "PartitionLag", "PolicyAnnouncer", "TopicNames", "TopicPlan",
+    "TopicSpec", "WorkerThread", "announce_policy_version", "commit_offsets", "committed_offsets",
+    "create_topics", "default_bootstrap", "describe_topic_configs", "is_record", "kafka_error",
+    "missing_topic_error", "open_admin", "open_consumer", "open_producer", "partitions_of", "position_of",
+    "produce_and_wait", "read_ranges", "reader", "require_topics", "sized_to_topic", "watermarks",
 ]

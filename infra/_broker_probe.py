@@ -27,6 +27,33 @@ log = logging.getLogger(__name__)
 _PROBE_TIMEOUT = 5.0  # per round trip; a slow one is retried until the caller's deadline
 
 
+def free_port(nodes: int = 1, host: str = "127.0.0.1") -> int:
+    """A base port whose client ports (port + i) and controller ports (port + CONTROLLER_PORT_OFFSET + i),
+    i < `nodes`, are all free on `host` right now (another process may still take them before a start).
+
+    Raises:
+        BrokerError: no such range found in 200 tries.
+    """
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            base = int(s.getsockname()[1])
+        ports = [base + i for i in range(nodes)] + [base + CONTROLLER_PORT_OFFSET + i for i in range(nodes)]
+        if max(ports) <= 65535 and all(_bindable(host, p) for p in ports):
+            return base
+    raise BrokerError(f"no free range of broker ports for {nodes} node(s) on {host}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
 def check_ports_free(spec: BrokerSpec) -> None:
     """Raise BrokerError naming the first client or controller port of ``spec`` that something listens on."""
     for port in (*spec.client_ports, *spec.controller_ports):
@@ -93,7 +120,8 @@ def _probe(spec: BrokerSpec, timeout: float) -> str | None:
     """One round trip (metadata, probe topic, acks=all produce, fetch, commit); None or the error."""
     end = time.monotonic() + timeout
     timeout_ms = max(1000, int(timeout * 1000))
-    common = {"bootstrap.servers": spec.bootstrap, "logger": _DebugLog(), "socket.timeout.ms": timeout_ms}
+    common: dict[str, Any] = {"bootstrap.servers": spec.bootstrap, "logger": _DebugLog(),
+                              "socket.timeout.ms": timeout_ms}
     try:
         admin = AdminClient(dict(common))
         metadata = admin.list_topics(timeout=_left(end))
@@ -108,9 +136,13 @@ def _probe(spec: BrokerSpec, timeout: float) -> str | None:
                 if "already exists" not in str(exc):
                     raise
         offsets: list[int] = []
+
+        def delivered(err: object, msg: Any) -> None:
+            offset = msg.offset()
+            offsets.append(-1 if err or offset is None else offset)
+
         producer = Producer({**common, "acks": "all", "message.timeout.ms": timeout_ms})
-        producer.produce(PROBE_TOPIC, b"probe",
-                         on_delivery=lambda err, msg: offsets.append(-1 if err else msg.offset()))
+        producer.produce(PROBE_TOPIC, b"probe", on_delivery=delivered)
         producer.flush(_left(end))
         if not offsets or offsets[0] < 0:
             return "probe record not acknowledged"

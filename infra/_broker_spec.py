@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from schemas._errors import ConfigError, RollstreamError
+from schemas import ConfigError, RollstreamError
 
 CONTROLLER_PORT_OFFSET = 100
 PROBE_TOPIC = "__rollstream_probe"

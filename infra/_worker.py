@@ -27,10 +27,10 @@ class WorkerThread:
         """Ask the thread to end (within one poll interval). Idempotent; never blocks."""
         self._stop.set()
 
-    def join(self, timeout_s: float) -> bool:
-        """Block up to `timeout_s` for the thread to end (after `stop`); True when it has (or never ran)."""
+    def join(self, timeout: float) -> bool:
+        """Block up to `timeout` s for the thread to end (after `stop`); True when it has (or never ran)."""
         thread = self._thread
         if thread is None:
             return True
-        thread.join(timeout_s)
+        thread.join(timeout)
         return not thread.is_alive()

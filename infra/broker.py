@@ -35,7 +35,7 @@ from infra._broker_files import (
     write_record,
 )
 from infra._broker_jars import ensure_kafka_jars, find_java
-from infra._broker_probe import check_ports_free, wait_ready
+from infra._broker_probe import check_ports_free, free_port, wait_ready
 from infra._broker_procs import format_storage, is_ours, spawn, terminate
 from infra._broker_spec import (
     CONTROLLER_PORT_OFFSET,
@@ -47,7 +47,7 @@ from infra._broker_spec import (
 )
 
 __all__ = ["CONTROLLER_PORT_OFFSET", "PROBE_TOPIC", "BrokerError", "BrokerSpec", "BrokerStatus", "broker_status",
-           "default_data_dir", "ensure_kafka_jars", "start_broker", "stop_broker"]
+           "default_data_dir", "ensure_kafka_jars", "free_port", "start_broker", "stop_broker"]
 
 log = logging.getLogger(__name__)
 

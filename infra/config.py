@@ -20,6 +20,8 @@ from schemas import ConfigError
 
 BOOTSTRAP_ENV = "ROLLSTREAM_BOOTSTRAP_SERVERS"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+# The trainer's consumer group when none is given (the trainer, `rollstream take`, and producers' lag gate).
+DEFAULT_TRAINER_GROUP = "rollstream-trainer"
 MiB = 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 64 * MiB
 _FETCH_CHUNK_BYTES = 16 * MiB  # per fetch response; a larger record still comes whole

@@ -8,50 +8,28 @@ least the latest announcement forever and a reader that starts late still learns
 - `ControlWatcher` (producer side): a thread (``rollstream-control``) reads the topic from the beginning
   with an explicit assignment (no group membership, nothing committed) and keeps the highest version;
   `on_version` is called, in that thread, for each newer one. Engines that load weights hook it.
-
-The version of a saved weights directory is also written into it as `VERSION_FILE`
-(``{"version": N}``), so an engine that loads a directory knows which version it serves.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from types import TracebackType
-from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
 
 from infra._worker import WorkerThread
 from infra.clients import open_consumer, open_producer
 from infra.config import KafkaConfig
+from infra.kafka_io import KafkaIOError, position_of, produce_and_wait
 from infra.topics import TopicNames
-from schemas import DecodeError, PolicyVersion, RollstreamError, decode, encode
+from schemas import DecodeError, PolicyVersion, decode, encode
 
 log = logging.getLogger(__name__)
 CONTROL_KEY = b"policy"
-VERSION_FILE = "rollstream_version.json"
-
-
-def read_weights_version(model_dir: str | Path) -> int | None:
-    """The version recorded in ``model_dir/VERSION_FILE``, or None when there is none (or it is unreadable)."""
-    try:
-        value = json.loads((Path(model_dir) / VERSION_FILE).read_text())["version"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def write_weights_version(model_dir: str | Path, version: int) -> Path:
-    """Record `version` in ``model_dir/VERSION_FILE``. Blocks on a small file write."""
-    path = Path(model_dir) / VERSION_FILE
-    path.write_text(json.dumps({"version": int(version)}))
-    return path
 
 
 class PolicyAnnouncer:
@@ -73,22 +51,22 @@ class PolicyAnnouncer:
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def announce(self, version: PolicyVersion, *, timeout_s: float = 30.0) -> None:
-        """Publish `version` and block until the broker acknowledged it (at most `timeout_s`).
+    def announce(self, version: PolicyVersion, *, timeout: float = 30.0) -> None:
+        """Publish `version` and block until the broker acknowledged it (at most `timeout` s).
 
         When it returns, every producer that reads NS.control will see `version` (or a later one).
         Blocks: from an event loop, await `announce_async` instead.
 
         Raises:
-            RollstreamError (retriable): not acknowledged within `timeout_s`, or the broker refused it.
+            KafkaIOError (retriable): not acknowledged within `timeout`, or the broker refused it.
         """
         if self._producer is None:
             self._producer = open_producer(self._config.producer({"linger.ms": 0}))
-        announce_policy_version(self._producer, self.topic, version, timeout_s=timeout_s)
+        announce_policy_version(self._producer, self.topic, version, timeout=timeout)
 
-    async def announce_async(self, version: PolicyVersion, *, timeout_s: float = 30.0) -> None:
+    async def announce_async(self, version: PolicyVersion, *, timeout: float = 30.0) -> None:
         """`announce` in a worker thread, so the event loop never waits on the flush."""
-        await asyncio.to_thread(self.announce, version, timeout_s=timeout_s)
+        await asyncio.to_thread(self.announce, version, timeout=timeout)
 
     def close(self) -> None:
         """Flush what is left (a few seconds at most) and drop the producer. Idempotent."""
@@ -98,30 +76,23 @@ class PolicyAnnouncer:
 
 
 def announce_policy_version(target: Producer | KafkaConfig, names: TopicNames | str, version: PolicyVersion, *,
-                            timeout_s: float = 30.0) -> None:
-    """Write `version` to the control topic and wait for its acknowledgement. Blocks up to `timeout_s`.
+                            timeout: float = 30.0) -> None:
+    """Write `version` to the control topic and wait for its acknowledgement. Blocks up to `timeout`.
 
     Args:
         target: a confluent `Producer` to reuse (it is flushed), or a `KafkaConfig` to build a one-off one.
         names: the namespace's `TopicNames`, or the control topic's full name (``NS.control``).
 
     Raises:
-        RollstreamError (retriable): not acknowledged within `timeout_s`, or the broker refused it.
+        KafkaIOError (retriable): not acknowledged within `timeout`, or the broker refused it.
     """
     topic = names.control if isinstance(names, TopicNames) else names
     producer = open_producer(target.producer({"linger.ms": 0})) if isinstance(target, KafkaConfig) else target
-    errors: list[str] = []
-
-    def on_delivery(err: KafkaError | None, _msg: Any) -> None:
-        if err is not None:
-            errors.append(err.str())
-
-    producer.produce(topic, value=encode(version), key=CONTROL_KEY, on_delivery=on_delivery)
-    left = producer.flush(timeout_s)
-    if left or errors:
-        reason = errors[0] if errors else f"not acknowledged within {timeout_s:g} s"
-        raise RollstreamError(f"policy version {version.version} was not written to {topic}: {reason}",
-                              retriable=True)
+    try:
+        produce_and_wait(producer, topic, [(CONTROL_KEY, encode(version))], timeout=timeout)
+    except KafkaIOError as exc:
+        raise KafkaIOError(f"policy version {version.version} was not written to {topic}: {exc}", topic=topic,
+                           code=exc.code, fatal=exc.fatal, retriable=exc.retriable) from exc
     log.info("announced policy version %d on %s (weights %s)", version.version, topic, version.weights_path)
 
 
@@ -146,24 +117,18 @@ class ControlWatcher(WorkerThread):
         self._caught_up = threading.Event()
 
     @property
-    def current_weight_version(self) -> int | None:
+    def policy_version(self) -> int | None:
         """The highest version announced so far (None before any). Thread-safe."""
         latest = self._latest
         return None if latest is None else latest.version
-
-    @property
-    def latest(self) -> PolicyVersion | None:
-        """The highest announced `PolicyVersion` (None before any). Thread-safe."""
-        return self._latest
 
     def start(self) -> None:
         """Start following the topic in thread ``rollstream-control``; returns at once. Idempotent."""
         self._launch(self._run, "rollstream-control")
 
-
-    def wait_caught_up(self, timeout_s: float) -> bool:
-        """Block up to `timeout_s` until every record present at startup was read; False on timeout."""
-        return self._caught_up.wait(timeout_s)
+    def wait_caught_up(self, timeout: float) -> bool:
+        """Block up to `timeout` until every record present at startup was read; False on timeout."""
+        return self._caught_up.wait(timeout)
 
     def _run(self) -> None:
         consumer = open_consumer(self._conf)
@@ -182,9 +147,10 @@ class ControlWatcher(WorkerThread):
                 msg = consumer.poll(0.2)
                 if msg is None or msg.error() is not None:
                     continue
-                self._handle(msg.value() or b"", msg.partition(), msg.offset())
-                if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                    pending.discard(msg.partition())
+                partition, offset = position_of(msg)
+                self._handle(msg.value() or b"", partition, offset)
+                if offset + 1 >= ends.get(partition, 0):
+                    pending.discard(partition)
         except KafkaException as exc:
             log.warning("control watcher stopped: %s", exc)
         finally:

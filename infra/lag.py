@@ -15,10 +15,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException
 
 from infra.clients import open_consumer
 from infra.config import KafkaConfig
+from infra.kafka_io import KafkaIOError, committed_offsets, partitions_of, watermarks
 from schemas import RollstreamError
 
 # Retrying a read that failed for a passing reason (coordinator loading, reconnecting).
@@ -79,7 +80,11 @@ class LagReader:
                 pass
 
     def partitions(self, topic: str, *, timeout: float = 10.0) -> list[int]:
-        """Partition ids of `topic`. Raises RollstreamError if the topic does not exist."""
+        """Partition ids of `topic`. Blocks up to `timeout` s.
+
+        Raises:
+            KafkaIOError: the topic does not exist (`infra.missing_topic_error`), or (retriable) no answer.
+        """
         return self._partitions(self._consumer(_METADATA_GROUP), topic, timeout)
 
     def group_lag(self, group: str, topic: str, *, timeout: float = 10.0) -> GroupLag:
@@ -89,7 +94,7 @@ class LagReader:
         connection being re-established) is retried until `timeout` runs out.
 
         Raises:
-            RollstreamError: the topic does not exist; or (retriable) no good answer within `timeout`.
+            KafkaIOError: the topic does not exist; or (retriable) no good answer within `timeout`.
         """
         deadline = time.monotonic() + timeout
         backoff = _FIRST_BACKOFF_S
@@ -110,39 +115,22 @@ class LagReader:
         return consumer
 
     def _partitions(self, consumer: Consumer, topic: str, timeout: float) -> list[int]:
-        try:
-            meta = consumer.list_topics(topic, timeout=timeout)
-        except KafkaException as exc:
-            raise RollstreamError(f"cannot read the partitions of {topic}: {exc.args[0]}", retriable=True) from exc
-        info = meta.topics.get(topic)
-        if info is None or (info.error is not None and info.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
-            raise RollstreamError(f"topic {topic} does not exist: run 'rollstream topics create' first")
-        if info.error is not None:
-            raise RollstreamError(f"cannot read the partitions of {topic}: {info.error.str()}",
-                                  retriable=info.error.retriable())
-        return sorted(info.partitions)
+        return partitions_of(consumer, topic, timeout=timeout)
 
     def _group_lag(self, group: str, topic: str, timeout: float) -> GroupLag:
         consumer = self._consumer(group)
         deadline = time.monotonic() + timeout
         parts = self._partitions(consumer, topic, timeout)
-        where = f"cannot read lag of group {group} on {topic}"
         try:
-            answer = consumer.committed([TopicPartition(topic, p) for p in parts],
-                                        timeout=max(0.1, deadline - time.monotonic()))
-            committed = {tp.partition: tp.offset for tp in answer if tp.error is None}
-            failed = [tp for tp in answer if tp.error is not None]
-            if failed:
-                raise RollstreamError(f"{where}: partition {failed[0].partition}: {failed[0].error}", retriable=True)
-            bounds = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), cached=False,
-                                                        timeout=max(0.1, deadline - time.monotonic()))
+            committed = committed_offsets(consumer, topic, parts, timeout=max(0.1, deadline - time.monotonic()))
+            bounds = {p: watermarks(consumer, topic, p, timeout=max(0.1, deadline - time.monotonic()))
                       for p in parts}
-        except KafkaException as exc:
-            raise RollstreamError(f"{where}: {exc.args[0]}", retriable=True) from exc
-        if any(b is None or b[0] < 0 or b[1] < 0 for b in bounds.values()):
-            raise RollstreamError(f"{where}: a partition leader gave no offsets ({bounds})", retriable=True)
-        rows = tuple(
-            PartitionLag(p, committed[p] if committed.get(p, -1) >= 0 else None, bounds[p][0], bounds[p][1])
-            for p in parts
-        )
+        except KafkaIOError as exc:
+            # Any failure here is a passing one (coordinator loading, leader moving): retried by group_lag.
+            raise KafkaIOError(f"cannot read lag of group {group} on {topic}: {exc}", topic=topic,
+                               partition=exc.partition, code=exc.code, fatal=exc.fatal, retriable=True) from exc
+        if any(b[0] < 0 or b[1] < 0 for b in bounds.values()):
+            raise KafkaIOError(f"cannot read lag of group {group} on {topic}: a partition leader gave no offsets "
+                               f"({bounds}); retrying may help", topic=topic, retriable=True)
+        rows = tuple(PartitionLag(p, committed.get(p), bounds[p][0], bounds[p][1]) for p in parts)
         return GroupLag(group, topic, rows)

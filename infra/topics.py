@@ -21,13 +21,11 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from infra.clients import open_admin
 from infra.config import DEFAULT_MAX_MESSAGE_BYTES, KafkaConfig
+from infra.kafka_io import UNREACHABLE, KafkaIOError, kafka_error
 from schemas import ConfigError, RollstreamError
 
 log = logging.getLogger(__name__)
-# librdkafka's codes for "the broker did not answer" (none listening, or too slow).
 _TOLERATED = object()  # what `_answer` returns for the error it was told to accept
-_UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
-                          KafkaError._TIMED_OUT_QUEUE})
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 _DAY_MS = 24 * 3600 * 1000
 
@@ -136,7 +134,7 @@ def create_topics(plan: TopicPlan, config: KafkaConfig, *, timeout: float = 30.0
         topic name -> "created" or "exists". An existing topic is left as it is (its configs are
         not altered; `describe_topics` shows them).
     Raises:
-        RollstreamError: the broker refused a topic (e.g. replication factor above the broker count),
+        KafkaIOError: the broker refused a topic (e.g. replication factor above the broker count),
             or did not answer within `timeout` (retriable).
     """
     admin = open_admin(config.admin())
@@ -145,8 +143,8 @@ def create_topics(plan: TopicPlan, config: KafkaConfig, *, timeout: float = 30.0
     futures = admin.create_topics(new, request_timeout=timeout, operation_timeout=timeout)
     result: dict[str, str] = {}
     for name, future in futures.items():
-        if _answer(future, f"cannot create topic {name}", config, timeout, ok=KafkaError.TOPIC_ALREADY_EXISTS
-                   ) is _TOLERATED:
+        if _answer(future, f"cannot create topic {name}", config, timeout, topic=name,
+                   ok=KafkaError.TOPIC_ALREADY_EXISTS) is _TOLERATED:
             result[name] = "exists"
         else:
             result[name] = "created"
@@ -166,8 +164,10 @@ def _wait_for_leaders(admin: AdminClient, topics: list[str], config: KafkaConfig
         topics = [t for t in topics if t not in meta or meta[t].error is not None
                   or not meta[t].partitions or any(p.leader < 0 for p in meta[t].partitions.values())]
         if topics and time.monotonic() >= deadline:
-            raise RollstreamError(f"topics {', '.join(topics)} were created but have no leader after {timeout:g} s; "
-                                  "is the cluster healthy (rollstream broker status)?", retriable=True)
+            raise KafkaIOError(f"topics {', '.join(topics)} were created but have no leader after {timeout:g} s; "
+                               "is the cluster healthy (rollstream broker status)?",
+                               topic=topics[0] if len(topics) == 1 else None, code="LEADER_NOT_AVAILABLE",
+                               retriable=True)
         if topics:
             time.sleep(0.05)
 
@@ -177,14 +177,15 @@ def describe_topic_configs(names: list[str], config: KafkaConfig, *, timeout: fl
     """Read topic configs back from the broker (blocks up to `timeout` s).
 
     Raises:
-        RollstreamError: a topic does not exist, or the broker did not answer within `timeout` (retriable).
+        KafkaIOError: a topic does not exist, or the broker did not answer within `timeout` (retriable).
     """
     admin = open_admin(config.admin())
     futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, n) for n in names],
                                      request_timeout=timeout)
     out: dict[str, dict[str, str]] = {}
     for resource, future in futures.items():
-        entries: dict[str, Any] = _answer(future, f"cannot describe topic {resource.name}", config, timeout)
+        entries: dict[str, Any] = _answer(future, f"cannot describe topic {resource.name}", config, timeout,
+                                          topic=resource.name)
         out[resource.name] = {k: v.value for k, v in entries.items()}
     return out
 
@@ -210,25 +211,30 @@ def sized_to_topic(config: KafkaConfig, topic: str, *, timeout: float = 10.0) ->
     return config
 
 
-def _answer(future: Future[Any], what: str, config: KafkaConfig, timeout: float, *, ok: int | None = None) -> Any:
-    """The result of an admin `future`, or `_TOLERATED` when it failed with the error code `ok`.
+def _answer(future: Future[Any], what: str, config: KafkaConfig, timeout: float, *, topic: str | None = None,
+            ok: int | None = None) -> Any:
+    """The result of an admin `future` about `topic`, or `_TOLERATED` when it failed with the error code `ok`.
 
-    Raises RollstreamError saying `what` failed (retriable as librdkafka says, or when the broker did
-    not answer within `timeout`)."""
+    Raises KafkaIOError saying `what` failed (mapped by `infra.kafka_error`; retriable when the broker
+    did not answer within `timeout`)."""
     try:
         value = future.result(timeout=timeout)
     except KafkaException as exc:
-        err = exc.args[0]
-        if ok is not None and err.code() == ok:
+        err = exc.args[0] if exc.args else None
+        code = err.code() if isinstance(err, KafkaError) else None
+        if ok is not None and code == ok:
             return _TOLERATED
-        if err.code() in _UNREACHABLE:
-            raise _no_answer(what, config, timeout) from exc
-        raise RollstreamError(f"{what}: {err.str()}", retriable=err.retriable()) from exc
+        if code in UNREACHABLE:
+            raise _no_answer(what, config, timeout, topic, code=err.name() if isinstance(err, KafkaError) else None
+                             ) from exc
+        raise kafka_error(what, exc, topic=topic) from exc
     except TimeoutError as exc:
-        raise _no_answer(what, config, timeout) from exc
+        raise _no_answer(what, config, timeout, topic) from exc
     return value
 
 
-def _no_answer(what: str, config: KafkaConfig, timeout: float) -> RollstreamError:
-    return RollstreamError(f"{what}: no answer from {config.bootstrap_servers} within {timeout:g} s; is a "
-                           "Kafka broker listening there (rollstream broker status)?", retriable=True)
+def _no_answer(what: str, config: KafkaConfig, timeout: float, topic: str | None = None, *,
+               code: str | None = "_TIMED_OUT") -> KafkaIOError:
+    return KafkaIOError(f"{what}: no answer from {config.bootstrap_servers} within {timeout:g} s; is a "
+                        "Kafka broker listening there (rollstream broker status)?", topic=topic, code=code,
+                        retriable=True)

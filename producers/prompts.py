@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from confluent_kafka import KafkaError
-
-from infra import KafkaConfig, TopicNames, open_producer
-from producers._startup import check_cluster
-from schemas import ConfigError, InvalidRecordError, Prompt, RollstreamError, encode
+from infra import KafkaConfig, TopicNames, open_producer, produce_and_wait, require_topics
+from schemas import ConfigError, InvalidRecordError, Prompt, encode
 
 log = logging.getLogger(__name__)
 _KEYS = frozenset({"id", "prompt", "label", "metadata"})
@@ -91,53 +87,39 @@ def _parse_line(path: Path, number: int, line: str) -> Prompt:
 
 
 def publish_prompts(prompts: list[Prompt], config: KafkaConfig, topic: str, *, epochs: int = 1,
-                    start_epoch: int = 0, timeout_s: float = 60.0) -> int:
-    """Publish each prompt once per epoch and wait for every acknowledgement. Blocks up to `timeout_s`.
+                    start_epoch: int = 0, timeout: float = 60.0) -> int:
+    """Publish each prompt once per epoch and wait for every acknowledgement. Blocks (a CLI loader, no
+    event loop: waiting while librdkafka's queue is full is the point), then up to `timeout` s to flush.
 
     Returns the number of records acknowledged (len(prompts) x epochs).
     Raises:
-        RollstreamError: some records were not acknowledged (the message says how many and why).
+        KafkaIOError (retriable): some records were not acknowledged (the message says how many and why).
     """
     if epochs < 1:
         raise ConfigError(f"--epochs {epochs} must be >= 1")
     producer = open_producer(config.producer({"linger.ms": 20}))
-    errors: list[str] = []
 
-    def on_delivery(err: KafkaError | None, _msg: Any) -> None:
-        if err is not None:
-            errors.append(err.str())
+    def records() -> Iterator[tuple[bytes | None, bytes]]:
+        for epoch in range(start_epoch, start_epoch + epochs):
+            for prompt in prompts:
+                yield prompt.id.encode(), encode(replace(prompt, epoch=epoch))
 
-    total = 0
-    for epoch in range(start_epoch, start_epoch + epochs):
-        for prompt in prompts:
-            value = encode(replace(prompt, epoch=epoch))
-            while True:
-                try:
-                    producer.produce(topic, value=value, key=prompt.id.encode(), on_delivery=on_delivery)
-                    break
-                except BufferError:
-                    producer.poll(0.1)  # a CLI loader, no event loop: waiting here is the point
-            total += 1
-    left = producer.flush(timeout_s)
-    if left or errors:
-        raise RollstreamError(f"{left + len(errors)} of {total} prompts were not acknowledged by {topic} "
-                              f"({errors[0] if errors else f'flush timed out after {timeout_s:g} s'})",
-                              retriable=True)
+    total = produce_and_wait(producer, topic, records(), timeout=timeout)
     log.info("published %d prompts (%d epochs) to %s", total, epochs, topic)
     return total
 
 
 def load_prompts(path: str | Path, config: KafkaConfig | None = None, *, namespace: str = "rollstream",
-                 epochs: int = 1, start_epoch: int = 0, timeout_s: float = 60.0) -> int:
+                 epochs: int = 1, start_epoch: int = 0, timeout: float = 60.0) -> int:
     """Validate the whole file, then publish it to NS.prompts (see module doc). Blocks.
 
     Returns the number of records published.
     Raises:
         PromptFileError: a bad line (nothing published).
-        RollstreamError: broker unreachable, NS.prompts missing, or records not acknowledged.
+        KafkaIOError: broker unreachable (retriable), NS.prompts missing, or records not acknowledged.
     """
     prompts = read_prompts(path)
     config = config or KafkaConfig()
     topic = TopicNames(namespace).prompts
-    check_cluster(config, [topic], namespace, timeout_s=min(timeout_s, 15.0))
-    return publish_prompts(prompts, config, topic, epochs=epochs, start_epoch=start_epoch, timeout_s=timeout_s)
+    require_topics(config, [topic], namespace=namespace, timeout=min(timeout, 15.0))
+    return publish_prompts(prompts, config, topic, epochs=epochs, start_epoch=start_epoch, timeout=timeout)

@@ -11,7 +11,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 
 from infra import BOOTSTRAP_ENV
-from infra.broker import CONTROLLER_PORT_OFFSET, BrokerSpec, broker_status, start_broker, stop_broker
+from infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
 from schemas import RollstreamError
 
 log = logging.getLogger(__name__)
@@ -29,27 +28,6 @@ log = logging.getLogger(__name__)
 
 class DemoError(RollstreamError):
     """The demo could not run to its end (a producer died, no step for too long, a check failed)."""
-
-
-def free_broker_port(host: str = "127.0.0.1") -> int:
-    """A client port whose controller port (port + CONTROLLER_PORT_OFFSET) is free too, right now.
-
-    Raises:
-        DemoError: no such pair found in 50 tries.
-    """
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port + CONTROLLER_PORT_OFFSET >= 65536:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind((host, port + CONTROLLER_PORT_OFFSET))
-            except OSError:
-                continue
-        return port
-    raise DemoError(f"no free pair of broker ports on {host}")
 
 
 class LocalBroker:
@@ -79,7 +57,7 @@ class LocalBroker:
             shutil.rmtree(self.data_dir)  # a stopped broker's old data: start from scratch
         self.started = True  # set first: a start that fails half-way is still cleaned up
         try:
-            self.bootstrap = start_broker(BrokerSpec(port=free_broker_port(), data_dir=self.data_dir, heap_mb=512),
+            self.bootstrap = start_broker(BrokerSpec(port=free_port(), data_dir=self.data_dir, heap_mb=512),
                                           timeout=180.0)
         except BaseException:
             self.__exit__(None, None, None)
@@ -128,13 +106,13 @@ class ProducerFleet:
     Args:
         specs: the producers to start.
         bootstrap: the broker every producer reaches (``ROLLSTREAM_BOOTSTRAP_SERVERS`` in its environment).
-        stop_timeout_s: how long a producer may drain after SIGTERM before it is killed.
+        stop_timeout: seconds a producer may drain after SIGTERM before it is killed.
     """
 
-    def __init__(self, specs: Sequence[ProducerSpec], bootstrap: str, *, stop_timeout_s: float = 20.0) -> None:
+    def __init__(self, specs: Sequence[ProducerSpec], bootstrap: str, *, stop_timeout: float = 20.0) -> None:
         self.specs = tuple(specs)
         self._env = _producer_env(bootstrap)
-        self._stop_timeout_s = stop_timeout_s
+        self._stop_timeout_s = stop_timeout
         self._procs: list[tuple[ProducerSpec, subprocess.Popen[bytes]]] = []
         self._reported: set[int] = set()
         self.exits: list[ProducerExit] = []

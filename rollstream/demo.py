@@ -32,21 +32,13 @@ from pathlib import Path
 
 from consumers import Batch, RolloutConsumer, TakeTimeout, audit, default_filters
 from consumers.filters import reason_label, staleness_of
-from infra import (
-    BOOTSTRAP_ENV,
-    KafkaConfig,
-    PolicyAnnouncer,
-    TopicNames,
-    TopicPlan,
-    create_topics,
-    write_weights_version,
-)
+from infra import BOOTSTRAP_ENV, KafkaConfig, PolicyAnnouncer, TopicNames, TopicPlan, create_topics
 from producers import load_prompts
 from rollstream._demo_display import ProgressDisplay, StepRow, write_plot
 from rollstream._demo_result import DemoResult, TakenStep, fingerprint, replay_matches, write_summary
 from rollstream._demo_services import DemoError, LocalBroker, ProducerExit, ProducerFleet, ProducerSpec
 from rollstream.demo_task import DEMO_RECIPE, PAD_ID, build_demo_model, make_prompts, write_prompts
-from schemas import PolicyVersion
+from schemas import PolicyVersion, write_policy_version
 
 log = logging.getLogger(__name__)
 TRAINER_GROUP = "demo-trainer"
@@ -177,7 +169,7 @@ def _prepare(options: DemoOptions, bootstrap: str, display: ProgressDisplay) -> 
     weights = options.out / "weights"
     shutil.rmtree(weights, ignore_errors=True)
     base = build_demo_model(weights / "v0", seed=options.seed)
-    write_weights_version(base, 0)
+    write_policy_version(base, 0)
     # Enough for every step, plus what producers run ahead (max lag) and what the stale filter may skip.
     needed = options.steps * options.groups_per_step
     count = needed + needed // 4 + options.effective_max_lag + 16 * options.producers + 100
@@ -205,11 +197,11 @@ def _producer_specs(setup: _Setup) -> list[ProducerSpec]:
 
 def _train(setup: _Setup, fleet: ProducerFleet) -> tuple[list[StepRow], TakenStep | None]:
     """The trainer loop: take -> optimizer step -> save -> announce -> commit, `steps` times."""
-    from rollstream.trainer import GRPOConfig, GRPOTrainer
+    from rollstream.trainer import GRPOLearner, LearnerConfig
 
     o, r = setup.options, DEMO_RECIPE
-    trainer = GRPOTrainer(setup.base_model, GRPOConfig(lr=r.lr, clip_eps=r.clip_eps, max_grad_norm=r.max_grad_norm,
-                                                       torch_threads=1))
+    trainer = GRPOLearner(setup.base_model, LearnerConfig(lr=r.lr, clip_eps=r.clip_eps,
+                                                          max_grad_norm=r.max_grad_norm, torch_threads=1))
     rows: list[StepRow] = []
     taken: TakenStep | None = None
     consumer = RolloutConsumer(config=setup.config, group_id=TRAINER_GROUP, namespace=setup.names.namespace,
@@ -220,6 +212,7 @@ def _train(setup: _Setup, fleet: ProducerFleet) -> tuple[list[StepRow], TakenSte
         for i in range(o.steps):
             t0 = time.monotonic()
             batch = _take(consumer, o.groups_per_step, trainer.version, fleet, o.stall_timeout_s)
+            lag = consumer.estimated_lag()  # right after the take, as the consumer's lag gauge
             t1 = time.monotonic()
             tensors = batch.to_tensors(pad_id=PAD_ID)
             stats = trainer.step(tensors)
@@ -229,8 +222,7 @@ def _train(setup: _Setup, fleet: ProducerFleet) -> tuple[list[StepRow], TakenSte
             consumer.commit(batch)  # after the step and the announcement: a crash before this re-delivers
             _prune_versions(o.out / "weights", trainer.version, o.keep_versions)
             t3 = time.monotonic()
-            lag = consumer.metrics.registry.get_sample_value("rollstream_consumer_lag_records") or 0.0
-            row = _row(batch, stats, int(lag), (t1 - t0, t2 - t1, t3 - t2), t3 - started)
+            row = _row(batch, stats, lag, (t1 - t0, t2 - t1, t3 - t2), t3 - started)
             rows.append(row)
             steps_file.write(row.to_json() + "\n")
             steps_file.flush()

@@ -1,6 +1,6 @@
-"""A minimal GRPO trainer for the demo: one policy-gradient step per taken batch, weights saved per version.
+"""A minimal GRPO learner for the demo: one policy-gradient step per taken batch, weights saved per version.
 
-`GRPOTrainer.step` takes the tensors of one batch (`consumers.Batch.to_tensors()`: right-padded
+`GRPOLearner.step` takes the tensors of one batch (`consumers.Batch.to_tensors()`: right-padded
 ``input_ids``, ``attention_mask``, ``loss_mask`` on response tokens, group-normalised ``advantages``,
 ``rollout_logprobs`` at the response positions) and takes one optimizer step on the token-mean
 policy-gradient loss. With `clip_eps` set (the default) the loss is PPO's clipped surrogate against the
@@ -10,7 +10,7 @@ pushing the policy further than they justify. On fresh samples the ratio is 1 an
 REINFORCE with the group baseline. Rows whose engine returned no logprobs (all zeros) use ratio 1.
 No KL term, no reference model, no entropy bonus.
 
-`GRPOTrainer.save(dir)` writes a complete model directory (weights as safetensors, config, tokenizer
+`GRPOLearner.save(dir)` writes a complete model directory (weights as safetensors, config, tokenizer
 files) through a temporary sibling and a rename, so a producer never loads a half-written one.
 Not thread-safe: one thread owns a trainer.
 """
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infra.control import VERSION_FILE, write_weights_version
+from schemas import VERSION_FILE, ConfigError, write_policy_version
 
 if TYPE_CHECKING:
     import torch
@@ -39,8 +39,8 @@ _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "m
 
 
 @dataclass(frozen=True)
-class GRPOConfig:
-    """Optimizer and loss settings.
+class LearnerConfig:
+    """Optimizer and loss settings. Raises `ConfigError` naming a bad value.
 
     `clip_eps` clips the ratio to the rollout policy (PPO's surrogate); None gives the plain policy
     gradient ``-advantage * logprob`` (token mean), which ignores how stale a sample is.
@@ -55,16 +55,16 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive number, got {self.lr}")
+            raise ConfigError(f"LearnerConfig.lr must be a positive number, got {self.lr}")
         if self.clip_eps is not None and not 0 < self.clip_eps < 1:
-            raise ValueError(f"clip_eps must be in (0, 1) or None, got {self.clip_eps}")
+            raise ConfigError(f"LearnerConfig.clip_eps must be in (0, 1) or None, got {self.clip_eps}")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
-            raise ValueError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+            raise ConfigError(f"LearnerConfig.max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         if self.torch_threads is not None and self.torch_threads < 1:
-            raise ValueError(f"torch_threads must be >= 1 or None, got {self.torch_threads}")
+            raise ConfigError(f"LearnerConfig.torch_threads must be >= 1 or None, got {self.torch_threads}")
 
 
-class GRPOTrainer:
+class GRPOLearner:
     """Holds the policy and its Adam optimizer; `version` counts optimizer steps from `start_version`.
 
     Args:
@@ -77,18 +77,20 @@ class GRPOTrainer:
     Blocks while loading (~0.1 s for the demo model). Raises OSError when `model_dir` is not loadable.
     """
 
-    def __init__(self, model_dir: str | Path, config: GRPOConfig | None = None, *, device: str = "cpu",
+    def __init__(self, model_dir: str | Path, config: LearnerConfig | None = None, *, device: str = "cpu",
                  start_version: int = 0) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
-        self.config = config or GRPOConfig()
+        self.config = config or LearnerConfig()
         if self.config.torch_threads is not None:
             torch.set_num_threads(self.config.torch_threads)
         self.model_dir = Path(model_dir)
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), local_files_only=True)
-        self.model.to(self.device).train()
+        model: Any = AutoModelForCausalLM.from_pretrained(str(self.model_dir), local_files_only=True)
+        # Through Any: transformers' annotations make `.to` on a loaded model look like an unbound call.
+        self.model = model.to(self.device)
+        self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.lr, betas=self.config.betas,
                                            weight_decay=self.config.weight_decay)
         self.version = start_version
@@ -188,7 +190,7 @@ class GRPOTrainer:
         for src in self.model_dir.iterdir():
             if src.is_file() and src.name not in _MODEL_FILES and not src.name.endswith(".safetensors"):
                 shutil.copy2(src, tmp / src.name)
-        write_weights_version(tmp, self.version if version is None else version)
+        write_policy_version(tmp, self.version if version is None else version)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -20,32 +20,10 @@ from infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames, TopicPlan, create_topi
 
 
 def free_port() -> int:
+    """One free TCP port on 127.0.0.1 right now (nothing listens there: a client gets no answer)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def free_broker_port(nodes: int = 1) -> int:
-    """A base port whose client ports (port + i) and controller ports (port + CONTROLLER_PORT_OFFSET + i),
-    i < `nodes`, are all free right now."""
-    from infra.broker import CONTROLLER_PORT_OFFSET
-
-    for _ in range(200):
-        base = free_port()
-        ports = [base + i for i in range(nodes)] + [base + CONTROLLER_PORT_OFFSET + i for i in range(nodes)]
-        if max(ports) <= 65535 and all(_bindable(p) for p in ports):
-            return base
-    raise RuntimeError(f"no free range of broker ports for {nodes} node(s) on 127.0.0.1")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +37,7 @@ def bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
         yield from _docker_broker()
         return
     from infra.broker import BrokerSpec, start_broker, stop_broker
+    from infra.broker import free_port as free_broker_port
 
     data_dir = Path(tmp_path_factory.mktemp("broker"))
     bootstrap = start_broker(BrokerSpec(port=free_broker_port(), data_dir=data_dir, heap_mb=768), timeout=180.0)

@@ -1,7 +1,8 @@
 """The `rollstream` command line: a thin layer that parses arguments and calls library code.
 
 Each group of commands lives in its own module and registers itself on the root app here.
-Errors derived from `RollstreamError` are printed as one clear line and exit with status 2.
+Errors derived from `RollstreamError` (and librdkafka's own, mapped by `infra.kafka_error`) are printed
+as one clear line and exit with status 2.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import sys
 from typing import Annotated
 
 import typer
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 
-from rollstream.cli import _broker, _topics
+from infra import kafka_error
+from rollstream.cli import _broker, _consume, _demo, _produce, _prompts, _topics
 from rollstream.cli._common import setup_logging
 from schemas import RollstreamError
 
@@ -34,13 +36,7 @@ def _root(verbose: Annotated[int, typer.Option("--verbose", "-v", count=True,
 def _register() -> None:
     app.add_typer(_broker.app, name="broker")
     app.add_typer(_topics.app, name="topics")
-    for name in ("_prompts", "_produce", "_consume", "_demo"):
-        try:
-            module = __import__(f"rollstream.cli.{name}", fromlist=["register"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"rollstream.cli.{name}":
-                raise
-            continue
+    for module in (_prompts, _produce, _consume, _demo):
         module.register(app)
 
 
@@ -55,9 +51,7 @@ def main() -> None:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         sys.exit(2)
     except KafkaException as exc:  # raised by librdkafka itself, e.g. a client refusing a setting
-        err = exc.args[0]
-        hint = (" (check the --kafka-config file)" if isinstance(err, KafkaError)
-                and err.code() == KafkaError._INVALID_ARG else "")
-        typer.secho(f"error: Kafka client: {err.str() if isinstance(err, KafkaError) else err}{hint}",
-                    fg=typer.colors.RED, err=True)
+        error = kafka_error("Kafka client", exc)
+        hint = " (check the --kafka-config file)" if error.code == "_INVALID_ARG" else ""
+        typer.secho(f"error: {error}{hint}", fg=typer.colors.RED, err=True)
         sys.exit(2)

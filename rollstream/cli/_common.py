@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from infra import KafkaConfig, TopicNames
-from infra.config import BOOTSTRAP_ENV
+from infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames
+from infra import DEFAULT_TRAINER_GROUP as DEFAULT_TRAINER_GROUP  # defined once, in infra; re-exported here
 
 BootstrapOpt = Annotated[str | None, typer.Option(
     "--bootstrap-servers", "-b", envvar=BOOTSTRAP_ENV, show_envvar=True,
@@ -24,7 +24,6 @@ TrainerGroupOpt = Annotated[str, typer.Option(
     "--group", "-g", envvar="ROLLSTREAM_TRAINER_GROUP", help="The trainer's consumer group id.")]
 
 DEFAULT_NAMESPACE = "rollstream"
-DEFAULT_TRAINER_GROUP = "rollstream-trainer"
 
 
 def kafka_config(bootstrap_servers: str | None, kafka_config_file: Path | None, client_id: str) -> KafkaConfig:

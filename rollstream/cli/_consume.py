@@ -23,10 +23,9 @@ from consumers import (
     replay_step,
     since_bounds,
 )
-from infra import LagReader
+from infra import DEFAULT_TRAINER_GROUP, LagReader
 from rollstream.cli._common import (
     DEFAULT_NAMESPACE,
-    DEFAULT_TRAINER_GROUP,
     BootstrapOpt,
     KafkaConfigOpt,
     NamespaceOpt,

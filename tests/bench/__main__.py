@@ -96,14 +96,13 @@ def _broker(progress: Callable[[str], None]) -> Iterator[tuple[str, str]]:
     if external:
         yield external, "external broker (its version is not reported by the Kafka protocol)"
         return
-    from infra.broker import BrokerSpec, ensure_kafka_jars, start_broker, stop_broker
-    from tests.conftest import free_broker_port
+    from infra.broker import BrokerSpec, ensure_kafka_jars, free_port, start_broker, stop_broker
 
     libs = ensure_kafka_jars(progress=progress)
     version = f"Apache Kafka {libs.parent.name.removeprefix('kafka-')} (local KRaft broker started by the bench)"
     with tempfile.TemporaryDirectory(prefix="rollstream-bench-") as tmp:
         progress("starting a local Kafka broker")
-        bootstrap = start_broker(BrokerSpec(port=free_broker_port(), data_dir=Path(tmp), heap_mb=768), timeout=180)
+        bootstrap = start_broker(BrokerSpec(port=free_port(), data_dir=Path(tmp), heap_mb=768), timeout=180)
         try:
             yield bootstrap, version
         finally:

@@ -33,11 +33,11 @@ from infra.broker import (
     BrokerSpec,
     broker_status,
     default_data_dir,
+    free_port,
     start_broker,
     stop_broker,
 )
-from schemas._errors import ConfigError, RollstreamError
-from tests.conftest import free_broker_port
+from schemas import ConfigError, RollstreamError
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def _consume_all(bootstrap: str, topic: str, count: int, timeout: float = 30.0) 
 
 @pytest.mark.integration
 def test_start_stop_restart_keeps_data(tmp_path: Path) -> None:
-    spec = BrokerSpec(port=free_broker_port(1), data_dir=tmp_path / "broker", heap_mb=384)
+    spec = BrokerSpec(port=free_port(1), data_dir=tmp_path / "broker", heap_mb=384)
     try:
         began = time.monotonic()
         bootstrap = start_broker(spec, timeout=90)
@@ -124,7 +124,7 @@ def test_start_stop_restart_keeps_data(tmp_path: Path) -> None:
 @pytest.mark.integration
 @pytest.mark.parametrize("which", ["client", "controller"])
 def test_port_taken_is_a_clear_error(tmp_path: Path, which: str) -> None:
-    base = free_broker_port(1)
+    base = free_port(1)
     taken = base if which == "client" else base + CONTROLLER_PORT_OFFSET
     spec = BrokerSpec(port=base, data_dir=tmp_path / "broker", heap_mb=256)
     with socket.socket() as squatter:
@@ -144,7 +144,7 @@ def test_port_taken_is_a_clear_error(tmp_path: Path, which: str) -> None:
 
 @pytest.mark.integration
 def test_three_nodes_serve_min_isr_2_and_stop_completely(tmp_path: Path) -> None:
-    spec = BrokerSpec(port=free_broker_port(3), nodes=3, data_dir=tmp_path / "cluster", heap_mb=384)
+    spec = BrokerSpec(port=free_port(3), nodes=3, data_dir=tmp_path / "cluster", heap_mb=384)
     try:
         began = time.monotonic()
         bootstrap = start_broker(spec, timeout=90)
@@ -172,7 +172,7 @@ def test_three_nodes_serve_min_isr_2_and_stop_completely(tmp_path: Path) -> None
 
 @pytest.mark.integration
 def test_a_node_that_exits_while_starting_is_reported_and_leaves_nothing(tmp_path: Path) -> None:
-    spec = BrokerSpec(port=free_broker_port(1), data_dir=tmp_path / "broker", heap_mb=256)
+    spec = BrokerSpec(port=free_port(1), data_dir=tmp_path / "broker", heap_mb=256)
     # Storage "formatted" for another node id: the JVM exits at once with a fatal error.
     (spec.data_dir / "node-1" / "data").mkdir(parents=True)
     (spec.data_dir / "node-1" / "data" / "meta.properties").write_text(
@@ -199,7 +199,7 @@ def test_start_keeps_its_timeout_when_the_coordinator_never_comes_up(
         return config
 
     monkeypatch.setattr(infra.broker, "write_config", offsets_need_three_nodes)
-    spec = BrokerSpec(port=free_broker_port(1), data_dir=tmp_path / "broker", heap_mb=256)
+    spec = BrokerSpec(port=free_port(1), data_dir=tmp_path / "broker", heap_mb=256)
     began = time.monotonic()
     try:
         with pytest.raises(BrokerError, match=r"did not serve .* within the 15 s timeout") as caught:
@@ -222,5 +222,5 @@ def test_spec_rejects_bad_values_by_name(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert BrokerSpec().data_dir == (tmp_path / "home" / "broker").resolve()
     assert set(infra.broker.__all__) == {
         "BrokerSpec", "BrokerError", "BrokerStatus", "start_broker", "stop_broker", "broker_status",
-        "ensure_kafka_jars", "default_data_dir", "CONTROLLER_PORT_OFFSET", "PROBE_TOPIC"}
+        "ensure_kafka_jars", "default_data_dir", "free_port", "CONTROLLER_PORT_OFFSET", "PROBE_TOPIC"}
     assert all(hasattr(infra.broker, name) for name in infra.broker.__all__)

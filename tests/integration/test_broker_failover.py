@@ -24,8 +24,7 @@ import pytest
 
 from consumers import RolloutConsumer, audit
 from infra import KafkaConfig, TopicNames, TopicPlan, create_topics, open_admin
-from infra.broker import BrokerSpec, broker_status, start_broker, stop_broker
-from tests.conftest import free_broker_port
+from infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
 from tests.integration._kafka import REPO_ROOT, cli_env, end_offsets, write_prompts
 
 N = 40  # prompts
@@ -35,7 +34,7 @@ GEN_DELAY_S = "0.25"  # per group (tests.plugins:slow), with concurrency 2: ~5 s
 
 @pytest.mark.slow
 def test_a_sigkilled_broker_node_loses_nothing(tmp_path: Path) -> None:
-    spec = BrokerSpec(port=free_broker_port(3), nodes=3, data_dir=tmp_path / "cluster", heap_mb=384)
+    spec = BrokerSpec(port=free_port(3), nodes=3, data_dir=tmp_path / "cluster", heap_mb=384)
     producer: subprocess.Popen[bytes] | None = None
     log_path = tmp_path / "producer.log"
     try:

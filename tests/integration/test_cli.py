@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_broker_port
+from infra.broker import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ def rollstream(*args: str, timeout: float = 180, env: dict[str, str] | None = No
 
 
 def test_broker_start_status_stop(tmp_path: Path) -> None:
-    data_dir, port = str(tmp_path / "broker"), free_broker_port()
+    data_dir, port = str(tmp_path / "broker"), free_port()
     started = rollstream("broker", "start", "--port", str(port), "--data-dir", data_dir, "--heap-mb", "384")
     try:
         assert started.returncode == 0, started.stderr

@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from consumers import CommitError, RolloutConsumer, audit
 from infra import KafkaConfig
-from tests.integration._rollouts import make_group, publish, publish_many
+from tests.records import make_group, publish, publish_many
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = Path(__file__).with_name("_rollouts.py")
@@ -73,7 +73,7 @@ def test_crash_between_manifest_and_commit_is_retaken_as_the_same_step(kafka_con
         def die(offsets, batch):  # the manifest is on NS.steps; the process dies before committing
             raise CommitError(batch, "simulated crash")
 
-        c._commit_offsets = die  # type: ignore[method-assign]
+        c._committer._commit_offsets = die  # type: ignore[method-assign]
         try:
             c.take(2, timeout=30)
             raise AssertionError("the simulated crash did not happen")

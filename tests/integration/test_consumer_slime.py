@@ -15,7 +15,7 @@ from consumers import audit
 from consumers.slime import SlimeSample, close, generate_rollout
 from infra import LagReader
 from schemas import RollstreamError
-from tests.integration._rollouts import make_group, publish
+from tests.records import make_group, publish
 
 
 def test_generate_rollout_feeds_slime(bootstrap_servers, kafka_config, namespace_factory, group_id) -> None:

@@ -11,7 +11,7 @@ import torch
 from consumers import Batch, grpo_advantages
 from consumers.slime import SlimeSample, to_slime_group
 from schemas import RollstreamError, Sample, ScoredGroup
-from tests.integration._rollouts import make_group
+from tests.records import make_group
 
 
 def batch_of(*groups: ScoredGroup) -> Batch:

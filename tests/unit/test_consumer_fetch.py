@@ -23,6 +23,9 @@ class _Error:
     def retriable(self) -> bool:
         return False
 
+    def name(self) -> str:
+        return "TOPIC_AUTHORIZATION_FAILED"
+
     def str(self) -> str:
         return "Broker: Topic authorization failed"
 

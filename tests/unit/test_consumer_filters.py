@@ -6,9 +6,10 @@ import pytest
 
 from consumers import ConsumerMetrics, FilterContext, FilterError, default_filters
 from consumers._gather import Entry, Gathering
+from consumers._ledger import StepLedger
 from consumers.filters import all_rewards_equal, failed_group, reason_label, reward_missing, stale, staleness_of
 from schemas import encode
-from tests.integration._rollouts import make_group
+from tests.records import make_group
 
 
 def ctx(policy_version: int | None = None, max_staleness: int | None = None) -> FilterContext:
@@ -54,8 +55,10 @@ def entry(group_or_bytes, partition: int = 0, offset: int = 0) -> Entry:
 
 
 def gathering(filters=None, taken=frozenset(), **kw) -> Gathering:
+    ledger = StepLedger()
+    ledger.hold(taken)
     return Gathering("ns.rollouts", "g", default_filters() if filters is None else filters,
-                     lambda gid: gid in taken, kw.pop("dedupe", True), kw.pop("policy_version", None),
+                     ledger, kw.pop("dedupe", True), kw.pop("policy_version", None),
                      kw.pop("max_staleness", None))
 
 

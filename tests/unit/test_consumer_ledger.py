@@ -39,7 +39,7 @@ def test_an_uncommitted_manifest_is_pending_and_its_ids_are_not_taken() -> None:
     ledger = StepLedger()
     ledger.add(manifest(0, {0: (0, 2)}))
     ledger.add(manifest(1, {0: (2, 4)}))  # written, then the trainer died before committing
-    assert [getattr(m, "step", m) for m in ledger.drop_uncommitted({0: 2})] == [1]
+    assert [d.step for d in ledger.drop_uncommitted({0: 2})] == [1]
     assert ledger.next_step == 1 and not ledger.is_taken("g0-2#0") and ledger.is_taken("g0-1#0")
 
 
@@ -49,7 +49,7 @@ def test_the_same_step_taken_again_supersedes_the_first_manifest() -> None:
     first = manifest(1, {0: (2, 4)})
     ledger.add(first)
     superseded = ledger.add(manifest(1, {0: (2, 5)}, ids={(0, 4): "late#0"}))  # re-taken after the crash
-    assert superseded == [first]
+    assert [d.manifest for d in superseded] == [first]
     assert [m.step for m in ledger.effective()] == [0, 1] and ledger.is_taken("late#0")
 
 

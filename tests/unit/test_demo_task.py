@@ -3,7 +3,7 @@
 1. prompts are valid prompt-file lines with uniformly spread answers, and the reward is exact (1.0), half
    credit for the answer followed by more tokens (0.5), else 0.0;
 2. `build_demo_model` writes a directory the Auto classes load, with numbers as whole tokens;
-3. `GRPOTrainer.step` on a fixed batch (built by the consumer's `to_tensors` path) raises the logprob of
+3. `GRPOLearner.step` on a fixed batch (built by the consumer's `to_tensors` path) raises the logprob of
    positively-advantaged responses and lowers the others', clipping cuts the gradient of samples whose
    ratio to the rollout already left the trust region, and `save` writes weights that load back identically.
 """
@@ -23,8 +23,8 @@ pytest.importorskip("transformers")
 from consumers import TensorBatch  # noqa: E402
 from consumers._batch import tensors_of  # noqa: E402
 from rollstream.demo_task import EOS_ID, build_demo_model, make_prompts, reward, write_prompts  # noqa: E402
-from rollstream.trainer import VERSION_FILE, GRPOConfig, GRPOTrainer  # noqa: E402
-from schemas import Sample, ScoredGroup  # noqa: E402
+from rollstream.trainer import GRPOLearner, LearnerConfig  # noqa: E402
+from schemas import VERSION_FILE, Sample, ScoredGroup  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_build_demo_model_loads_with_auto_classes(model_dir: Path, tmp_path: Pat
     assert out.shape[0] == 4 and out.shape[1] <= len(ids) + 2
 
 
-def _fixed_batch(trainer: GRPOTrainer, tok: Any, *, logprob_shift: float = 0.0) -> TensorBatch:
+def _fixed_batch(trainer: GRPOLearner, tok: Any, *, logprob_shift: float = 0.0) -> TensorBatch:
     """4 prompts x 4 samples: the right answer (reward 1) and three wrong ones (0), rollout logprobs from
     the trainer's own policy (minus `logprob_shift`), through the consumer's tensors_of."""
     groups = []
@@ -103,7 +103,7 @@ def _fixed_batch(trainer: GRPOTrainer, tok: Any, *, logprob_shift: float = 0.0) 
     return tensors_of(groups)
 
 
-def _response_logprob(trainer: GRPOTrainer, batch: TensorBatch) -> Any:
+def _response_logprob(trainer: GRPOLearner, batch: TensorBatch) -> Any:
     with torch.no_grad():
         lp = trainer.token_logprobs(batch.input_ids, batch.attention_mask)
     return (lp * batch.loss_mask[:, 1:]).sum(-1)
@@ -116,7 +116,7 @@ def test_grpo_steps_raise_logprob_of_positive_advantages(model_dir: Path, tmp_pa
 
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    trainer = GRPOTrainer(model_dir, GRPOConfig(lr=3e-3, clip_eps=clip_eps))
+    trainer = GRPOLearner(model_dir, LearnerConfig(lr=3e-3, clip_eps=clip_eps))
     batch = _fixed_batch(trainer, tok)
     positive = batch.advantages > 0
     assert positive.sum() == 4 and torch.allclose(batch.advantages[positive], torch.tensor(1.5))
@@ -144,7 +144,7 @@ def test_clipping_stops_the_push_on_samples_already_past_the_trust_region(model_
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    trainer = GRPOTrainer(model_dir, GRPOConfig(clip_eps=0.2))
+    trainer = GRPOLearner(model_dir, LearnerConfig(clip_eps=0.2))
     # The rollout policy gave every response token half the probability the trainer gives it now (ratio 2
     # per token): positive advantages are clipped (no gradient); negative ones still push down.
     batch = _fixed_batch(trainer, tok, logprob_shift=float(np.log(2.0)))

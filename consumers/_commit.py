@@ -1,0 +1,135 @@
+"""Committing steps for one consumer group: each step's manifest on NS.steps first, then the offsets.
+
+`StepCommitter` owns the manifest producer and what the consumer knows of the group's committed
+offsets. Before each commit it checks those offsets did not move under it: one trainer per group id
+is the contract (partitions are assigned, not subscribed, so Kafka does not keep two consumers of a
+group apart); a second one is caught at its first commit, at the cost of one offset fetch per commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from confluent_kafka import Consumer, KafkaException, Producer
+
+from consumers._batch import Batch
+from consumers._errors import CommitError, GroupConflictError
+from infra import (
+    CommitFailed,
+    KafkaConfig,
+    KafkaIOError,
+    TopicNames,
+    commit_offsets,
+    committed_offsets,
+    kafka_error,
+    open_producer,
+    produce_and_wait,
+)
+from schemas import RollstreamError, StepManifest, encode
+
+
+class StepCommitter:
+    """Writes manifests and commits offsets for `group_id` on `names`. Not thread-safe; no I/O until `start`.
+
+    Args:
+        manifests: write step manifests (else only offsets are committed).
+        timeout: seconds to wait for each acknowledgement (manifests, commit, offset check).
+    """
+
+    def __init__(self, names: TopicNames, group_id: str, *, manifests: bool, timeout: float) -> None:
+        self.names = names
+        self.group_id = group_id
+        self.manifests = manifests
+        self._timeout = timeout
+        self._config: KafkaConfig | None = None
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        # What this consumer knows to be the group's committed offsets, and offsets it tried to commit since
+        # (a commit that failed on the client may still have landed): anything else means another client.
+        self._committed: dict[int, int | None] = {}
+        self._tried: dict[int, set[int]] = {}
+
+    def start(self, config: KafkaConfig, consumer: Consumer, committed: Mapping[int, int | None]) -> None:
+        """Remember the group's committed offsets as read at start, and open the manifest producer now
+        (with NS.steps' metadata fetched, so that the first commit does not wait for it). Blocks up to
+        the timeout. Raises KafkaIOError when NS.steps' metadata cannot be read."""
+        self._config, self._consumer = config, consumer
+        self._committed = dict(committed)
+        if self.manifests and self._producer is None:
+            self._producer = self._manifest_producer(config)
+
+    def close(self) -> None:
+        """Flush the manifest producer (up to the timeout). Idempotent."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            producer.flush(self._timeout)
+
+    def commit(self, batches: Sequence[Batch]) -> tuple[dict[int, int], list[StepManifest]]:
+        """Commit `batches` (oldest first; the last is the one asked for): check the group's offsets,
+        write each manifest (acknowledged), then commit, per partition, one past the last offset.
+
+        Blocks until each is acknowledged (up to the timeout each). Returns the offsets committed and
+        the batches' manifests (written to NS.steps only with ``manifests=True``).
+
+        Raises:
+            CommitError (retriable): the offsets check, a manifest or the commit failed; nothing is
+                known committed (a retry is safe: a manifest written twice supersedes itself).
+            GroupConflictError: another client committed for this group; nothing was written.
+        """
+        batch = batches[-1]
+        self._check_sole_committer(batch)
+        manifests = [b.manifest() for b in batches]
+        if self.manifests:
+            self._publish(manifests, batch)
+        offsets: dict[int, int] = {}
+        for b in batches:
+            offsets.update({r.partition: r.end for r in b.ranges})
+        for p, o in offsets.items():
+            self._tried.setdefault(p, set()).add(o)
+        self._commit_offsets(offsets, batch)
+        self._committed.update(offsets)
+        self._tried.clear()
+        return offsets, manifests
+
+    def _started(self) -> tuple[KafkaConfig, Consumer]:
+        if self._config is None or self._consumer is None:
+            raise RollstreamError(f"the committer of group {self.group_id} was not started")
+        return self._config, self._consumer
+
+    def _check_sole_committer(self, batch: Batch) -> None:
+        """Raise GroupConflictError when the group's committed offsets moved under this consumer."""
+        topic = self.names.rollouts
+        try:
+            found = committed_offsets(self._started()[1], topic, sorted(self._committed), timeout=self._timeout)
+        except KafkaIOError as exc:
+            raise CommitError(batch, f"cannot read the committed offsets of group {self.group_id}: {exc}") from exc
+        moved = {p: (self._committed.get(p), o) for p, o in found.items()
+                 if o != self._committed.get(p) and o not in self._tried.get(p, ())}
+        if moved:
+            raise GroupConflictError(batch, self.group_id, moved)
+
+    def _publish(self, manifests: list[StepManifest], batch: Batch) -> None:
+        if self._producer is None:
+            self._producer = self._manifest_producer(self._started()[0])
+        key = self.group_id.encode()
+        try:
+            produce_and_wait(self._producer, self.names.steps, [(key, encode(m)) for m in manifests],
+                             timeout=self._timeout)
+        except KafkaIOError as exc:
+            raise CommitError(batch, f"the manifest of step {batch.step} was not written to {self.names.steps}: "
+                                     f"{exc}") from exc
+
+    def _manifest_producer(self, config: KafkaConfig) -> Producer:
+        producer = open_producer(config.manifest_producer())
+        try:
+            producer.list_topics(self.names.steps, timeout=self._timeout)
+        except KafkaException as exc:
+            raise kafka_error(f"cannot read metadata of {self.names.steps}", exc, topic=self.names.steps) from exc
+        return producer
+
+    def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch) -> None:
+        try:
+            commit_offsets(self._started()[1], self.names.rollouts, offsets)
+        except CommitFailed as exc:
+            raise CommitError(batch, f"cannot commit offsets {dict(offsets)} of step {batch.step} for group "
+                                     f"{self.group_id}: {exc}") from exc

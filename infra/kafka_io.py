@@ -1,0 +1,400 @@
+"""The Kafka reads and writes both sides need, and the one mapping of librdkafka errors to rollstream's.
+
+Every librdkafka failure in infra, producers and consumers goes through `kafka_error`, so each one is a
+`KafkaIOError` that says what failed, where (``topic[partition]``), librdkafka's error name (`code`),
+whether the client is dead (`fatal`) and whether retrying can help (`retriable`: librdkafka says so,
+or the broker did not answer: a timeout, a transport error, all brokers down).
+
+- Writes: `produce_and_wait` (produce, flush, raise unless every record was acknowledged);
+  `commit_offsets` (a synchronous commit that says which partitions failed: `CommitFailed`).
+- Reads: `require_topics` (startup check: broker reachable, topics exist), `reader` (a consumer that
+  never commits), `partitions_of`, `committed_offsets`, `watermarks`, `read_ranges`, and `is_record` /
+  `position_of` for what ``consume`` returns.
+
+Every function blocks (bounded by its timeout): call it off any event loop. None is thread-safe for one
+client; separate clients may be used from separate threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from infra.clients import open_admin, open_consumer
+from infra.config import BOOTSTRAP_ENV, KafkaConfig
+from schemas import RollstreamError
+
+log = logging.getLogger(__name__)
+_BATCH = 500
+# librdkafka's codes for "the broker did not answer" (none listening, too slow, connection lost).
+UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                         KafkaError._TIMED_OUT_QUEUE})
+_NO_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
+# What to do about the errors a user can fix, by librdkafka error name.
+_HINTS = {
+    "MSG_SIZE_TOO_LARGE": "the record exceeds max.message.bytes: raise it (rollstream topics create "
+                          "--max-message-mib) or make the records smaller",
+    "_MSG_TIMED_OUT": "the broker did not acknowledge in time: is the cluster healthy (rollstream broker status)?",
+    "UNKNOWN_TOPIC_OR_PART": "run 'rollstream topics create' first",
+    "_UNKNOWN_TOPIC": "run 'rollstream topics create' first",
+    "TOPIC_AUTHORIZATION_FAILED": "grant this principal access to the topic (rollstream acls)",
+    "GROUP_AUTHORIZATION_FAILED": "grant this principal access to the consumer group (rollstream acls)",
+}
+
+
+class KafkaIOError(RollstreamError):
+    """A Kafka read or write failed.
+
+    Attributes:
+        topic, partition: where (None when not known or not about one partition).
+        code: librdkafka's error name (``"_TIMED_OUT"``, ``"MSG_SIZE_TOO_LARGE"``), None when it gave none.
+        fatal: the client cannot be used any more (librdkafka said fatal): close it and make a new one.
+        retriable: the same call may succeed later without any change (see the module docstring).
+    """
+
+    def __init__(self, message: str, *, topic: str | None = None, partition: int | None = None,
+                 code: str | None = None, fatal: bool = False, retriable: bool = False) -> None:
+        super().__init__(message, retriable=retriable)
+        self.topic = topic
+        self.partition = partition
+        self.code = code
+        self.fatal = fatal
+
+
+class CommitFailed(KafkaIOError):
+    """`commit_offsets` did not commit every partition.
+
+    Attributes:
+        failed: partition -> error text; every partition asked for when the whole call failed, so a
+            caller that retries per partition retries exactly these.
+    """
+
+    def __init__(self, message: str, failed: Mapping[int, str], *, topic: str, code: str | None = None,
+                 fatal: bool = False, retriable: bool = True) -> None:
+        only = next(iter(failed)) if len(failed) == 1 else None
+        super().__init__(message, topic=topic, partition=only, code=code, fatal=fatal, retriable=retriable)
+        self.failed = dict(failed)
+
+
+def where(topic: str | None, partition: int | None = None) -> str:
+    """``topic[partition]``, ``topic``, or "" when neither is known."""
+    if topic is None:
+        return ""
+    return topic if partition is None else f"{topic}[{partition}]"
+
+
+def kafka_error(what: str, error: KafkaException | KafkaError, *, topic: str | None = None,
+                partition: int | None = None) -> KafkaIOError:
+    """THE mapping of a librdkafka error to a `KafkaIOError`: `what` failed, at `topic[partition]`.
+
+    Retriable when librdkafka says so or the broker did not answer (timeout, transport, all brokers
+    down); `fatal` as librdkafka says. The message ends with what to do. Raises nothing (returns).
+    """
+    err: KafkaError | None
+    if isinstance(error, KafkaException):
+        first = error.args[0] if error.args else None
+        err = first if isinstance(first, KafkaError) else None
+    else:
+        err = error
+    if err is None:  # a KafkaException without a KafkaError: librdkafka gave nothing to go by
+        text, code, fatal, retriable = str(error), None, False, True
+    else:
+        text, code, fatal = err.str(), err.name(), err.fatal()
+        retriable = not fatal and (err.retriable() or err.code() in UNREACHABLE)
+    if fatal:
+        hint = "the client cannot recover: close it and start again"
+    elif code in _HINTS:
+        hint = _HINTS[code]
+    elif retriable:
+        hint = "retrying may help; is the broker up (rollstream broker status)?"
+    else:
+        hint = "see the broker log"
+    place = where(topic, partition)
+    message = f"{what}{f' ({place})' if place and place not in what else ''}: {text}; {hint}"
+    return KafkaIOError(message, topic=topic, partition=partition, code=code, fatal=fatal, retriable=retriable)
+
+
+def missing_topic_error(topic: str, namespace: str | None = None) -> KafkaIOError:
+    """The one "topic does not exist" error: names the topic and the command that creates it."""
+    command = "rollstream topics create" + (f" --namespace {namespace}" if namespace else "")
+    return KafkaIOError(f"topic {topic} does not exist: run '{command}' first", topic=topic,
+                        code="UNKNOWN_TOPIC_OR_PART")
+
+
+def require_topics(config: KafkaConfig, topics: Sequence[str], *, namespace: str, timeout: float) -> None:
+    """Verify the broker answers within `timeout` s and every topic in `topics` exists. Blocks; call off-loop.
+
+    Raises:
+        KafkaIOError (retriable): the broker did not answer; the message names the address and the fix.
+        KafkaIOError: a topic is missing (`missing_topic_error`); the message says to run
+            ``rollstream topics create --namespace NS``.
+    """
+    # log_level 0: librdkafka's own connection-refused lines would repeat what the error below says.
+    admin = open_admin(config.admin({"log_level": 0}))
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        cause = kafka_error("list topics", exc)
+        raise KafkaIOError(
+            f"cannot reach Kafka at {config.bootstrap_servers} within {timeout:g} s ({_text(exc)}); "
+            f"start one (rollstream broker start) or set {BOOTSTRAP_ENV} / --bootstrap-servers to a running "
+            "broker", code=cause.code, fatal=cause.fatal, retriable=True) from exc
+    missing = [t for t in topics if t not in metadata.topics]
+    if len(missing) == 1:
+        raise missing_topic_error(missing[0], namespace)
+    if missing:
+        raise KafkaIOError(f"topics {', '.join(missing)} do not exist on {config.bootstrap_servers}: "
+                           f"run 'rollstream topics create --namespace {namespace}' first",
+                           code="UNKNOWN_TOPIC_OR_PART")
+
+
+def produce_and_wait(producer: Producer, topic: str, records: Iterable[tuple[bytes | None, bytes]], *,
+                     timeout: float) -> int:
+    """Produce each (key, value) of `records` to `topic`, flush, and return how many were acknowledged.
+
+    Blocks: while librdkafka's queue is full (polling until there is room), then in ``flush`` for up
+    to `timeout` s. Never call it on an event loop thread. Uses the caller's `producer` (its delivery
+    settings decide what "acknowledged" means: acks=all for every rollstream producer).
+
+    Raises:
+        KafkaIOError (retriable unless librdkafka said fatal): a record was refused, failed delivery or
+            was not acknowledged within `timeout`; the message says how many of how many and the first
+            error; `code` is its librdkafka name. Records not acknowledged may still have been written.
+    """
+    acked = 0
+    errors: list[KafkaError] = []
+
+    def on_delivery(err: KafkaError | None, _msg: object) -> None:  # runs in poll()/flush(), on this thread
+        nonlocal acked
+        if err is None:
+            acked += 1
+        else:
+            errors.append(err)
+
+    total = 0
+    refused: KafkaException | None = None
+    for key, value in records:
+        try:
+            _produce(producer, topic, key, value, on_delivery)
+        except KafkaException as exc:  # refused before sending (too large, unknown topic, ...)
+            refused = exc
+            break
+        total += 1
+    left = producer.flush(timeout)
+    if refused is None and not errors and not left and acked == total:
+        return acked
+    first = errors[0] if errors else refused.args[0] if refused is not None and refused.args else None
+    reason = first.str() if isinstance(first, KafkaError) else f"flush timed out after {timeout:g} s"
+    code = first.name() if isinstance(first, KafkaError) else "_TIMED_OUT"
+    fatal = isinstance(first, KafkaError) and first.fatal()
+    hint = _HINTS.get(code or "", "retry; is the broker up (rollstream broker status)?")
+    count = f"{total - acked} of {total}" + (" (and the records after a refused one)" if refused is not None else "")
+    raise KafkaIOError(f"{count} records were not acknowledged by {topic} ({reason}); {hint}", topic=topic,
+                       code=code, fatal=fatal, retriable=not fatal)
+
+
+def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes,
+             on_delivery: Callable[[KafkaError | None, object], None]) -> None:
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+            return
+        except BufferError:
+            producer.poll(0.1)  # the queue is full: serve delivery reports until there is room
+
+
+def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int]) -> None:
+    """Commit `offsets` (partition -> offset of the next record to read) for the consumer's group.
+
+    Blocks until the group coordinator answered. When it returns, every partition in `offsets` is
+    committed at exactly that offset.
+
+    Raises:
+        CommitFailed: some partitions (``failed``: partition -> error) or the whole call failed
+            (then ``failed`` holds every partition); ``fatal`` when librdkafka said fatal. A commit that
+            failed on the client may still have landed on the broker.
+    """
+    if not offsets:
+        return
+    tps = [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
+    try:
+        result = consumer.commit(offsets=tps, asynchronous=False)
+    except KafkaException as exc:
+        cause = kafka_error(f"cannot commit offsets {dict(offsets)} on {topic}", exc, topic=topic)
+        raise CommitFailed(str(cause), {p: _text(exc) for p in offsets}, topic=topic, code=cause.code,
+                           fatal=cause.fatal, retriable=not cause.fatal) from exc
+    failed = {tp.partition: str(tp.error) for tp in result or [] if tp.error is not None}
+    if failed:
+        detail = ", ".join(f"partition {p}: {e}" for p, e in sorted(failed.items()))
+        raise CommitFailed(f"cannot commit offsets on {topic}: {detail}; retrying may help", failed, topic=topic)
+
+
+@contextmanager
+def reader(config: KafkaConfig, group_id: str) -> Iterator[Consumer]:
+    """A consumer that only reads (explicit assignment, no commits, no membership); closed on exit.
+
+    It has a group id only because librdkafka requires one (and `committed_offsets` asks for that group's).
+    """
+    consumer = open_consumer(config.consumer(group_id, {"enable.partition.eof": False}))
+    try:
+        yield consumer
+    finally:
+        consumer.close()
+
+
+def partitions_of(consumer: Consumer, topic: str, *, timeout: float) -> list[int]:
+    """Partition ids of `topic`, sorted. Blocks up to `timeout` s.
+
+    Raises:
+        KafkaIOError: the topic does not exist (`missing_topic_error`), or (retriable) no answer.
+    """
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout)
+    except KafkaException as exc:
+        raise kafka_error(f"cannot read the partitions of {topic}", exc, topic=topic) from exc
+    info = meta.topics.get(topic)
+    if info is None or (info.error is not None and info.error.code() in _NO_TOPIC):
+        raise missing_topic_error(topic)
+    if info.error is not None:
+        raise kafka_error(f"cannot read the partitions of {topic}", info.error, topic=topic)
+    if not info.partitions:
+        raise missing_topic_error(topic)
+    return sorted(info.partitions)
+
+
+def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float
+                      ) -> dict[int, int | None]:
+    """The consumer group's committed offsets on `topic` (None where it committed nothing). Blocks up to
+    `timeout` s.
+
+    Raises:
+        KafkaIOError: the coordinator did not answer (retriable), or refused for a partition.
+    """
+    try:
+        tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
+    except KafkaException as exc:
+        raise kafka_error(f"cannot read committed offsets on {topic}", exc, topic=topic) from exc
+    for tp in tps:
+        if tp.error is not None:
+            raise kafka_error(f"cannot read the committed offset of {topic}[{tp.partition}]", tp.error, topic=topic,
+                              partition=tp.partition)
+    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in tps}
+
+
+def watermarks(consumer: Consumer, topic: str, partition: int, *, timeout: float) -> tuple[int, int]:
+    """(low, high) offsets of a partition: the first stored record and one past the last. Blocks up to
+    `timeout` s (asks the partition leader, never the cache).
+
+    Raises:
+        KafkaIOError: no answer (retriable), or the leader refused.
+    """
+    try:
+        bounds = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout, cached=False)
+    except KafkaException as exc:
+        raise kafka_error(f"cannot read the offsets of {topic}[{partition}]", exc, topic=topic,
+                          partition=partition) from exc
+    if bounds is None:
+        raise KafkaIOError(f"cannot read the offsets of {topic}[{partition}]: the leader gave none; retrying may "
+                           "help", topic=topic, partition=partition, retriable=True)
+    return bounds[0], bounds[1]
+
+
+def is_record(msg: Message) -> bool:
+    """True for a record; False for a benign event (partition EOF) or a transient error (logged).
+
+    Raises:
+        KafkaIOError: the message is a fatal or non-retriable error (with its topic and partition).
+    """
+    err = msg.error()
+    if err is None:
+        return True
+    if err.code() == KafkaError._PARTITION_EOF:
+        return False
+    error = kafka_error(f"reading {where(msg.topic(), msg.partition())} failed", err, topic=msg.topic(),
+                        partition=msg.partition())
+    if error.fatal or not error.retriable:
+        raise error
+    log.warning("transient error reading %s[%s]: %s", msg.topic(), msg.partition(), err.str())
+    return False
+
+
+def position_of(msg: Message) -> tuple[int, int]:
+    """(partition, offset) of a record (`is_record` was True). Raises KafkaIOError for one without them."""
+    partition, offset = msg.partition(), msg.offset()
+    if partition is None or offset is None:
+        raise KafkaIOError(f"a record from {msg.topic()} carries no partition or offset", topic=msg.topic())
+    return partition, offset
+
+
+def read_ranges(config: KafkaConfig, topic: str, bounds: Mapping[int, tuple[int, int]], *,
+                group_id: str = "rollstream-reader", timeout: float = 30.0,
+                progress: Callable[[int], None] | None = None) -> Iterator[Message]:
+    """Yield the records of `topic` in the offset ranges [start, end) per partition, in order per partition.
+
+    Ends are clamped to what the partition holds now; starts below the first stored offset (deleted by
+    retention) are raised to it with a warning. `progress` gets the number of offsets advanced. Reads
+    with a consumer of its own (`reader`): commits nothing. Blocks until done.
+
+    Raises:
+        KafkaIOError: a read failed; or (retriable) `timeout` s passed without progress.
+    """
+    with reader(config, group_id) as consumer:
+        todo: dict[int, tuple[int, int]] = {}
+        for p, (start, end) in bounds.items():
+            low, high = watermarks(consumer, topic, p, timeout=timeout)
+            if start < low:
+                log.warning("%s[%d]: offsets [%d, %d) were deleted (retention); starting at %d",
+                            topic, p, start, low, low)
+            start, end = max(start, low), min(end, high)
+            if start < end:
+                todo[p] = (start, end)
+        if not todo:
+            return
+        consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in todo.items()])
+        yield from _drain(consumer, topic, todo, timeout, progress)
+
+
+def _drain(consumer: Consumer, topic: str, todo: dict[int, tuple[int, int]], timeout: float,
+           progress: Callable[[int], None] | None) -> Iterator[Message]:
+    nexts = {p: start for p, (start, _) in todo.items()}
+    last_progress = time.monotonic()
+    while todo:
+        # consume() waits for all it asks for: ask for no more than is left, or every call would wait out the timeout.
+        left = sum(end - nexts[p] for p, (_, end) in todo.items())
+        msgs = consumer.consume(max(1, min(_BATCH, left)), timeout=min(1.0, timeout))
+        if not msgs and time.monotonic() - last_progress > timeout:
+            raise KafkaIOError(f"no progress reading {topic} for {timeout:g} s (still to read: "
+                               + ", ".join(f"[{p}] {nexts[p]}..{e}" for p, (_, e) in todo.items())
+                               + "); is the broker up (rollstream broker status)?", topic=topic, code="_TIMED_OUT",
+                               retriable=True)
+        for msg in msgs:
+            if not is_record(msg):
+                continue
+            p, offset = position_of(msg)
+            if p not in todo:
+                continue
+            end = todo[p][1]
+            if offset >= end:
+                _done(consumer, topic, todo, p)
+                continue
+            if progress is not None:
+                progress(offset + 1 - nexts[p])
+            nexts[p] = offset + 1
+            last_progress = time.monotonic()
+            yield msg
+            if offset + 1 >= end:
+                _done(consumer, topic, todo, p)
+
+
+def _done(consumer: Consumer, topic: str, todo: dict[int, tuple[int, int]], partition: int) -> None:
+    todo.pop(partition, None)
+    consumer.pause([TopicPartition(topic, partition)])
+
+
+def _text(exc: KafkaException) -> str:
+    first = exc.args[0] if exc.args else exc
+    return first.str() if isinstance(first, KafkaError) else str(first)
