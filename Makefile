@@ -31,8 +31,10 @@ $(STAMP): pyproject.toml
 jars: install
 	$(PY) -c "from infra.broker import ensure_kafka_jars; print(ensure_kafka_jars())"
 
+# ruff over everything, mypy over the five packages (settings in pyproject.toml).
 lint: install
 	$(VENV)/bin/ruff check schemas infra producers consumers rollstream tests
+	$(VENV)/bin/mypy
 
 broker-start: install
 	$(VENV)/bin/rollstream broker start

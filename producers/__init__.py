@@ -2,6 +2,7 @@
 NS.rollouts, and commit a prompt only once its group is durably written. Lag-gated, never blocking the loop."""
 
 from producers.engines import (
+    DEFAULT_REQUEST_TIMEOUT_S,
     Completion,
     CustomEngine,
     Engine,
@@ -16,6 +17,7 @@ from producers.engines import (
     make_engine,
 )
 from producers.metrics import ProducerStats
+from producers.policy import PolicyFollower
 from producers.prompts import PromptFileError, load_prompts
 from producers.publisher import PublishError
 from producers.rewards import Reward, RewardError, load_reward
@@ -23,8 +25,8 @@ from producers.service import RolloutProducer
 from producers.settings import ProducerSettings
 
 __all__ = [
-    "Completion", "CustomEngine", "Engine", "EngineError", "Generation", "HFEngine", "ProducerSettings",
-    "ProducerStats", "PromptFileError", "PublishError", "RetryPolicy", "Reward", "RewardError", "RolloutProducer",
-    "SGLangEngine", "SGLangHTTPEngine", "SamplingParams", "build_tiny_model", "load_prompts", "load_reward",
-    "make_engine",
+    "Completion", "CustomEngine", "DEFAULT_REQUEST_TIMEOUT_S", "Engine", "EngineError", "Generation", "HFEngine",
+    "PolicyFollower", "ProducerSettings", "ProducerStats", "PromptFileError", "PublishError", "RetryPolicy",
+    "Reward", "RewardError", "RolloutProducer", "SGLangEngine", "SGLangHTTPEngine", "SamplingParams",
+    "build_tiny_model", "load_prompts", "load_reward", "make_engine",
 ]

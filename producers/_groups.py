@@ -1,71 +1,143 @@
-"""Turning a prompt and its generation into the `ScoredGroup` record, ok or failed. Pure functions."""
+"""From a taken prompt and what became of it to the bytes of its `ScoredGroup` record. Pure functions.
+
+A group's stages (`producers._pipeline`) end in an `Outcome`: ok, or failed with its error (the prompt
+did not decode, the engine gave up, the reward raised). `record_of` turns a taken prompt and its outcome
+into the record in one of three shapes, and `encode_within` tries them in order until one encodes within
+the topic's limit, so every prompt is accounted by exactly one record:
+
+1. ``full``: the outcome as it is: an ok group with its scored samples, or a failed one with the samples
+   it has (unscored when scoring failed) and its error.
+2. ``with_samples``: failed, with the samples and prompt tokens, carrying why ``full`` could not be used.
+3. ``stripped``: failed, without prompt tokens or samples (they are what could not be shipped). This
+   last shape is returned whatever its size: the broker is the final judge.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
 
-from producers.engines.base import Completion, Generation
-from schemas import Prompt, Sample, ScoredGroup, make_group_id, now_ms
+from producers.engines.base import Generation
+from producers.intake import TakenPrompt
+from schemas import (
+    InvalidRecordError,
+    Prompt,
+    Sample,
+    Samples,
+    ScoredGroup,
+    encode,
+    float32_array,
+    int32_array,
+    make_group_id,
+    now_ms,
+)
+
+log = logging.getLogger(__name__)
+Shape = Literal["full", "with_samples", "stripped"]
+SHAPES: tuple[Shape, ...] = ("full", "with_samples", "stripped")
+_MAX_ERROR_CHARS = 10_000
 
 
-def samples_of(generation: Generation, rewards: Sequence[float | None], default_version: int) -> list[Sample]:
-    """One `Sample` per completion, stamped with the engine's version or else `default_version`.
+@dataclass(frozen=True)
+class Outcome:
+    """What a group's stages came to.
+
+    Attributes:
+        generation: the engine's output (None when generation failed or never ran).
+        rewards: one per completion (None: not scored, because scoring failed or never ran).
+        versions: the policy version of each completion (see `producers.policy`).
+        error: None when ok; else what failed, e.g. ``generation failed: ...``.
+    """
+
+    generation: Generation | None = None
+    rewards: Sequence[float | None] | None = None
+    versions: Sequence[int] = ()
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def record_of(taken: TakenPrompt, outcome: Outcome, shape: Shape, *, producer_id: str,
+              prompts_topic: str) -> ScoredGroup:
+    """The record for `taken` in `shape` (see the module docstring).
 
     Raises:
-        InvalidRecordError: a completion does not fit the schema (e.g. a token id beyond int32).
+        InvalidRecordError: the generation does not fit the schema (e.g. a token id beyond int32).
     """
-    return [_sample(c, r, default_version) for c, r in zip(generation.completions, rewards, strict=True)]
+    if taken.prompt is None:
+        return _undecodable(taken, prompts_topic, producer_id)
+    prompt = taken.prompt
+    generation = outcome.generation if shape != "stripped" else None  # stripped: what could not be shipped
+    failed = not (outcome.ok and shape == "full")
+    text = "" if shape == "stripped" else (generation.prompt_text if generation else "") or _prompt_text(prompt)
+    return ScoredGroup(
+        group_id=prompt.group_id, prompt_id=prompt.id, epoch=prompt.epoch, prompt=text,
+        prompt_tokens=int32_array(generation.prompt_tokens if generation else (), "prompt_tokens"),
+        samples=Samples(_samples(generation, outcome) if generation else ()), started_at_ms=taken.taken_at_ms,
+        finished_at_ms=now_ms(), producer_id=producer_id, status="failed" if failed else "ok",
+        error=(outcome.error or "")[:_MAX_ERROR_CHARS] if failed else None, metadata=prompt.metadata)
 
 
-def _sample(c: Completion, reward: float | None, default_version: int) -> Sample:
-    version = c.weight_version if c.weight_version is not None else default_version
-    return Sample(tokens=c.tokens, text=c.text, logprobs=c.logprobs,
-                  reward=reward, finish_reason=c.finish_reason, weight_versions=(version,))
+def encode_within(taken: TakenPrompt, outcome: Outcome, limit: int, *, producer_id: str, prompts_topic: str,
+                  shapes: Sequence[Shape] = SHAPES) -> tuple[ScoredGroup, bytes]:
+    """The first of `shapes` of `taken`'s record that builds, encodes and fits `limit` bytes, with its bytes.
+
+    Each fallback carries why the shape before it could not be used. The stripped shape is returned
+    whatever its size (a broker that refuses it stops the producer: nothing smaller exists).
+    """
+    for shape in shapes:
+        try:
+            group = record_of(taken, outcome, shape, producer_id=producer_id, prompts_topic=prompts_topic)
+            # nbytes (the packed tokens alone) is a lower bound of the record's size: beyond the limit,
+            # encoding is not worth it. The stripped shape is always encoded.
+            value = b"" if shape != "stripped" and group.nbytes > limit else encode(group)
+        except InvalidRecordError as exc:
+            log.warning("group of %s cannot be encoded as %s (%s): falling back", _where(taken, prompts_topic),
+                        shape, exc)
+            error = f"cannot encode group: {exc}"
+            outcome = replace(outcome, error=f"{outcome.error}; {error}" if outcome.error else error)
+            continue
+        if value and (len(value) <= limit or shape == "stripped"):
+            return group, value
+        size = len(value) or group.nbytes
+        log.warning("group of %s is %d bytes > max_message_bytes %d: published as failed",
+                    _where(taken, prompts_topic), size, limit)
+        outcome = replace(outcome, error=oversize_error(size, limit))
+    raise InvalidRecordError(f"no record of {_where(taken, prompts_topic)} could be encoded: {outcome.error}")
 
 
-def ok_group(prompt: Prompt, generation: Generation, samples: Sequence[Sample], *, producer_id: str,
-             started_at_ms: int) -> ScoredGroup:
-    return ScoredGroup(group_id=prompt.group_id, prompt_id=prompt.id, epoch=prompt.epoch,
-                       prompt=generation.prompt_text or _prompt_text(prompt),
-                       prompt_tokens=generation.prompt_tokens, samples=tuple(samples),
-                       started_at_ms=started_at_ms, finished_at_ms=now_ms(), producer_id=producer_id,
-                       metadata=prompt.metadata)
+def oversize_error(size: int, limit: int) -> str:
+    return (f"group record of {size} bytes exceeds max_message_bytes={limit}; reduce --n-samples or "
+            "--max-new-tokens, or create topics with a larger --max-message-mib")
 
 
-def failed_group(prompt: Prompt, error: str, *, producer_id: str, started_at_ms: int,
-                 generation: Generation | None = None, samples: Sequence[Sample] = ()) -> ScoredGroup:
-    """A failed group: the error, and whatever samples exist (none when generation itself failed)."""
-    return ScoredGroup(group_id=prompt.group_id, prompt_id=prompt.id, epoch=prompt.epoch,
-                       prompt=(generation.prompt_text if generation else "") or _prompt_text(prompt),
-                       prompt_tokens=list(generation.prompt_tokens) if generation else [],
-                       samples=tuple(samples), started_at_ms=started_at_ms, finished_at_ms=now_ms(),
-                       producer_id=producer_id, status="failed", error=error[:10_000], metadata=prompt.metadata)
+def _samples(generation: Generation, outcome: Outcome) -> list[Sample]:
+    rewards = outcome.rewards if outcome.rewards is not None else [None] * len(generation.completions)
+    versions = outcome.versions or [0] * len(generation.completions)
+    return [Sample(tokens=int32_array(c.tokens, "tokens"), text=c.text, logprobs=float32_array(c.logprobs, "logprobs"),
+                   reward=r, finish_reason=c.finish_reason,
+                   weight_versions=(v,))
+            for c, r, v in zip(generation.completions, rewards, versions, strict=True)]
 
 
-def undecodable_group(topic: str, partition: int, offset: int, error: str, *, producer_id: str,
-                      started_at_ms: int) -> ScoredGroup:
+def _undecodable(taken: TakenPrompt, prompts_topic: str, producer_id: str) -> ScoredGroup:
     """A failed group standing for a prompt record that could not be decoded, so it is accounted too."""
-    prompt_id = f"undecodable:{topic}:{partition}:{offset}"
+    prompt_id = f"undecodable:{prompts_topic}:{taken.partition}:{taken.offset}"
     return ScoredGroup(group_id=make_group_id(prompt_id, 0), prompt_id=prompt_id, epoch=0, prompt="",
-                       prompt_tokens=[], samples=(), started_at_ms=started_at_ms, finished_at_ms=now_ms(),
-                       producer_id=producer_id, status="failed", error=f"undecodable prompt: {error}"[:10_000])
-
-
-def stripped_failed(group: ScoredGroup, error: str) -> ScoredGroup:
-    """A failed stand-in for `group` without prompt tokens or samples (they are what could not be shipped)."""
-    return ScoredGroup(group_id=group.group_id, prompt_id=group.prompt_id, epoch=group.epoch, prompt="",
-                       prompt_tokens=[], samples=(), started_at_ms=group.started_at_ms,
-                       finished_at_ms=group.finished_at_ms, producer_id=group.producer_id, status="failed",
-                       error=error[:10_000], metadata=group.metadata)
-
-
-def oversize_group(group: ScoredGroup, size: int, limit: int) -> ScoredGroup:
-    """The failed stand-in for a group whose record exceeds the topic's max.message.bytes."""
-    return stripped_failed(group, f"group record of {size} bytes exceeds max_message_bytes={limit}; reduce "
-                                  "--n-samples or --max-new-tokens, or create topics with a larger --max-message-mib")
+                       prompt_tokens=int32_array((), "prompt_tokens"), samples=Samples(()),
+                       started_at_ms=taken.taken_at_ms, finished_at_ms=now_ms(), producer_id=producer_id,
+                       status="failed", error=f"undecodable prompt: {taken.error or ''}"[:_MAX_ERROR_CHARS])
 
 
 def _prompt_text(prompt: Prompt) -> str:
     if isinstance(prompt.prompt, str):
         return prompt.prompt
     return "\n".join(f"{m.role}: {m.content}" for m in prompt.prompt)
+
+
+def _where(taken: TakenPrompt, prompts_topic: str) -> str:
+    return f"{prompts_topic}[{taken.partition}]@{taken.offset}"

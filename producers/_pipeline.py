@@ -1,159 +1,164 @@
 """One group's path on the event loop: generate (bounded retries) -> score -> record -> publish.
 
-Every failure before publishing becomes a failed group carrying its error, so it is accounted: the
-engine gave up, a reward raised or returned junk, a sample does not fit the schema, the record is
-larger than ``max_message_bytes``. Only a failed *publication* (the broker did not acknowledge) raises.
+The stages end in an `Outcome` (`producers._groups`): ok, or failed with its error, so every prompt is
+accounted: the prompt did not decode, the engine gave up, a reward raised or returned junk, or an
+unforeseen error (a bug) happened anywhere before the broker acknowledged. `encode_within` turns the
+outcome into a record that fits the topic (falling back to a failed record). Only a failed
+*publication* (the broker did not acknowledge) raises: the prompt then stays uncommitted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from producers import _groups
+from producers._groups import SHAPES, Outcome, Shape, encode_within, oversize_error
 from producers.engines.base import Engine, EngineError, Generation, SamplingParams
 from producers.gate import LagGate
 from producers.intake import TakenPrompt
 from producers.metrics import ProducerMetrics
+from producers.policy import PolicyFollower
 from producers.publisher import Publisher, PublishError
 from producers.rewards import Reward, RewardError
-from schemas import InvalidRecordError, ScoredGroup, encode
+from schemas import ScoredGroup
 
 log = logging.getLogger(__name__)
 _ENCODE_OFF_LOOP_BYTES = 1 << 20
 
 
-class GroupPipeline:
-    """Stateless per group; shares the engine, reward, publisher and gate of its producer. Loop-only."""
+@dataclass(frozen=True)
+class GroupSettings:
+    """What every group of one producer shares."""
 
-    def __init__(self, *, engine: Engine, reward: Reward | None, sampling: SamplingParams, n_samples: int,
-                 attempts: int, backoff_s: float, producer_id: str, prompts_topic: str, max_message_bytes: int,
-                 publisher: Publisher, gate: LagGate, metrics: ProducerMetrics,
-                 weight_version: Callable[[], int], on_produce: Callable[[], None]) -> None:
-        self.engine, self.reward, self.sampling = engine, reward, sampling
-        self.n, self.attempts, self.backoff_s = n_samples, attempts, backoff_s
-        self.producer_id, self.prompts_topic, self.limit = producer_id, prompts_topic, max_message_bytes
+    n_samples: int
+    sampling: SamplingParams
+    attempts: int
+    backoff_s: float
+    producer_id: str
+    prompts_topic: str
+    max_message_bytes: int
+
+
+class GroupPipeline:
+    """Makes and publishes groups; stateless per group. Loop-only."""
+
+    def __init__(self, settings: GroupSettings, *, engine: Engine, reward: Reward | None, policy: PolicyFollower,
+                 publisher: Publisher, gate: LagGate, metrics: ProducerMetrics) -> None:
+        self.settings = settings
+        self.engine, self.reward, self.policy = engine, reward, policy
         self.publisher, self.gate, self.metrics = publisher, gate, metrics
-        self._weight_version, self._on_produce = weight_version, on_produce
 
     async def run(self, taken: TakenPrompt) -> None:
         """Make the group and publish it; returns once the broker acknowledged it.
 
+        An unforeseen error while publishing the group publishes a failed stand-in instead.
         Raises:
             PublishError: the broker did not acknowledge the record (the prompt stays uncommitted).
         """
         started = time.perf_counter()
-        group = await self.make_group(taken)
+        outcome = await self.outcome(taken)
         self.metrics.generation.observe(time.perf_counter() - started)
-        await self.publish(group)
-
-    async def make_group(self, taken: TakenPrompt) -> ScoredGroup:
-        """Generate and score; any failure becomes a failed group. Only cancellation escapes."""
-        pid, started_ms = self.producer_id, taken.taken_at_ms
-        if taken.prompt is None:
-            return _groups.undecodable_group(self.prompts_topic, taken.partition, taken.offset, taken.error or "",
-                                             producer_id=pid, started_at_ms=started_ms)
-        prompt, pdict = taken.prompt, taken.prompt.to_dict()
-        version = self._weight_version()
         try:
-            generation = await self.generate(pdict)
+            await self.publish(taken, outcome)
+        except PublishError:
+            raise
+        except Exception as exc:  # a bug or an unforeseen error: account the prompt as a failed group
+            log.exception("group of %s failed unexpectedly; publishing it as failed", self._where(taken))
+            await self.publish(taken, Outcome(error=f"internal error: {type(exc).__name__}: {exc}"))
+
+    async def outcome(self, taken: TakenPrompt) -> Outcome:
+        """Generate and score. Never raises but for cancellation: a failure is a failed `Outcome`."""
+        if taken.prompt is None:
+            return Outcome(error=f"undecodable prompt: {taken.error}")
+        prompt = taken.prompt.to_dict()
+        version_at_start = self.policy.policy_version  # before generating: see producers.policy
+        try:
+            generation = await self.generate(prompt)
         except Exception as exc:
-            log.warning("group %s failed: %s", prompt.group_id, exc)
-            return _groups.failed_group(prompt, f"generation failed: {exc}", producer_id=pid,
-                                        started_at_ms=started_ms)
+            log.warning("group %s failed: %s", taken.prompt.group_id, exc)
+            return Outcome(error=f"generation failed: {exc}")
+        versions = self.policy.stamp(generation.completions, version_at_start)
         try:
-            rewards = await self.score(pdict, generation)
-            samples = _groups.samples_of(generation, rewards, version)
-            return _groups.ok_group(prompt, generation, samples, producer_id=pid, started_at_ms=started_ms)
-        except (RewardError, InvalidRecordError) as exc:
-            log.warning("group %s failed: %s", prompt.group_id, exc)
-            try:
-                return _groups.failed_group(prompt, str(exc), producer_id=pid, started_at_ms=started_ms,
-                                            generation=generation, samples=_unscored(generation, version))
-            except InvalidRecordError:  # the generation itself does not fit (e.g. prompt tokens beyond int32)
-                return _groups.failed_group(prompt, str(exc), producer_id=pid, started_at_ms=started_ms)
-
-    def failed_stand_in(self, taken: TakenPrompt, error: str) -> ScoredGroup:
-        """A failed group for `taken` carrying only `error` (its group could not be made or published)."""
-        if taken.prompt is None:
-            return _groups.undecodable_group(self.prompts_topic, taken.partition, taken.offset,
-                                             f"{taken.error or ''} ({error})",
-                                             producer_id=self.producer_id, started_at_ms=taken.taken_at_ms)
-        return _groups.failed_group(taken.prompt, error, producer_id=self.producer_id,
-                                    started_at_ms=taken.taken_at_ms)
+            rewards = await self.score(prompt, generation)
+        except RewardError as exc:
+            log.warning("group %s failed: %s", taken.prompt.group_id, exc)
+            return Outcome(generation=generation, versions=versions, error=str(exc))
+        except Exception as exc:
+            log.exception("scoring group %s failed unexpectedly", taken.prompt.group_id)
+            return Outcome(generation=generation, versions=versions,
+                           error=f"internal error: {type(exc).__name__}: {exc}")
+        return Outcome(generation=generation, rewards=rewards, versions=versions)
 
     async def generate(self, prompt: dict[str, Any]) -> Generation:
         """`engine.generate` with bounded retries of retriable errors. Raises the last error."""
-        for attempt in range(1, self.attempts + 1):
+        s = self.settings
+        for attempt in range(1, s.attempts + 1):
             try:
-                generation = await self.engine.generate(prompt, self.n, self.sampling)
-                if len(generation.completions) != self.n:
+                generation = await self.engine.generate(prompt, s.n_samples, s.sampling)
+                if len(generation.completions) != s.n_samples:
                     raise EngineError(f"engine returned {len(generation.completions)} completions, expected "
-                                      f"{self.n}", retriable=False)
+                                      f"{s.n_samples}", retriable=False)
                 return generation
             except EngineError as exc:
-                if not exc.retriable or attempt == self.attempts:
+                if not exc.retriable or attempt == s.attempts:
                     raise
                 error: Exception = exc
             except Exception as exc:  # an engine bug is retried like a transient error, then reported
-                if attempt == self.attempts:
+                if attempt == s.attempts:
                     raise EngineError(f"{type(exc).__name__}: {exc}", retriable=False) from exc
                 error = exc
-            delay = self.backoff_s * 2 ** (attempt - 1)
+            delay = s.backoff_s * 2 ** (attempt - 1)
             log.info("prompt %s: attempt %d/%d failed (%s); retrying in %.2f s", prompt["id"], attempt,
-                     self.attempts, error, delay)
+                     s.attempts, error, delay)
             await asyncio.sleep(delay)
         raise EngineError("no generation attempt was made", retriable=False)
 
     async def score(self, prompt: dict[str, Any], generation: Generation) -> list[float | None]:
+        """One reward per completion (None each without a reward function). Raises RewardError."""
         if self.reward is None:
             return [None] * len(generation.completions)
         reward = self.reward
         return list(await asyncio.gather(*(reward(prompt, c.to_dict()) for c in generation.completions)))
 
-    async def publish(self, group: ScoredGroup) -> None:
-        """Encode (off-loop when large), replace an oversize or unencodable group by a failed one, publish.
+    async def publish(self, taken: TakenPrompt, outcome: Outcome) -> None:
+        """Encode the outcome within the topic's limit (off-loop when large) and publish it.
 
+        A broker that refuses an ok record as too large (its limit is below ours) gets the failed one.
         Raises:
             PublishError: the broker did not acknowledge the record.
         """
-        value = await self._encode(group)
-        if len(value) > self.limit:
-            log.warning("group %s is %d bytes > max_message_bytes %d: published as failed", group.group_id,
-                        len(value), self.limit)
-            group = _groups.oversize_group(group, len(value), self.limit)
-            value = encode(group)
-        self._on_produce()
-        started = time.perf_counter()
+        group, value = await self._encode(taken, outcome)
         try:
-            await self.publisher.publish(group.group_id.encode(), value)
+            await self._send(group, value)
         except PublishError as exc:
             if exc.code != "MSG_SIZE_TOO_LARGE" or group.status == "failed":
                 raise
             log.warning("broker refused group %s as too large: published as failed", group.group_id)
-            group = _groups.oversize_group(group, len(value), self.limit)
-            value = encode(group)
-            await self.publisher.publish(group.group_id.encode(), value)
-        self.metrics.publish.observe(time.perf_counter() - started)
-        self.metrics.groups.labels(status=group.status).inc()
-        self.metrics.bytes.inc(len(value))
+            refused = Outcome(error=oversize_error(len(value), self.settings.max_message_bytes))
+            group, value = await self._encode(taken, refused, ("stripped",))
+            await self._send(group, value)
 
-    async def _encode(self, group: ScoredGroup) -> bytes:
-        try:
-            if group.nbytes > _ENCODE_OFF_LOOP_BYTES:
-                return await asyncio.to_thread(encode, group)
-            return encode(group)
-        except InvalidRecordError as exc:
-            log.warning("group %s cannot be encoded (%s): published as failed", group.group_id, exc)
-            return encode(_groups.stripped_failed(group, f"cannot encode group: {exc}"))
+    async def _encode(self, taken: TakenPrompt, outcome: Outcome,
+                      shapes: Sequence[Shape] = SHAPES) -> tuple[ScoredGroup, bytes]:
+        s = self.settings
+        encode = functools.partial(encode_within, taken, outcome, s.max_message_bytes, producer_id=s.producer_id,
+                                   prompts_topic=s.prompts_topic, shapes=shapes)
+        generation = outcome.generation
+        tokens = sum(len(c.tokens) for c in generation.completions) if generation is not None else 0
+        if tokens * 8 > _ENCODE_OFF_LOOP_BYTES:  # int32 tokens + float32 logprobs: a big record, encode off-loop
+            return await asyncio.to_thread(encode)
+        return encode()
 
+    async def _send(self, group: ScoredGroup, value: bytes) -> None:
+        self.gate.note_produced()
+        started = time.perf_counter()
+        await self.publisher.publish(group.group_id.encode(), value)
+        self.metrics.count_published(group.status, len(value), time.perf_counter() - started)
 
-def _unscored(generation: Generation, version: int) -> list[Any]:
-    """The samples without rewards, for a group whose scoring failed ([] when they do not fit either)."""
-    try:
-        return _groups.samples_of(generation, [None] * len(generation.completions), version)
-    except InvalidRecordError:
-        return []
+    def _where(self, taken: TakenPrompt) -> str:
+        return f"{self.settings.prompts_topic}[{taken.partition}]@{taken.offset}"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -43,13 +45,26 @@ def load_callable(spec: str, option: str) -> Callable[..., Any]:
 
 
 def _import(module_name: str) -> object:
-    """Import, falling back to the working directory as a console script's sys.path lacks it (as uvicorn does)."""
+    """Import `module_name`; when its top-level package is not on sys.path but in the working directory
+    (a console script's sys.path lacks it, unlike ``python -m``), import that package from there.
+
+    sys.path is left as it is: only the package found in the working directory is imported (and so
+    registered in sys.modules, as every import is), so nothing else can shadow an installed module.
+    """
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        cwd = os.getcwd()
         top = module_name.split(".")[0]
-        if exc.name != top or cwd in sys.path or "" in sys.path:
+        if exc.name != top:
             raise
-        sys.path.insert(0, cwd)
+        spec = importlib.machinery.PathFinder.find_spec(top, [os.getcwd()])
+        if spec is None or spec.loader is None:
+            raise
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[top] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[top]
+            raise
         return importlib.import_module(module_name)

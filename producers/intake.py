@@ -6,13 +6,15 @@ Contract:
   partitions back at once, and a dead one's move to the living after the session timeout.
 - A prompt's offset is committed only when the event loop acknowledged its group (`Watermarks`): per
   partition the contiguous prefix of acknowledged prompts, never past an unacknowledged one.
-- At most `prefetch` prompts wait in the loop's buffer; beyond that, and whenever the loop gates intake
-  (backpressure) or intake is halting, the partitions are paused and the thread keeps polling, so the
-  group membership stays alive however long generation takes.
-- On revocation the thread commits what is contiguous and drops the partition's bookkeeping; buffered
-  prompts of that partition are not started (`is_current` turns False); groups still in flight are
+- The loop takes prompts with ``async for taken in intake`` and acknowledges each with `ack(taken)` once
+  its group is durably written. At most `prefetch` prompts wait in the hand-over queue; beyond that,
+  and whenever the lag gate is closed (backpressure) or intake is halting, the partitions are paused
+  and the thread keeps polling, so the group membership stays alive however long generation takes.
+- On revocation the thread commits what is contiguous and drops the partition's bookkeeping; queued
+  prompts of that partition are skipped (`is_current` turns False); groups still in flight are
   published but no longer move the watermark, so the next owner regenerates them with the same group_id.
-- Every librdkafka call (poll, pause, commit, close) happens on this thread, never on the loop.
+- The watermarks and the credits are this object's own; every librdkafka call (poll, pause, commit,
+  close) happens on its thread, never on the loop.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from infra import KafkaConfig, open_consumer
+from infra import CommitFailed, KafkaConfig, WorkerThread, commit_offsets, kafka_error, open_consumer, position_of
 from producers._watermarks import Watermarks
-from schemas import DecodeError, Prompt, RollstreamError, decode, now_ms
+from producers.gate import LagGate
+from producers.metrics import ProducerMetrics
+from schemas import DecodeError, Prompt, decode, now_ms
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1
@@ -49,12 +53,18 @@ class TakenPrompt:
     taken_at_ms: int
 
 
-class Intake:
-    """Owns the prompt consumer on thread ``rollstream-intake``. Methods are thread-safe unless noted."""
+class Intake(WorkerThread):
+    """Owns the prompt consumer on thread ``rollstream-intake``; an async iterator of `TakenPrompt`.
 
-    def __init__(self, config: KafkaConfig, topic: str, group_id: str, *, watermarks: Watermarks,
+    `start`, iteration, `ack`, `halt` and `close` belong to the loop given to `start`; `settled`,
+    `buffered`, `joined` and `last_message_at` may be read from any thread.
+    """
+
+    def __init__(self, config: KafkaConfig, topic: str, group_id: str, *, gate: LagGate, metrics: ProducerMetrics,
                  prefetch: int, instance_id: str | None = None, session_timeout_s: float = 10.0,
-                 commit_interval_s: float = 0.2, overrides: Mapping[str, Any] | None = None) -> None:
+                 commit_interval_s: float = 0.2,
+                 overrides: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
         conf: dict[str, Any] = {"fetch.wait.max.ms": 100, "queued.min.messages": 1000,
                                 "session.timeout.ms": int(session_timeout_s * 1000),
                                 "heartbeat.interval.ms": max(100, int(session_timeout_s * 1000) // 4),
@@ -64,60 +74,96 @@ class Intake:
             conf["group.instance.id"] = instance_id
         self._conf = config.consumer(group_id, conf)
         self.topic, self.group_id = topic, group_id
-        self._marks = watermarks
-        self._prefetch = prefetch
+        self._gate = gate
+        self._metrics = metrics
+        self._marks = Watermarks()
         self._commit_interval_s = commit_interval_s
         self._lock = threading.Lock()
-        self._credits = prefetch
-        self._gated = False
+        self._credits = prefetch  # prompts the thread may still hand over before the loop takes some
+        # Bounded: the credits keep at most `prefetch` prompts in it; the extra slot is for the halt marker.
+        self._queue: asyncio.Queue[TakenPrompt | None] = asyncio.Queue(maxsize=prefetch + 1)
         self._halting = threading.Event()
-        self._closing = threading.Event()
-        self._paused = False
+        self._paused = False  # the intake thread's own view of the partitions' pause state
         self._room = threading.Event()
         self._full_since: float | None = None
-        self._thread: threading.Thread | None = None
         self._done: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_fatal: Callable[[BaseException], None] = lambda exc: None
         self.joined = threading.Event()
         self.last_message_at = time.monotonic()
 
     # -- called from the event loop -------------------------------------------------------------
 
-    def start(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[TakenPrompt], None],
-              on_fatal: Callable[[BaseException], None]) -> None:
-        """Start the thread. `deliver` and `on_fatal` are called on `loop`. Not thread-safe; call once."""
-        self._loop, self._deliver, self._on_fatal = loop, deliver, on_fatal
+    def start(self, loop: asyncio.AbstractEventLoop, on_fatal: Callable[[BaseException], None]) -> None:
+        """Start the thread; `on_fatal` is called on `loop` if it dies. Call once."""
+        self._loop, self._on_fatal = loop, on_fatal
         self._done = loop.create_future()
-        self._thread = threading.Thread(target=self._run, name="rollstream-intake", daemon=True)
-        self._thread.start()
+        self._launch(self._run, "rollstream-intake")
 
-    def release_credit(self) -> None:
-        """A buffered prompt left the loop's buffer (started or dropped): room for one more."""
-        with self._lock:
-            self._credits += 1
-        self._room.set()
+    def __aiter__(self) -> Intake:
+        return self
 
-    def set_gated(self, gated: bool) -> None:
-        """Backpressure: pause (True) or resume (False) taking prompts."""
-        self._gated = gated
+    async def __anext__(self) -> TakenPrompt:
+        """The next prompt still owned by this producer; ends once `halt` was called."""
+        while True:
+            taken = await self._queue.get()
+            if taken is None:
+                self._queue.put_nowait(None)  # every later call ends too
+                raise StopAsyncIteration
+            with self._lock:
+                self._credits += 1
+            self._room.set()
+            if self.is_current(taken):
+                return taken
+            log.debug("%s[%d]@%d: partition revoked while queued; the new owner takes it", self.topic,
+                      taken.partition, taken.offset)
 
-    def halt(self) -> None:
-        """Stop handing out prompts for good (shutdown); keep polling and committing until `close`."""
-        self._halting.set()
+    def _hand_over(self, taken: TakenPrompt) -> None:
+        self._queue.put_nowait(taken)  # never full: the thread holds a credit for it
+        self._metrics.count_prompt()
 
-    async def close(self, timeout_s: float = 30.0) -> None:
-        """Commit the final watermarks, close the consumer (leave the group unless static), join the thread.
+    def is_current(self, taken: TakenPrompt) -> bool:
+        """Whether `taken`'s partition is still owned under the assignment it was taken in."""
+        return self._marks.is_current(taken.partition, taken.generation)
 
-        Blocks the caller's coroutine (not the loop) up to `timeout_s`.
-        """
-        self._halting.set()
-        self._closing.set()
-        if self._done is not None:
-            await asyncio.wait_for(asyncio.shield(self._done), timeout_s)
+    def ack(self, taken: TakenPrompt) -> bool:
+        """`taken`'s group is durably written: its offset may be committed. False when no longer owned."""
+        return self._marks.ack(taken.partition, taken.offset, taken.generation)
 
     @property
-    def paused(self) -> bool:
-        """Whether the partitions are paused right now (backpressure, full buffer or halting)."""
-        return self._paused
+    def buffered(self) -> int:
+        """Prompts handed over and not taken by the loop yet."""
+        return self._queue.qsize()
+
+    def settled(self) -> bool:
+        """Nothing taken is unacknowledged and every watermark is committed."""
+        return self._marks.settled()
+
+    def halt(self) -> None:
+        """Stop handing out prompts for good (shutdown); keep polling and committing until `close`.
+
+        Queued prompts are dropped (left uncommitted for the next owner). Idempotent."""
+        if self._halting.is_set():
+            return
+        self._halting.set()
+        dropped = 0
+        while not self._queue.empty():
+            dropped += self._queue.get_nowait() is not None
+        self._queue.put_nowait(None)
+        if dropped:
+            log.info("stopping: %d queued prompts not started (left uncommitted for the next owner)", dropped)
+
+    async def close(self, timeout: float = 30.0) -> None:
+        """Commit the final watermarks, close the consumer (leave the group unless static), join the thread.
+
+        Blocks the caller's coroutine (not the loop) up to `timeout`.
+        Raises:
+            TimeoutError: the thread did not finish in time (its last commit may be missing).
+        """
+        self.halt()
+        self.stop()
+        if self._done is not None:
+            await asyncio.wait_for(asyncio.shield(self._done), timeout)
 
     # -- the intake thread ------------------------------------------------------------------------
 
@@ -129,13 +175,13 @@ class Intake:
             consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                on_lost=self._on_lost)
             last_commit = 0.0
-            while not self._closing.is_set():
+            while not self._stop.is_set():
                 for msg in self._step(consumer):
                     self._handle(msg)
                 if time.monotonic() - last_commit >= self._commit_interval_s:
-                    self._commit(consumer, self._marks.committable())
+                    commit_acknowledged(consumer, self.topic, self.group_id, self._marks)
                     last_commit = time.monotonic()
-            self._commit(consumer, self._marks.committable())
+            commit_acknowledged(consumer, self.topic, self.group_id, self._marks)
         except BaseException as exc:  # noqa: BLE001 - reported to the loop, which decides
             error = exc
         finally:
@@ -155,6 +201,8 @@ class Intake:
                 self._done.set_result(None)
             if error is not None:
                 self._on_fatal(error)
+        if self._loop is None:
+            return
         try:
             self._loop.call_soon_threadsafe(done)
         except RuntimeError:
@@ -164,7 +212,7 @@ class Intake:
         """One turn of the thread: fetch what the loop has room for, or wait without losing the group."""
         with self._lock:
             credits = self._credits
-        if self._gated or self._halting.is_set():
+        if not self._gate.is_open() or self._halting.is_set():
             self._set_paused(consumer, True)
         elif credits > 0:
             self._full_since = None
@@ -200,11 +248,11 @@ class Intake:
         err = msg.error()
         if err is not None:
             if err.fatal():
-                raise KafkaException(err)
+                raise kafka_error(f"prompt consumer of group {self.group_id}", err, topic=self.topic)
             if err.code() != KafkaError._PARTITION_EOF:
                 log.warning("prompt consumer %s: %s", self.group_id, err.str())
             return
-        partition, offset = msg.partition(), msg.offset()
+        partition, offset = position_of(msg)
         generation = self._marks.take(partition, offset)
         if generation is None:
             log.debug("message %s[%d]@%d from a partition no longer owned; skipped", self.topic, partition, offset)
@@ -219,32 +267,8 @@ class Intake:
             self._credits -= 1
         self.last_message_at = time.monotonic()
         taken = TakenPrompt(partition, offset, generation, prompt, error, now_ms())
-        self._loop.call_soon_threadsafe(self._deliver, taken)
-
-    def _commit(self, consumer: Consumer, offsets: dict[int, int]) -> dict[int, int]:
-        """Commit `offsets`; mark committed only the partitions the broker accepted (the others are
-        retried on the next commit tick). Returns the offsets that failed."""
-        if not offsets:
-            return {}
-        try:
-            results = consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
-                                      asynchronous=False)
-        except KafkaException as exc:
-            err = exc.args[0]
-            if getattr(err, "fatal", lambda: False)():
-                raise
-            log.warning("commit of %s offsets %s failed (will retry): %s", self.topic, offsets, err)
-            return dict(offsets)
-        failed = {}
-        for tp in results or ():
-            if tp.error is not None:
-                failed[tp.partition] = offsets.get(tp.partition, tp.offset)
-                log.warning("commit of %s[%d]@%d for group %s failed (will retry): %s", self.topic, tp.partition,
-                            tp.offset, self.group_id, tp.error)
-        done = {p: o for p, o in offsets.items() if p not in failed}
-        self._marks.mark_committed(done)
-        log.debug("committed %s offsets %s for group %s", self.topic, done, self.group_id)
-        return failed
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._hand_over, taken)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._marks.assign([tp.partition for tp in partitions])
@@ -262,7 +286,7 @@ class Intake:
         offsets = self._marks.revoke([tp.partition for tp in partitions])
         log.info("revoked %s partitions %s%s", self.topic, sorted(tp.partition for tp in partitions),
                  f"; committing {offsets}" if offsets else "")
-        failed = self._commit(consumer, offsets)
+        failed = _commit(consumer, self.topic, self.group_id, offsets)
         if failed:  # the bookkeeping is gone: the next owner regenerates these prompts (duplicates, no loss)
             log.warning("revoked %s partitions: commit of %s failed; prompts acknowledged since the last commit "
                         "of those partitions will be generated again by the next owner", self.topic, failed)
@@ -273,8 +297,29 @@ class Intake:
                     "regenerated by their new owner", self.topic, sorted(tp.partition for tp in partitions))
 
 
-def check_not_fatal(exc: BaseException) -> RollstreamError:
-    """Wrap an intake thread failure in a RollstreamError naming the thread."""
-    if isinstance(exc, RollstreamError):
-        return exc
-    return RollstreamError(f"prompt intake failed: {type(exc).__name__}: {exc}")
+def commit_acknowledged(consumer: Consumer, topic: str, group_id: str, marks: Watermarks) -> dict[int, int]:
+    """Commit every watermark of `marks` that moved; mark committed only the partitions the broker
+    accepted (the others are retried on the next commit tick). Blocks; intake thread only.
+
+    Returns the offsets that failed. Raises CommitFailed when librdkafka calls the failure fatal.
+    """
+    offsets = marks.committable()
+    failed = _commit(consumer, topic, group_id, offsets)
+    marks.mark_committed({p: o for p, o in offsets.items() if p not in failed})
+    return failed
+
+
+def _commit(consumer: Consumer, topic: str, group_id: str, offsets: dict[int, int]) -> dict[int, int]:
+    """Commit `offsets`; return those of the partitions that failed (retried on the next tick)."""
+    try:
+        commit_offsets(consumer, topic, offsets)
+    except CommitFailed as exc:
+        if exc.fatal:
+            raise
+        failed = {p: offsets[p] for p in exc.failed if p in offsets}
+        for p, offset in failed.items():
+            log.warning("commit of %s[%d]@%d for group %s failed (will retry): %s", topic, p, offset, group_id,
+                        exc.failed[p])
+        return failed
+    log.debug("committed %s offsets %s for group %s", topic, offsets, group_id)
+    return {}

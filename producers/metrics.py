@@ -48,6 +48,17 @@ class ProducerStats:
                 f"paused={'yes' if self.paused else 'no'} loop_lag_p99={self.loop_lag_p99_ms:.1f}ms")
 
 
+@dataclass
+class Tally:
+    """The plain counts behind `ProducerStats` (ints written on the loop, read from any thread)."""
+
+    prompts_taken: int = 0
+    groups_ok: int = 0
+    groups_failed: int = 0
+    bytes_published: int = 0
+    queue_full_waits: int = 0
+
+
 class ProducerMetrics:
     """Every metric of one producer, registered on `registry`."""
 
@@ -71,16 +82,34 @@ class ProducerMetrics:
                                  buckets=_LATENCY_BUCKETS, registry=r)
         self.loop_lag = Histogram(p + "event_loop_lag_seconds", "How late the event loop runs a timer.",
                                   buckets=_LOOP_LAG_BUCKETS, registry=r)
-        self.weight_version = Gauge(p + "weight_version", "Policy version of the weights the engine serves "
+        self.policy_version = Gauge(p + "weight_version", "Policy version of the weights the engine serves "
                                     "(engines that load announced weights; -1 while unknown).", registry=r)
-        self.weight_version.set(-1)
+        self.policy_version.set(-1)
         self.weight_reloads = Counter(p + "weight_reloads", "Announced policy versions loaded into the engine, "
                                       "by result (loaded, failed).", ["result"], registry=r)
-        # What `count` reads: every counter and gauge, not the histograms (collecting their buckets is the
-        # expensive part of a registry collection, and `stats()` is read often).
-        self._countable = (self.in_flight, self.buffered, self.paused, self.lag, self.prompts, self.groups,
-                           self.bytes, self.queue_full, self.weight_version, self.weight_reloads)
         self._http: tuple[Any, threading.Thread] | None = None
+        self.tally = Tally()
+
+    # What `stats()` reports is counted here beside the Prometheus series, so nothing reads a metric back
+    # by its name. Each is called on the event loop.
+
+    def count_prompt(self) -> None:
+        self.prompts.inc()
+        self.tally.prompts_taken += 1
+
+    def count_published(self, status: str, nbytes: int, seconds: float) -> None:
+        self.publish.observe(seconds)
+        self.groups.labels(status=status).inc()
+        self.bytes.inc(nbytes)
+        self.tally.bytes_published += nbytes
+        if status == "ok":
+            self.tally.groups_ok += 1
+        else:
+            self.tally.groups_failed += 1
+
+    def count_queue_full(self) -> None:
+        self.queue_full.inc()
+        self.tally.queue_full_waits += 1
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> int:
         """Serve ``/metrics`` on `port` (0: any free port) in a daemon thread; return the bound port."""
@@ -95,16 +124,6 @@ class ProducerMetrics:
             self._http = None
             server.shutdown()
             server.server_close()
-
-    def count(self, name: str, **labels: str) -> float:
-        """Current value of a counter or gauge sample, e.g. ``rollstream_producer_prompts_taken_total``
-        (0 when it has none yet)."""
-        for metric in self._countable:
-            for family in metric.collect():
-                for sample in family.samples:
-                    if sample.name == name and sample.labels == labels:
-                        return sample.value
-        return 0.0
 
 
 class LoopLagProbe:

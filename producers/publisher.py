@@ -7,8 +7,8 @@
   loop keeps running (the fully-async bug was exactly a blocking put on the loop).
 - A dedicated thread (``rollstream-publish-poll``) serves delivery reports; each report only schedules
   the future's result on the loop (``call_soon_threadsafe``), so a callback never blocks.
-- `flush` runs in the worker thread too, behind any produce waiting there; `close` flushes in a thread of
-  its own, so a produce waiting for room (broker down) never holds it past its timeout.
+- `close` flushes in a thread of its own, so a produce waiting for room (broker down) never holds it
+  past its timeout.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from infra import KafkaConfig, open_producer
-from schemas import RollstreamError
+from infra import KafkaConfig, KafkaIOError, WorkerThread, open_producer
 
 log = logging.getLogger(__name__)
 
 
-class PublishError(RollstreamError):
+class PublishError(KafkaIOError):
     """A record was not acknowledged by the broker.
 
     Attributes:
@@ -37,10 +36,10 @@ class PublishError(RollstreamError):
         code: librdkafka's error name (``MSG_SIZE_TOO_LARGE``, ``_MSG_TIMED_OUT``, ...).
     """
 
-    def __init__(self, message: str, *, topic: str, code: str, retriable: bool = False) -> None:
-        super().__init__(message, retriable=retriable)
-        self.topic = topic
-        self.code = code
+    code: str
+
+    def __init__(self, message: str, *, topic: str, code: str, retriable: bool = False, fatal: bool = False) -> None:
+        super().__init__(message, topic=topic, code=code, retriable=retriable, fatal=fatal)
 
 
 @dataclass(frozen=True)
@@ -52,15 +51,16 @@ class Delivery:
     offset: int
 
 
-class Publisher:
+class Publisher(WorkerThread):
     """Async-safe publishing to one topic. `start` on the loop, then `publish` from coroutines on it.
 
-    Thread-safety: `publish` and `flush` must be awaited on the loop given to `start`; `close` too.
+    Thread-safety: `publish` and `close` must be awaited on the loop given to `start`.
     """
 
     def __init__(self, config: KafkaConfig, topic: str, *, overrides: Mapping[str, Any] | None = None,
                  on_fatal: Callable[[BaseException], None] | None = None,
                  on_queue_full: Callable[[], None] | None = None) -> None:
+        super().__init__()
         self.topic = topic
         self._conf = config.producer({**dict(overrides or {}), "error_cb": self._on_error})
         self._on_fatal = on_fatal
@@ -69,8 +69,6 @@ class Publisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollstream-publish")
         self._room = threading.Event()
-        self._stop = threading.Event()
-        self._poller: threading.Thread | None = None
         self._waiting = 0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -79,8 +77,7 @@ class Publisher:
             return
         self._loop = loop
         self._producer = open_producer(self._conf)
-        self._poller = threading.Thread(target=self._poll_forever, name="rollstream-publish-poll", daemon=True)
-        self._poller.start()
+        self._launch(self._poll_forever, "rollstream-publish-poll")
 
     async def publish(self, key: bytes, value: bytes) -> Delivery:
         """Produce one record and wait for the broker's acknowledgement.
@@ -93,7 +90,7 @@ class Publisher:
         if self._producer is None or self._loop is None:
             raise RuntimeError("Publisher.publish before start()")
         future: asyncio.Future[Delivery] = self._loop.create_future()
-        callback = self._delivery_callback(future)
+        callback = self._delivery_callback(self._loop, future)
         if self._waiting:
             await self._produce_off_loop(key, value, callback)
         else:
@@ -137,10 +134,8 @@ class Publisher:
                                        topic=self.topic, code="_DESTROY") from None
                 self._room.wait(0.05)
 
-    def _delivery_callback(self, future: asyncio.Future[Delivery]) -> Callable[[Any, Any], None]:
-        loop = self._loop
-        assert loop is not None
-
+    def _delivery_callback(self, loop: asyncio.AbstractEventLoop,
+                           future: asyncio.Future[Delivery]) -> Callable[[Any, Any], None]:
         def on_delivery(err: KafkaError | None, msg: Any) -> None:
             # Poll thread: hand over and return at once.
             self._room.set()
@@ -165,7 +160,7 @@ class Publisher:
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
             exc = PublishError(f"fatal producer error on {self.topic}: {err.str()}", topic=self.topic,
-                               code=err.name())
+                               code=err.name(), fatal=True)
             log.error("%s", exc)
             if self._on_fatal is not None and self._loop is not None:
                 try:
@@ -179,27 +174,19 @@ class Publisher:
         """Records produced and not yet acknowledged (librdkafka's queue length)."""
         return len(self._producer) if self._producer is not None else 0
 
-    async def flush(self, timeout_s: float) -> int:
-        """Wait (off-loop) up to `timeout_s` for every queued record; return how many remain unacknowledged."""
-        if self._producer is None:
-            return 0
-        producer = self._producer
-        return await asyncio.get_running_loop().run_in_executor(self._executor, producer.flush, timeout_s)
-
-    async def close(self, timeout_s: float = 30.0) -> int:
+    async def close(self, timeout: float = 30.0) -> int:
         """Flush, stop the poll thread. Idempotent. Returns the count of records never acknowledged.
 
-        Bounded by `timeout_s` (plus up to 5 s to join the poll thread) even with the broker down: a
+        Bounded by `timeout` s (plus up to 5 s to join the poll thread) even with the broker down: a
         produce still waiting for queue room then fails with `PublishError` (``_DESTROY``).
         """
         if self._producer is None:
             return 0
         # Not on the worker: a produce waiting there for room would hold the flush up to message.timeout.ms.
-        left = await asyncio.to_thread(self._producer.flush, timeout_s)
+        left = await asyncio.to_thread(self._producer.flush, timeout)
         self._stop.set()
         self._room.set()
-        if self._poller is not None:
-            await asyncio.to_thread(self._poller.join, 5.0)
+        await asyncio.to_thread(self.join, 5.0)
         self._producer = None
         self._executor.shutdown(wait=False)
         if left:

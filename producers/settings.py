@@ -8,11 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra import TopicNames
+from infra import DEFAULT_TRAINER_GROUP, TopicNames
 from producers.engines.base import EngineError, SamplingParams
 from schemas import ConfigError
-
-DEFAULT_TRAINER_GROUP = "rollstream-trainer"
 
 
 @dataclass(frozen=True)

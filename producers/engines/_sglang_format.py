@@ -43,7 +43,7 @@ def abort_message(meta: Mapping[str, Any]) -> str:
     return str(reason.get("message", "")) if isinstance(reason, Mapping) else ""
 
 
-def parse_weight_version(value: Any) -> int | None:
+def parse_policy_version(value: Any) -> int | None:
     """SGLang reports the version as a string (``"default"`` unless the trainer set one): keep integers."""
     if isinstance(value, bool):
         return None
@@ -77,4 +77,4 @@ def parse_completion(out: Any) -> Completion:
     except (TypeError, ValueError, IndexError) as exc:
         raise EngineError(f"malformed output_token_logprobs in SGLang response: {exc}", retriable=False) from exc
     return Completion(text=str(out.get("text", "")), tokens=tokens, logprobs=logprobs, finish_reason=finish,
-                      weight_version=parse_weight_version(meta.get("weight_version")))
+                      policy_version=parse_policy_version(meta.get("weight_version")))

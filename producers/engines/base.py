@@ -16,9 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from schemas import RollstreamError
-
-FINISH_REASONS = ("stop", "length", "abort")
+from schemas import FINISH_REASONS, RollstreamError
 
 
 class EngineError(RollstreamError):
@@ -35,14 +33,15 @@ class Completion:
         logprobs: one log-probability per response token under the generating policy, or None.
         finish_reason: ``stop`` (end of sequence or a stop string), ``length`` (max_new_tokens) or
             ``abort`` (the engine gave up on the request, e.g. during a weight update).
-        weight_version: the policy version the engine reports for this response, if it knows one.
+        policy_version: the policy version the engine reports for this response, if it knows one (the
+            ``weight_version`` of a custom generate function's dict and of SGLang's ``meta_info``).
     """
 
     text: str
-    tokens: Sequence[int]
-    logprobs: Sequence[float] | None = None
+    tokens: Sequence[int] | np.ndarray
+    logprobs: Sequence[float] | np.ndarray | None = None
     finish_reason: str = "stop"
-    weight_version: int | None = None
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:
@@ -51,10 +50,11 @@ class Completion:
             raise EngineError(f"completion has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs")
 
     def to_dict(self) -> dict[str, Any]:
-        """The dict a reward function receives: text, tokens, logprobs (lists), finish_reason, weight_version."""
+        """The dict a reward function receives: text, tokens, logprobs (lists), finish_reason, weight_version
+        (the completion-dict contract's name for the policy version)."""
         return {"text": self.text, "tokens": np.asarray(self.tokens).tolist(),
                 "logprobs": None if self.logprobs is None else np.asarray(self.logprobs, dtype=float).tolist(),
-                "finish_reason": self.finish_reason, "weight_version": self.weight_version}
+                "finish_reason": self.finish_reason, "weight_version": self.policy_version}
 
 
 @dataclass(frozen=True)
@@ -121,8 +121,8 @@ class ReloadableEngine(Protocol):
     """
 
     @property
-    def weight_version(self) -> int | None:
-        """The version of the weights serving now (None when unknown)."""
+    def policy_version(self) -> int | None:
+        """The policy version of the weights serving now (None when unknown)."""
 
     async def reload(self, weights_path: str, version: int) -> bool:
         """Load `weights_path` as `version` without blocking the loop; keep serving the old weights until

@@ -27,7 +27,7 @@ class CustomEngine:
 
     def __init__(self, fn: Callable[..., Any], *, label: str | None = None) -> None:
         self._fn = fn
-        self._label = label or getattr(fn, "__qualname__", repr(fn))
+        self._label: str = label or str(getattr(fn, "__qualname__", repr(fn)))
         self._is_async = inspect.iscoroutinefunction(fn)
 
     @classmethod
@@ -94,7 +94,7 @@ def completion_from_dict(item: Any, label: str, index: int) -> Completion:
         raise EngineError(f"{where}: 'weight_version' must be an int or absent", retriable=False)
     try:
         return Completion(text=text, tokens=tokens, logprobs=logprobs,
-                          finish_reason=item.get("finish_reason", "stop"), weight_version=version)
+                          finish_reason=item.get("finish_reason", "stop"), policy_version=version)
     except EngineError as exc:
         raise EngineError(f"{where}: {exc}", retriable=False) from exc
 

@@ -10,7 +10,7 @@ from producers.engines.base import Engine
 from producers.engines.custom import CustomEngine
 from producers.engines.hf import HFEngine
 from producers.engines.sglang_engine import SGLangEngine
-from producers.engines.sglang_http import SGLangHTTPEngine
+from producers.engines.sglang_http import DEFAULT_REQUEST_TIMEOUT_S, SGLangHTTPEngine
 from schemas import ConfigError
 
 EngineKind = Literal["sglang", "hf"]
@@ -19,7 +19,7 @@ _USAGE = "choose one of: --engine sglang --sglang-url URL, --engine hf --model D
 
 def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = (), model: Path | str | None = None,
                 tokenizer: Path | str | None = None, generate: str | None = None,
-                request_timeout_s: float = 600.0) -> Engine:
+                request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> Engine:
     """The engine the flags describe. No I/O (the engine loads in its `start`).
 
     - ``generate``: a custom generate function ``MODULE:FUNC`` (no ``kind``).

@@ -24,10 +24,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from infra.control import read_weights_version
 from producers.engines._tokenize import PromptEncoder, load_tokenizer
 from producers.engines.base import Completion, EngineError, Generation, SamplingParams
-from schemas import ConfigError
+from schemas import ConfigError, read_policy_version
 
 log = logging.getLogger(__name__)
 
@@ -39,19 +38,19 @@ class HFEngine:
         model_dir: a directory ``AutoModelForCausalLM.from_pretrained`` loads (e.g. `build_tiny_model`'s).
         device: torch device (``cpu`` by default).
         torch_threads: cap torch's intra-op threads (None leaves torch's default).
-        weight_version: the version of the weights in `model_dir`, stamped on samples until a `reload`
+        policy_version: the policy version of the weights in `model_dir`, stamped on samples until a `reload`
             (None: the version recorded in the directory, if any, else the producer's current version).
     """
 
     name = "hf"
 
     def __init__(self, model_dir: str | Path, *, device: str = "cpu", chat_template: bool = True,
-                 torch_threads: int | None = None, weight_version: int | None = None) -> None:
+                 torch_threads: int | None = None, policy_version: int | None = None) -> None:
         self._model_dir = Path(model_dir)
         self._device = device
         self._chat_template = chat_template
         self._torch_threads = torch_threads
-        self._weight_version = weight_version  # written only by the worker thread after start()
+        self._policy_version = policy_version  # written only by the worker thread after start()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._model: Any = None
         self._encoder: PromptEncoder | None = None
@@ -81,18 +80,18 @@ class HFEngine:
             torch.set_num_threads(self._torch_threads)
         tokenizer = load_tokenizer(self._model_dir)
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(self._model_dir), local_files_only=True)
+            model: Any = AutoModelForCausalLM.from_pretrained(str(self._model_dir), local_files_only=True)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--model {self._model_dir}: cannot load a causal LM: {exc}") from exc
         model.to(self._device).eval()
-        if self._weight_version is None:
-            self._weight_version = read_weights_version(self._model_dir)
+        if self._policy_version is None:
+            self._policy_version = read_policy_version(self._model_dir)
         return model, tokenizer
 
     @property
-    def weight_version(self) -> int | None:
-        """The version of the weights serving now (None when unknown). Thread-safe to read."""
-        return self._weight_version
+    def policy_version(self) -> int | None:
+        """The policy version of the weights serving now (None when unknown). Thread-safe to read."""
+        return self._policy_version
 
     async def reload(self, weights_path: str | Path, version: int) -> bool:
         """Serve the weights saved in `weights_path` as `version` from the next generation on.
@@ -108,7 +107,7 @@ class HFEngine:
         """
         if self._model is None or self._executor is None:
             raise EngineError("HFEngine.reload called before start()", retriable=False)
-        current = self._weight_version
+        current = self._policy_version
         if current is not None and version <= current:
             return False
         started = time.perf_counter()
@@ -126,7 +125,7 @@ class HFEngine:
 
         if self._model is None:
             raise EngineError("HFEngine is closed", retriable=False)
-        if self._weight_version is not None and version <= self._weight_version:
+        if self._policy_version is not None and version <= self._policy_version:
             return False
         current = self._model.state_dict()
         unexpected = sorted(set(state) - set(current))
@@ -139,7 +138,7 @@ class HFEngine:
                               f"unexpected {unexpected[:3]}, wrong shape {shapes[:3]}", retriable=True)
         with torch.no_grad():
             self._model.load_state_dict(state, strict=False)
-        self._weight_version = version
+        self._policy_version = version
         return True
 
     async def close(self) -> None:
@@ -186,7 +185,7 @@ class HFEngine:
             tokens, logprobs, finish = tokens[:cut], logprobs[:cut], "stop"
         text = tokenizer.decode(tokens, skip_special_tokens=True)
         return Completion(text=text, tokens=tokens, logprobs=logprobs, finish_reason=finish,
-                          weight_version=self._weight_version)
+                          policy_version=self._policy_version)
 
 
 def _read_state_dict(weights_path: Path) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from schemas import ConfigError
 
 log = logging.getLogger(__name__)
 _RETRY_STATUS = frozenset({408, 429})
+DEFAULT_REQUEST_TIMEOUT_S = 600.0  # one generation may legitimately take minutes
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ class SGLangHTTPEngine:
     name = "sglang"
 
     def __init__(self, urls: Sequence[str], *, tokenizer: str | Path | Any | None = None, chat_template: bool = True,
-                 timeout_s: float = 600.0, connect_timeout_s: float = 10.0, retry: RetryPolicy | None = None,
+                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, connect_timeout_s: float = 10.0,
+                 retry: RetryPolicy | None = None,
                  max_connections: int = 512, seed: int | None = None) -> None:
         if isinstance(urls, str):
             urls = [urls]

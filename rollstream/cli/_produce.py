@@ -9,15 +9,8 @@ from typing import Annotated
 
 import typer
 
-from producers import ProducerSettings, RolloutProducer, make_engine
-from rollstream.cli._common import (
-    DEFAULT_NAMESPACE,
-    DEFAULT_TRAINER_GROUP,
-    BootstrapOpt,
-    KafkaConfigOpt,
-    NamespaceOpt,
-    kafka_config,
-)
+from producers import DEFAULT_REQUEST_TIMEOUT_S, ProducerSettings, RolloutProducer, make_engine
+from rollstream.cli._common import DEFAULT_NAMESPACE, BootstrapOpt, KafkaConfigOpt, NamespaceOpt, kafka_config
 
 
 class EngineName(StrEnum):
@@ -25,6 +18,7 @@ class EngineName(StrEnum):
     hf = "hf"
 
 
+_D = ProducerSettings()  # every default below is the library's own, not a copy
 _ENGINE = "Engine"
 _SAMPLING = "Sampling"
 _FLOW = "Flow control"
@@ -46,7 +40,7 @@ def produce(
              "server tokenizes the prompt text.", rich_help_panel=_ENGINE)] = None,
     request_timeout: Annotated[float, typer.Option(
         min=0.1, help="Seconds one SGLang HTTP request may take (a long generation is slow, not dead).",
-        rich_help_panel=_ENGINE)] = 600.0,
+        rich_help_panel=_ENGINE)] = DEFAULT_REQUEST_TIMEOUT_S,
     generate: Annotated[str | None, typer.Option(
         help="Custom generate function MODULE:FUNC: `async def f(prompt, n, sampling_params)` returning a list "
              "of dicts (text, tokens, logprobs, finish_reason, weight_version).",
@@ -55,17 +49,18 @@ def produce(
         help="Reward: built-in 'math' or 'exact', or MODULE:FUNC `f(prompt, completion) -> float` (sync or "
              "async). Omitted: samples carry no reward.", rich_help_panel=_ENGINE)] = None,
     n_samples: Annotated[int, typer.Option(min=1, help="Completions per prompt (group size).",
-                                           rich_help_panel=_SAMPLING)] = 4,
-    max_new_tokens: Annotated[int, typer.Option(min=1, rich_help_panel=_SAMPLING)] = 256,
-    temperature: Annotated[float, typer.Option(min=0.0, rich_help_panel=_SAMPLING)] = 1.0,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, rich_help_panel=_SAMPLING)] = 1.0,
-    concurrency: Annotated[int, typer.Option(min=1, help="Groups generated at once.", rich_help_panel=_FLOW)] = 8,
+                                           rich_help_panel=_SAMPLING)] = _D.n_samples,
+    max_new_tokens: Annotated[int, typer.Option(min=1, rich_help_panel=_SAMPLING)] = _D.max_new_tokens,
+    temperature: Annotated[float, typer.Option(min=0.0, rich_help_panel=_SAMPLING)] = _D.temperature,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, rich_help_panel=_SAMPLING)] = _D.top_p,
+    concurrency: Annotated[int, typer.Option(
+        min=1, help="Groups generated at once.", rich_help_panel=_FLOW)] = _D.concurrency,
     max_lag: Annotated[int | None, typer.Option(
         min=0, help="Pause taking prompts while the trainer group's lag on NS.rollouts exceeds this "
                     "(default: --concurrency).", rich_help_panel=_FLOW)] = None,
     trainer_group: Annotated[str, typer.Option(
         envvar="ROLLSTREAM_TRAINER_GROUP", help="The trainer's consumer group, whose lag is watched.",
-        rich_help_panel=_FLOW)] = DEFAULT_TRAINER_GROUP,
+        rich_help_panel=_FLOW)] = _D.trainer_group,
     producer_id: Annotated[str | None, typer.Option(
         help="Stable identity (static group membership): a restarted producer gets its prompt partitions "
              "back at once.", rich_help_panel=_LIFE)] = None,
@@ -75,15 +70,15 @@ def produce(
         rich_help_panel=_LIFE)] = None,
     drain_timeout: Annotated[float, typer.Option(
         min=0.0, help="On SIGTERM/SIGINT, seconds in-flight groups get to finish (a second signal skips it).",
-        rich_help_panel=_LIFE)] = 60.0,
+        rich_help_panel=_LIFE)] = _D.drain_timeout_s,
     startup_timeout: Annotated[float, typer.Option(
-        min=0.1, help="Seconds to wait for the broker at startup.", rich_help_panel=_LIFE)] = 15.0,
+        min=0.1, help="Seconds to wait for the broker at startup.", rich_help_panel=_LIFE)] = _D.startup_timeout_s,
     session_timeout: Annotated[float, typer.Option(
         min=1.0, help="Seconds before a dead producer's prompt partitions move to the others.",
-        rich_help_panel=_LIFE)] = 10.0,
+        rich_help_panel=_LIFE)] = _D.session_timeout_s,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
     summary_interval: Annotated[float, typer.Option(
-        min=0.0, help="Seconds between one-line progress summaries in the log (0: none).")] = 30.0,
+        min=0.0, help="Seconds between one-line progress summaries in the log (0: none).")] = _D.summary_interval_s,
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     bootstrap_servers: BootstrapOpt = None,
     kafka_config_file: KafkaConfigOpt = None,

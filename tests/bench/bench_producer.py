@@ -25,8 +25,9 @@ from confluent_kafka import Producer
 
 from infra import KafkaConfig, TopicNames
 from producers import Generation, ProducerSettings, RolloutProducer
-from producers._groups import ok_group, samples_of
+from producers._groups import Outcome, record_of
 from producers.engines.custom import completion_from_dict
+from producers.intake import TakenPrompt
 from producers.metrics import LoopLagProbe
 from producers.prompts import publish_prompts
 from schemas import Prompt, encode, now_ms
@@ -71,10 +72,10 @@ def encoded_variants(variants: list[list[dict[str, Any]]]) -> list[bytes]:
     for i, completions in enumerate(variants):
         prompt = Prompt(id=f"b{i}", prompt=f"q{i}")
         generation = Generation(completions=[completion_from_dict(c, "bench", j) for j, c in enumerate(completions)],
-                                prompt_text=prompt.prompt)  # type: ignore[arg-type]
-        group = ok_group(prompt, generation, samples_of(generation, [None] * len(completions), 0), producer_id="bench",
-                         started_at_ms=now_ms())
-        out.append(encode(group))
+                                prompt_text=f"q{i}")
+        taken = TakenPrompt(0, i, 1, prompt, None, now_ms())
+        outcome = Outcome(generation=generation, rewards=[None] * len(completions), versions=[0] * len(completions))
+        out.append(encode(record_of(taken, outcome, "full", producer_id="bench", prompts_topic="bench.prompts")))
     return out
 
 

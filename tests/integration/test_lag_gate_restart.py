@@ -11,9 +11,9 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra import KafkaConfig, TopicNames, TopicPlan, create_topics
-from infra.broker import BrokerSpec, start_broker, stop_broker
+from infra.broker import BrokerSpec, free_port, start_broker, stop_broker
 from producers.gate import LagGate
-from tests.conftest import free_broker_port
+from producers.metrics import ProducerMetrics
 
 
 async def wait_for(predicate, timeout_s: float) -> bool:
@@ -26,7 +26,7 @@ async def wait_for(predicate, timeout_s: float) -> bool:
 
 
 def test_gate_survives_a_broker_restart(tmp_path: Path) -> None:
-    spec = BrokerSpec(port=free_broker_port(), data_dir=tmp_path / "broker", heap_mb=384)
+    spec = BrokerSpec(port=free_port(), data_dir=tmp_path / "broker", heap_mb=384)
     config = KafkaConfig(bootstrap_servers=start_broker(spec, timeout=120))
     names = TopicNames("gate-restart")
     try:
@@ -41,18 +41,18 @@ def test_gate_survives_a_broker_restart(tmp_path: Path) -> None:
 
 
 async def _exercise(config: KafkaConfig, names: TopicNames, spec: BrokerSpec) -> None:
-    gate = LagGate(config, "trainer", names.rollouts, max_lag=2, interval_s=0.2, produced=lambda: 0)
+    gate = LagGate(config, "trainer", names.rollouts, max_lag=2, interval_s=0.2, metrics=ProducerMetrics())
     await gate.start()
     try:
-        assert not gate.opened.is_set()  # lag 3 > max 2
+        assert not gate.is_open()  # lag 3 > max 2
         await asyncio.to_thread(stop_broker, spec.data_dir)
         await asyncio.sleep(3.0)  # several failed reads (each bounded by its timeout)
-        assert gate._thread is not None and gate._thread.is_alive(), "the lag thread died on a failed read"
-        assert not gate.opened.is_set()  # the last estimate is kept
+        assert not gate.join(0), "the lag thread died on a failed read"  # join(0) is True once it ended
+        assert not gate.is_open()  # the last estimate is kept
         await asyncio.to_thread(start_broker, spec, timeout=120)
         consumer = Consumer(config.consumer("trainer"))
         consumer.commit(offsets=[TopicPartition(names.rollouts, 0, 3)], asynchronous=False)
         consumer.close()
-        assert await wait_for(gate.opened.is_set, 30), "the gate never reopened after the broker came back"
+        assert await wait_for(gate.is_open, 30), "the gate never reopened after the broker came back"
     finally:
         gate.stop()

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from consumers import RolloutConsumer, audit, default_filters
-from infra import KafkaConfig, TopicNames, announce_policy_version, write_weights_version
+from infra import KafkaConfig, TopicNames, announce_policy_version
 from producers import ProducerSettings, RolloutProducer
-from schemas import PolicyVersion, ScoredGroup, make_group_id
+from schemas import PolicyVersion, ScoredGroup, make_group_id, write_policy_version
 from tests import plugins
 from tests.integration._kafka import count, read_all, write_prompts
 
@@ -85,7 +85,7 @@ def test_hf_producer_loads_an_announced_version_and_stamps_it(kafka_config: Kafk
 
     names = namespace_factory(partitions=1)
     v0 = build_demo_model(tmp_path / "v0", seed=0)
-    write_weights_version(v0, 0)
+    write_policy_version(v0, 0)
     v1 = build_demo_model(tmp_path / "v1", seed=1)  # other weights, same architecture and tokenizer
     engine = HFEngine(v0, torch_threads=1)
     producer = RolloutProducer(engine, settings(names), kafka=kafka_config, reward="rollstream.demo_task:reward")
@@ -93,7 +93,7 @@ def test_hf_producer_loads_an_announced_version_and_stamps_it(kafka_config: Kafk
         write_prompts(kafka_config, names, [f"before-{i}" for i in range(3)], label="9")
         wait_for(lambda: count(kafka_config, names.rollouts) >= 3, "3 groups from version 0")
         announce_policy_version(kafka_config, names, PolicyVersion(1, weights_path=str(v1)))
-        wait_for(lambda: engine.weight_version == 1, "the producer to load version 1")
+        wait_for(lambda: engine.policy_version == 1, "the producer to load version 1")
         write_prompts(kafka_config, names, [f"after-{i}" for i in range(3)], label="9")
         wait_for(lambda: count(kafka_config, names.rollouts) >= 6, "3 groups from version 1")
     groups = {g.prompt_id: g for g in read_all(kafka_config, names.rollouts)}
@@ -112,11 +112,11 @@ def test_consumer_filters_groups_too_many_announced_versions_behind(kafka_config
     announce_policy_version(kafka_config, names, PolicyVersion(1))
     producer = RolloutProducer(plugins.instant, settings(names), kafka=kafka_config, reward="tests.plugins:reward")
     with running(producer):
-        wait_for(lambda: producer.current_weight_version == 1, "the producer to read version 1")
+        wait_for(lambda: producer.policy_version == 1, "the producer to read version 1")
         write_prompts(kafka_config, names, [f"old-{i}" for i in range(3)])
         wait_for(lambda: count(kafka_config, names.rollouts) >= 3, "3 groups at version 1")
         announce_policy_version(kafka_config, names, PolicyVersion(5))
-        wait_for(lambda: producer.current_weight_version == 5, "the producer to read version 5")
+        wait_for(lambda: producer.policy_version == 5, "the producer to read version 5")
         write_prompts(kafka_config, names, [f"new-{i}" for i in range(3)])
         wait_for(lambda: count(kafka_config, names.rollouts) >= 6, "3 groups at version 5")
 

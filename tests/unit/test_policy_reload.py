@@ -5,26 +5,27 @@ survives a failed load."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from infra import read_weights_version, write_weights_version
-from producers._reload import WeightFollower
+from infra import KafkaConfig
+from producers import PolicyFollower
 from producers.engines.base import EngineError, ReloadableEngine, SamplingParams
 from producers.metrics import ProducerMetrics
-from schemas import PolicyVersion
+from schemas import PolicyVersion, read_policy_version, write_policy_version
 
 PROMPT = {"id": "p1", "prompt": "4+5=", "label": "9", "metadata": {}, "epoch": 0}
 SAMPLING = SamplingParams(max_new_tokens=2, temperature=1.0)
 
 
 def test_weights_version_file_round_trip(tmp_path: Path) -> None:
-    assert read_weights_version(tmp_path) is None
-    write_weights_version(tmp_path, 7)
-    assert read_weights_version(tmp_path) == 7
+    assert read_policy_version(tmp_path) is None
+    write_policy_version(tmp_path, 7)
+    assert read_policy_version(tmp_path) == 7
     (tmp_path / "rollstream_version.json").write_text("not json")
-    assert read_weights_version(tmp_path) is None
+    assert read_policy_version(tmp_path) is None
 
 
 def test_hf_engine_reloads_between_generations_and_stamps_the_loaded_version(tmp_path: Path) -> None:
@@ -35,19 +36,19 @@ def test_hf_engine_reloads_between_generations_and_stamps_the_loaded_version(tmp
     from rollstream.demo_task import build_demo_model
 
     v0 = build_demo_model(tmp_path / "v0", seed=0)
-    write_weights_version(v0, 0)
+    write_policy_version(v0, 0)
     v1 = build_demo_model(tmp_path / "v1", seed=1)
 
     async def go() -> None:
         engine = HFEngine(v0, torch_threads=1)
         await engine.start()
         try:
-            assert isinstance(engine, ReloadableEngine) and engine.weight_version == 0
+            assert isinstance(engine, ReloadableEngine) and engine.policy_version == 0
             before = await engine.generate(PROMPT, 4, SAMPLING)
-            assert {c.weight_version for c in before.completions} == {0}
+            assert {c.policy_version for c in before.completions} == {0}
             assert await engine.reload(str(v1), 1) is True
             after = await engine.generate(PROMPT, 4, SAMPLING)
-            assert {c.weight_version for c in after.completions} == {1}
+            assert {c.policy_version for c in after.completions} == {1}
             from transformers import AutoModelForCausalLM
             expected = AutoModelForCausalLM.from_pretrained(str(v1)).state_dict()
             for name, tensor in engine._model.state_dict().items():
@@ -55,7 +56,7 @@ def test_hf_engine_reloads_between_generations_and_stamps_the_loaded_version(tmp
             assert await engine.reload(str(v1), 1) is False  # not newer: nothing loaded
             with pytest.raises(EngineError, match="cannot read weights"):
                 await engine.reload(str(tmp_path / "missing"), 2)
-            assert engine.weight_version == 1
+            assert engine.policy_version == 1
         finally:
             await engine.close()
 
@@ -63,19 +64,21 @@ def test_hf_engine_reloads_between_generations_and_stamps_the_loaded_version(tmp
 
 
 class _FakeEngine:
-    """Records reloads; each takes `delay_s`; a path containing 'bad' fails."""
+    """Records reloads; a path containing 'bad' fails; the first reload waits for `release`."""
 
-    def __init__(self, delay_s: float = 0.05) -> None:
+    def __init__(self) -> None:
         self.loaded: list[int] = []
-        self.delay_s = delay_s
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
         self._version: int | None = 0
 
     @property
-    def weight_version(self) -> int | None:
+    def policy_version(self) -> int | None:
         return self._version
 
     async def reload(self, weights_path: str, version: int) -> bool:
-        await asyncio.sleep(self.delay_s)
+        self.started.set()
+        await self.release.wait()
         if "bad" in weights_path:
             raise EngineError(f"cannot load {weights_path}", retriable=True)
         self.loaded.append(version)
@@ -83,20 +86,33 @@ class _FakeEngine:
         return True
 
 
+async def _until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
 def test_follower_loads_only_the_newest_pending_version_and_survives_failures() -> None:
     async def go() -> tuple[_FakeEngine, ProducerMetrics]:
         engine, metrics = _FakeEngine(), ProducerMetrics()
-        follower = WeightFollower(engine, asyncio.get_running_loop(), metrics)
-        follower.on_version(PolicyVersion(1, weights_path="/w/1"))
-        await asyncio.sleep(0.01)  # version 1 is loading; 2, 3 and 4 arrive meanwhile
+        follower = PolicyFollower(engine, KafkaConfig(), "t.control", metrics=metrics, watch=False)  # type: ignore[arg-type]
+        await follower.start(catch_up_timeout=0)
+        count = metrics.registry.get_sample_value
+        follower.on_announced(PolicyVersion(1, weights_path="/w/1"))
+        await asyncio.wait_for(engine.started.wait(), 10)  # version 1 is loading; 2, 3 and 4 arrive meanwhile
         for v in (2, 3, 4):
-            follower.on_version(PolicyVersion(v, weights_path=f"/w/{v}"))
-        follower.on_version(PolicyVersion(5))  # no weights: nothing to load
-        await asyncio.sleep(0.2)
-        follower.on_version(PolicyVersion(6, weights_path="/w/bad"))
-        await asyncio.sleep(0.1)
-        follower.on_version(PolicyVersion(7, weights_path="/w/7"))
-        await asyncio.sleep(0.1)
+            follower.on_announced(PolicyVersion(v, weights_path=f"/w/{v}"))
+        follower.on_announced(PolicyVersion(5))  # no weights: nothing to load
+        await asyncio.sleep(0)  # let the announcements reach the loop (call_soon_threadsafe)
+        engine.release.set()
+        await _until(lambda: engine.loaded == [1, 4], "versions 1 and 4 to load")
+        follower.on_announced(PolicyVersion(6, weights_path="/w/bad"))
+        await _until(lambda: count("rollstream_producer_weight_reloads_total", {"result": "failed"}) == 1,
+                     "the load of version 6 to fail")
+        follower.on_announced(PolicyVersion(7, weights_path="/w/7"))
+        await _until(lambda: engine.loaded == [1, 4, 7], "version 7 to load")
         await follower.close()
         return engine, metrics
 

@@ -36,7 +36,7 @@ def test_tiny_model_loads_with_auto_classes(tiny_model: Path) -> None:
 
 def test_hf_engine_generates_groups_with_logprobs(tiny_model: Path) -> None:
     async def go() -> Any:
-        engine = HFEngine(tiny_model, weight_version=3)
+        engine = HFEngine(tiny_model, policy_version=3)
         await engine.start()
         try:
             return await engine.generate(PROMPT, 3, SamplingParams(max_new_tokens=12))
@@ -48,7 +48,7 @@ def test_hf_engine_generates_groups_with_logprobs(tiny_model: Path) -> None:
     assert len(gen.completions) == 3
     for c in gen.completions:
         assert 1 <= len(c.tokens) <= 12 and c.logprobs is not None and len(c.logprobs) == len(c.tokens)
-        assert all(lp <= 0.0 for lp in c.logprobs) and c.weight_version == 3
+        assert all(lp <= 0.0 for lp in c.logprobs) and c.policy_version == 3
         assert c.finish_reason == ("stop" if len(c.tokens) < 12 or c.tokens[-1] == 4 else "length")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,7 @@ def test_custom_engine_contract() -> None:
         return [{"text": "x", "tokens": [1, 2], "logprobs": [-1.0, -2.0], "weight_version": 3}] * n
 
     out = asyncio.run(CustomEngine(gen).generate({"id": "p"}, 2, SamplingParams()))
-    assert len(out.completions) == 2 and out.completions[0].weight_version == 3
+    assert len(out.completions) == 2 and out.completions[0].policy_version == 3
 
     async def bad(prompt: dict[str, Any], n: int, sp: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"text": "x", "tokens": ["a"]}]
@@ -180,19 +181,46 @@ def test_full_producer_queue_waits_off_loop() -> None:
     """No broker listens: every record stays queued, the queue (2 records) fills at once, and the loop
     keeps running while the third produce waits in the worker thread until the first two time out."""
     config = KafkaConfig(bootstrap_servers="127.0.0.1:1", extra={"log_level": 0})
-    publisher = Publisher(config, "t", overrides={"queue.buffering.max.messages": 2, "message.timeout.ms": 300})
+    waiting = threading.Event()
+    publisher = Publisher(config, "t", overrides={"queue.buffering.max.messages": 2, "message.timeout.ms": 2000},
+                          on_queue_full=waiting.set)
 
     async def scenario() -> float:
         publisher.start(asyncio.get_running_loop())
         probe = LoopLagProbe(interval_s=0.005)
         probe_task = asyncio.create_task(probe.run())
         sends = [asyncio.create_task(publisher.publish(b"k", b"v" * 100)) for _ in range(3)]
-        await asyncio.sleep(0.3)
+        assert await asyncio.to_thread(waiting.wait, 5.0), "the third produce never had to wait for room"
         assert publisher.queued() == 2 and not any(t.done() for t in sends)
-        results = await asyncio.wait_for(asyncio.gather(*sends, return_exceptions=True), 10)
+        results = await asyncio.wait_for(asyncio.gather(*sends, return_exceptions=True), 20)
         probe_task.cancel()
-        await publisher.close(timeout_s=0.5)
+        await publisher.close(timeout=0.5)
         assert all(isinstance(r, PublishError) and r.code == "_MSG_TIMED_OUT" for r in results)
         return probe.max_ms()
 
     assert asyncio.run(scenario()) < 100.0
+
+
+# -- plug-ins: a module in the working directory, without touching sys.path -------------------------------
+
+
+def test_a_plugin_in_the_working_directory_loads_and_sys_path_is_left_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from producers._plugins import load_callable
+
+    package = tmp_path / "rs_cwd_plugin"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "gen.py").write_text("def generate(prompt, n, sampling_params):\n    return 'from cwd'\n")
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    try:
+        fn = load_callable("rs_cwd_plugin.gen:generate", "--generate")
+        assert fn({}, 1, {}) == "from cwd" and sys.path == before
+        with pytest.raises(ConfigError, match="has no attribute"):
+            load_callable("rs_cwd_plugin.gen:nosuch", "--generate")
+    finally:
+        for name in [m for m in sys.modules if m.split(".")[0] == "rs_cwd_plugin"]:
+            del sys.modules[name]

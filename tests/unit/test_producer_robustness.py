@@ -13,11 +13,14 @@ import pytest
 from confluent_kafka import KafkaError
 
 from infra import KafkaConfig
-from producers import ProducerSettings, RolloutProducer, SamplingParams
-from producers._pipeline import GroupPipeline
+from producers import PolicyFollower, ProducerSettings, RolloutProducer, SamplingParams
+from producers._parts import Parts
+from producers._pipeline import GroupPipeline, GroupSettings
 from producers._watermarks import Watermarks
 from producers.engines.base import Completion, Generation
-from producers.intake import Intake, TakenPrompt
+from producers.gate import LagGate
+from producers.intake import TakenPrompt, commit_acknowledged
+from producers.metrics import ProducerMetrics
 from producers.publisher import Publisher, PublishError
 from schemas import Prompt, ScoredGroup, decode
 
@@ -27,8 +30,9 @@ from schemas import Prompt, ScoredGroup, decode
 class _Engine:
     name = "fake"
 
-    def __init__(self, prompt_tokens: tuple[int, ...] = (1, 2)) -> None:
+    def __init__(self, prompt_tokens: tuple[int, ...] = (1, 2), delay_s: float = 0.0) -> None:
         self.prompt_tokens = prompt_tokens
+        self.delay_s = delay_s
 
     async def start(self) -> None:
         return None
@@ -37,6 +41,7 @@ class _Engine:
         return None
 
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
+        await asyncio.sleep(self.delay_s)
         return Generation(completions=[Completion(text="a", tokens=[3])] * n, prompt_text="q",
                           prompt_tokens=self.prompt_tokens)
 
@@ -55,62 +60,101 @@ class _Publisher:
             raise RuntimeError("publisher closed")
         self.records.append(decode(value, ScoredGroup))
 
-    async def close(self, timeout_s: float = 30.0) -> int:
-        self.timeouts.append(timeout_s)
+    async def close(self, timeout: float = 30.0) -> int:
+        self.timeouts.append(timeout)
         return 0
 
 
-def _producer(engine: _Engine, publisher: _Publisher, *, on_produce: Any = None,
-              drain_timeout_s: float = 60.0) -> RolloutProducer:
+class _Intake:
+    """Acknowledges into real `Watermarks`, as `Intake.ack` does."""
+
+    def __init__(self) -> None:
+        self.marks = Watermarks()
+
+    def take(self, offset: int = 5) -> TakenPrompt:
+        self.marks.assign([0])
+        generation = self.marks.take(0, offset)
+        assert generation is not None
+        return TakenPrompt(0, offset, generation, Prompt(id="p1", prompt="q"), None, 0)
+
+    def is_current(self, taken: TakenPrompt) -> bool:
+        return self.marks.is_current(taken.partition, taken.generation)
+
+    def ack(self, taken: TakenPrompt) -> bool:
+        return self.marks.ack(taken.partition, taken.offset, taken.generation)
+
+    def halt(self) -> None:
+        return None
+
+    async def close(self, timeout: float = 30.0) -> None:
+        return None
+
+    def join(self, timeout: float) -> bool:
+        return True
+
+
+class _Gate(LagGate):
+    """A gate that never reads lag; `note_produced` may run a hook first (e.g. to inject a bug)."""
+
+    def __init__(self, metrics: ProducerMetrics, hook: Any = None) -> None:
+        super().__init__(KafkaConfig(), "g", "t.rollouts", max_lag=100, interval_s=1.0, metrics=metrics)
+        self.hook = hook
+
+    def note_produced(self) -> None:
+        if self.hook is not None:
+            self.hook()
+        super().note_produced()
+
+
+def _running(engine: Any, publisher: _Publisher, *, hook: Any = None,
+             drain_timeout_s: float = 60.0) -> tuple[RolloutProducer, Parts, _Intake]:
+    """A producer and parts built as `open_parts` builds them, with a fake publisher and intake."""
     producer = RolloutProducer(engine, ProducerSettings(namespace="t", drain_timeout_s=drain_timeout_s))
-    producer._pipeline = GroupPipeline(
-        engine=engine, reward=None, sampling=SamplingParams(), n_samples=1, attempts=1, backoff_s=0.0,
-        producer_id="p", prompts_topic="t.prompts", max_message_bytes=1 << 20, publisher=publisher,  # type: ignore[arg-type]
-        gate=None, metrics=producer.metrics, weight_version=lambda: 0,  # type: ignore[arg-type]
-        on_produce=on_produce or (lambda: None))
-    producer._publisher = publisher  # type: ignore[assignment]
-    return producer
-
-
-def _take(producer: RolloutProducer, offset: int = 5) -> TakenPrompt:
-    producer._marks.assign([0])
-    generation = producer._marks.take(0, offset)
-    assert generation is not None
-    return TakenPrompt(0, offset, generation, Prompt(id="p1", prompt="q"), None, 0)
+    metrics = producer.metrics
+    gate = _Gate(metrics, hook)
+    policy = PolicyFollower(engine, KafkaConfig(), "t.control", metrics=metrics, watch=False)
+    intake = _Intake()
+    pipeline = GroupPipeline(
+        GroupSettings(n_samples=1, sampling=SamplingParams(), attempts=1, backoff_s=0.0, producer_id="p",
+                      prompts_topic="t.prompts", max_message_bytes=1 << 20),
+        engine=engine, reward=None, policy=policy, publisher=publisher, gate=gate, metrics=metrics)  # type: ignore[arg-type]
+    parts = Parts(engine=engine, publisher=publisher, gate=gate, policy=policy, intake=intake,  # type: ignore[arg-type]
+                  pipeline=pipeline)
+    return producer, parts, intake
 
 
 def test_a_group_that_does_not_fit_the_schema_is_published_as_failed_and_acked() -> None:
     """Prompt tokens that do not fit int32 made ok_group (and failed_group with the generation) raise outside any
     handler: the prompt stayed unacknowledged for ever."""
     publisher = _Publisher()
-    producer = _producer(_Engine(prompt_tokens=(1, 2**70)), publisher)
-    asyncio.run(producer._process(_take(producer)))
+    producer, parts, intake = _running(_Engine(prompt_tokens=(1, 2**70)), publisher)
+    asyncio.run(producer._group(parts, intake.take()))
     assert [r.status for r in publisher.records] == ["failed"] and producer._fatal is None
-    assert producer._marks.committable() == {0: 6}
+    assert intake.marks.committable() == {0: 6}
 
 
 def test_an_unexpected_error_publishes_a_failed_stand_in_and_acks() -> None:
     calls = []
 
-    def buggy_on_produce() -> None:  # e.g. a bug in a metrics call, once
+    def buggy_hook() -> None:  # e.g. a bug in a metrics call, once
         calls.append(1)
         if len(calls) == 1:
             raise ValueError("metrics bug")
 
     publisher = _Publisher()
-    producer = _producer(_Engine(), publisher, on_produce=buggy_on_produce)
-    asyncio.run(producer._process(_take(producer)))
+    producer, parts, intake = _running(_Engine(), publisher, hook=buggy_hook)
+    asyncio.run(producer._group(parts, intake.take()))
     assert len(publisher.records) == 1 and publisher.records[0].status == "failed"
     assert "internal error: ValueError: metrics bug" in (publisher.records[0].error or "")
-    assert producer._fatal is None and producer._marks.committable() == {0: 6}
+    assert producer._fatal is None and intake.marks.committable() == {0: 6}
 
 
 def test_a_group_that_cannot_be_published_at_all_stops_the_producer() -> None:
     publisher = _Publisher(fail=2)  # the group and its failed stand-in: "publisher closed"
-    producer = _producer(_Engine(), publisher)
-    asyncio.run(producer._process(_take(producer)))
+    producer, parts, intake = _running(_Engine(), publisher)
+    asyncio.run(producer._group(parts, intake.take()))
     assert isinstance(producer._fatal, RuntimeError) and producer._stopping
-    assert (producer.exit_reason or "").startswith("fatal") and producer._marks.committable() == {0: 5}
+    assert (producer.exit_reason or "").startswith("fatal") and intake.marks.committable() == {0: 5}
 
 
 # -- shutdown is bounded --------------------------------------------------------------------------------
@@ -118,11 +162,12 @@ def test_a_group_that_cannot_be_published_at_all_stops_the_producer() -> None:
 
 def test_close_passes_the_publisher_the_time_left_after_the_drain() -> None:
     publisher = _Publisher()
-    producer = _producer(_Engine(), publisher, drain_timeout_s=6.0)
+    producer, parts, intake = _running(_Engine(delay_s=0.6), publisher, drain_timeout_s=6.0)
 
     async def scenario() -> None:
-        producer._in_flight.add(asyncio.create_task(asyncio.sleep(0.6)))
-        await producer._close([])
+        producer._spawn(parts, intake.take(), asyncio.Semaphore(1))  # a group that takes 0.6 s
+        await producer._close(parts, [])
+        assert [r.status for r in publisher.records] == ["ok"]
 
     asyncio.run(scenario())
     assert publisher.timeouts and publisher.timeouts[0] <= 5.6
@@ -139,7 +184,7 @@ def test_publisher_close_is_bounded_while_a_produce_waits_for_queue_room() -> No
         sends = [asyncio.create_task(publisher.publish(b"k", b"v")) for _ in range(3)]
         await asyncio.sleep(0.3)
         started = time.monotonic()
-        left = await asyncio.wait_for(publisher.close(timeout_s=0.5), 10)
+        left = await asyncio.wait_for(publisher.close(timeout=0.5), 10)
         elapsed = time.monotonic() - started
         await asyncio.sleep(0.2)
         for task in sends:
@@ -168,15 +213,14 @@ class _Consumer:
 
 def test_intake_marks_only_accepted_partitions_committed(caplog: pytest.LogCaptureFixture) -> None:
     marks = Watermarks()
-    intake = Intake(KafkaConfig(bootstrap_servers="127.0.0.1:1"), "t.prompts", "g", watermarks=marks, prefetch=1)
     marks.assign([0, 1])
     for p in (0, 1):
         generation = marks.take(p, 7)
         assert generation is not None and marks.ack(p, 7, generation)
     consumer = _Consumer(refuse={1})
-    assert intake._commit(consumer, marks.committable()) == {1: 8}  # type: ignore[arg-type]
+    assert commit_acknowledged(consumer, "t.prompts", "g", marks) == {1: 8}  # type: ignore[arg-type]
     assert "t.prompts[1]@8" in caplog.text
     assert marks.committable() == {1: 8} and not marks.settled()  # retried on the next tick
     consumer.refuse.clear()
-    assert intake._commit(consumer, marks.committable()) == {}  # type: ignore[arg-type]
+    assert commit_acknowledged(consumer, "t.prompts", "g", marks) == {}  # type: ignore[arg-type]
     assert consumer.commits[-1] == {1: 8} and marks.settled()

@@ -114,7 +114,7 @@ def test_request_and_response_format(fake: FakeSGLang) -> None:
     assert req["sampling_params"] == {"max_new_tokens": 8, "temperature": 0.7, "top_p": 1.0}
     c = gen.completions[0]
     assert list(c.tokens) == [5, 6, 2] and c.logprobs == [-0.25, -0.5, -0.75]
-    assert c.finish_reason == "stop" and c.weight_version == 7 and c.text == "t5t6t2"
+    assert c.finish_reason == "stop" and c.policy_version == 7 and c.text == "t5t6t2"
 
 
 def test_retries_5xx_timeouts_and_aborts_then_succeeds(fake: FakeSGLang) -> None:
@@ -169,7 +169,7 @@ def test_parse_rejects_foreign_shapes() -> None:
     c = parse_completion({"text": "x", "output_ids": [1, 2], "meta_info": {"finish_reason": "length",
                                                                         "weight_version": "default"}})
     assert list(c.tokens) == [1, 2] and c.logprobs is None and c.finish_reason == "length"
-    assert c.weight_version is None
+    assert c.policy_version is None
 
 
 def test_in_process_engine_with_a_stub_sglang(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:

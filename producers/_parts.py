@@ -1,0 +1,109 @@
+"""Building a producer's parts, fully made and started, and closing them in order.
+
+`open_parts` checks the cluster, sizes the clients to the rollouts topic, starts the engine, the
+publisher, the lag gate, the policy follower and intake, and returns them together; if any step
+fails, what was started is closed again before the error propagates. `Parts.close` undoes it in the
+order the guarantees need: the publisher is flushed before intake commits its final watermarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from infra import KafkaConfig, require_topics, sized_to_topic
+from producers._pipeline import GroupPipeline, GroupSettings
+from producers.engines.base import Engine
+from producers.gate import LagGate
+from producers.intake import Intake
+from producers.metrics import ProducerMetrics
+from producers.policy import PolicyFollower
+from producers.publisher import Publisher
+from producers.rewards import Reward
+from producers.settings import ProducerSettings
+
+log = logging.getLogger(__name__)
+_JOIN_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A running producer's parts. Each owns its state; only `producers.service` holds them all."""
+
+    engine: Engine
+    publisher: Publisher
+    gate: LagGate
+    policy: PolicyFollower
+    intake: Intake
+    pipeline: GroupPipeline
+
+    async def close(self, *, publish_timeout: float) -> None:
+        """Flush the publisher (up to `publish_timeout` s), commit intake's final watermarks and leave the
+        group, stop every thread (bounded joins) and the engine. Idempotent parts; call once."""
+        await self.publisher.close(timeout=publish_timeout)
+        try:
+            await self.intake.close()
+        except TimeoutError:
+            log.error("prompt consumer did not close in time; its last commit may be missing")
+        self.gate.stop()
+        await self.policy.close()
+        await _join({"rollstream-intake": self.intake.join, "rollstream-lag": self.gate.join,
+                     "rollstream-control": self.policy.join})
+        await self.engine.close()
+
+
+async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Engine, reward: Reward | None,
+                     metrics: ProducerMetrics, *, producer_id: str,
+                     on_fatal: Callable[[BaseException], None]) -> Parts:
+    """Start every part of a producer (see the module docstring). Blocks only off-loop.
+
+    Raises:
+        RollstreamError: the broker is unreachable within ``startup_timeout_s``, a topic is missing,
+            the engine cannot start, or the first lag reading failed.
+    """
+    s, names = settings, settings.topics
+    await asyncio.to_thread(require_topics, kafka, [names.prompts, names.rollouts], namespace=s.namespace,
+                            timeout=s.startup_timeout_s)
+    kafka = await asyncio.to_thread(sized_to_topic, kafka, names.rollouts, timeout=s.startup_timeout_s)
+    loop = asyncio.get_running_loop()
+    async with contextlib.AsyncExitStack() as undo:  # closes what started if a later step fails
+        await engine.start()
+        undo.push_async_callback(engine.close)
+        publisher = Publisher(kafka, names.rollouts, overrides=s.producer_overrides, on_fatal=on_fatal,
+                              on_queue_full=metrics.count_queue_full)
+        publisher.start(loop)
+        undo.push_async_callback(publisher.close, 5.0)
+        gate = LagGate(kafka, s.trainer_group, names.rollouts, max_lag=s.effective_max_lag,
+                       interval_s=s.lag_interval_s, metrics=metrics)
+        undo.callback(gate.stop)
+        await gate.start(timeout=s.startup_timeout_s)
+        policy = PolicyFollower(engine, kafka, names.control, metrics=metrics, watch=s.watch_control)
+        undo.push_async_callback(policy.close)
+        await policy.start(catch_up_timeout=min(5.0, s.startup_timeout_s))
+        intake = Intake(kafka, names.prompts, s.effective_intake_group, gate=gate, metrics=metrics,
+                        prefetch=s.concurrency,
+                        instance_id=s.producer_id, session_timeout_s=s.session_timeout_s,
+                        commit_interval_s=s.commit_interval_s, overrides=s.intake_overrides)
+        intake.start(loop, on_fatal)
+        undo.push_async_callback(intake.close)
+        metrics.buffered.set_function(lambda: intake.buffered)
+        pipeline = GroupPipeline(
+            GroupSettings(n_samples=s.n_samples, sampling=s.sampling(), attempts=s.generate_attempts,
+                          backoff_s=s.retry_backoff_s, producer_id=producer_id, prompts_topic=names.prompts,
+                          max_message_bytes=kafka.max_message_bytes),
+            engine=engine, reward=reward, policy=policy, publisher=publisher, gate=gate, metrics=metrics)
+        undo.pop_all()  # everything started: from here on `Parts.close` owns it
+    log.info("producer %s: %s -> %s, group %s, n=%d, concurrency=%d, max_lag=%d (trainer group %s)",
+             producer_id, names.prompts, names.rollouts, s.effective_intake_group, s.n_samples,
+             s.concurrency, s.effective_max_lag, s.trainer_group)
+    return Parts(engine=engine, publisher=publisher, gate=gate, policy=policy, intake=intake, pipeline=pipeline)
+
+
+async def _join(joins: dict[str, Callable[[float], bool]]) -> None:
+    """Join each named thread (bounded); a thread that does not stop in time is left running (daemon)."""
+    for name, join in joins.items():
+        if not await asyncio.to_thread(join, _JOIN_TIMEOUT_S):
+            log.warning("thread %s did not stop within %g s; left running (daemon)", name, _JOIN_TIMEOUT_S)

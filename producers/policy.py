@@ -1,0 +1,130 @@
+"""The producer's policy follower: which policy version generated a sample, and loading announced weights.
+
+It follows NS.control (`infra.ControlWatcher`, its own thread) for the versions the trainer announces.
+Where the engine owns its weights (`ReloadableEngine`, e.g. `HFEngine`), it loads each newer announced
+version that names a ``weights_path``: one load at a time, and only the newest version announced while a
+load ran (the ones in between are skipped: nobody wants to generate with them any more). A failed load
+is logged and the engine keeps serving its current weights; the next announcement tries again.
+
+A sample's policy version, in order of precedence (`stamp`):
+1. the version the engine reports for the completion: SGLang's ``meta_info.weight_version``, the loaded
+   version of a `ReloadableEngine`, a custom generate function's ``weight_version``;
+2. else the newest version announced on NS.control *when the generation started* (`version_at_start`,
+   read before generating): a version announced during the generation may not be serving yet, and the
+   older number is the safe one, since staleness is measured from it;
+3. else 0 (nothing announced yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from infra import ControlWatcher, KafkaConfig
+from producers.engines.base import Completion, Engine, EngineError, ReloadableEngine
+from producers.metrics import ProducerMetrics
+from schemas import PolicyVersion
+
+log = logging.getLogger(__name__)
+
+
+class PolicyFollower:
+    """Follows the announced policy versions for one producer.
+
+    `start`, `stamp` and `close` belong to the loop that called `start`; `policy_version` is a
+    thread-safe read. With ``watch=False`` nothing is followed (every sample gets the engine's version or 0).
+    """
+
+    def __init__(self, engine: Engine, config: KafkaConfig, control_topic: str, *, metrics: ProducerMetrics,
+                 watch: bool = True) -> None:
+        self._reloadable = engine if isinstance(engine, ReloadableEngine) else None
+        self._metrics = metrics
+        self._watcher = ControlWatcher(config, control_topic, on_version=self.on_announced) if watch else None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wanted: PolicyVersion | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def start(self, catch_up_timeout: float) -> None:
+        """Start following NS.control and wait (off-loop) up to `catch_up_timeout` s until what it held at
+        startup was read, so the first samples carry the current version. Never raises for a slow topic:
+        a warning says early samples may carry an older version."""
+        self._loop = asyncio.get_running_loop()
+        self._show_serving()
+        if self._watcher is None:
+            return
+        self._watcher.start()
+        if not await asyncio.to_thread(self._watcher.wait_caught_up, catch_up_timeout):
+            log.warning("%s not read to its end in time: early samples may carry an older policy version",
+                        self._watcher.topic)
+
+    @property
+    def policy_version(self) -> int:
+        """The newest version announced on NS.control (0 before any). Thread-safe."""
+        announced = self._watcher.policy_version if self._watcher is not None else None
+        return 0 if announced is None else announced
+
+    def stamp(self, completions: Sequence[Completion], version_at_start: int) -> list[int]:
+        """The policy version of each completion, by the precedence in the module docstring."""
+        return [version_at_start if c.policy_version is None else c.policy_version for c in completions]
+
+    async def close(self) -> None:
+        """Stop following; a load in progress is cancelled (the engine keeps what it serves). Idempotent."""
+        self._closed = True
+        self._wanted = None
+        if self._watcher is not None:
+            self._watcher.stop()
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def join(self, timeout: float) -> bool:
+        """Block up to `timeout` s for the watcher thread to end (after `close`); True when it has."""
+        return self._watcher is None or self._watcher.join(timeout)
+
+    # -- loading announced weights ---------------------------------------------------------------
+
+    def on_announced(self, version: PolicyVersion) -> None:
+        """A newer version was announced (the watcher calls this from its thread for each one): load it
+        if the engine owns its weights and the version names some. Thread-safe; returns at once."""
+        if self._reloadable is None or not version.weights_path or self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._want, version)
+        except RuntimeError:
+            pass  # the loop is closed: the producer is gone
+
+    def _want(self, version: PolicyVersion) -> None:
+        if self._closed or self._loop is None:
+            return
+        if self._wanted is None or version.version > self._wanted.version:
+            self._wanted = version
+        if self._task is None or self._task.done():
+            self._task = self._loop.create_task(self._load_newest(), name="rollstream-weights")
+
+    async def _load_newest(self) -> None:
+        engine = self._reloadable
+        while self._wanted is not None and engine is not None:
+            version, self._wanted = self._wanted, None
+            try:
+                loaded = await engine.reload(str(version.weights_path), version.version)
+            except EngineError as exc:
+                log.error("could not load policy version %d from %s; still serving version %s: %s",
+                          version.version, version.weights_path, engine.policy_version, exc)
+                self._count("failed")
+                continue
+            if loaded:
+                self._count("loaded")
+
+    def _count(self, result: str) -> None:
+        self._metrics.weight_reloads.labels(result=result).inc()
+        self._show_serving()
+
+    def _show_serving(self) -> None:
+        serving = self._reloadable.policy_version if self._reloadable is not None else None
+        if serving is not None:
+            self._metrics.policy_version.set(serving)
