@@ -58,17 +58,24 @@ class StepCommitter:
         if self.manifests and self._producer is None:
             self._producer = self._manifest_producer(config)
 
+    def use(self, consumer: Consumer) -> None:
+        """Go on with `consumer` (a fresh client in place of one that kept failing); what is known of
+        the group's committed offsets, and of the commits tried since, is kept."""
+        self._consumer = consumer
+
     def close(self) -> None:
         """Flush the manifest producer (up to the timeout). Idempotent."""
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.flush(self._timeout)
 
-    def commit(self, batches: Sequence[Batch]) -> tuple[dict[int, int], list[StepManifest]]:
+    def commit(self, batches: Sequence[Batch], *, timeout: float | None = None
+               ) -> tuple[dict[int, int], list[StepManifest]]:
         """Commit `batches` (oldest first; the last is the one asked for): check the group's offsets,
         write each manifest (acknowledged), then commit, per partition, one past the last offset.
 
-        Blocks until each is acknowledged (up to the timeout each). Returns the offsets committed and
+        Blocks until each is acknowledged (up to `timeout` s each; None: the committer's timeout).
+        Returns the offsets committed and
         the batches' manifests (written to NS.steps only with ``manifests=True``).
 
         Raises:
@@ -77,16 +84,17 @@ class StepCommitter:
             GroupConflictError: another client committed for this group; nothing was written.
         """
         batch = batches[-1]
-        self._check_sole_committer(batch)
+        timeout = self._timeout if timeout is None else timeout
+        self._check_sole_committer(batch, timeout)
         manifests = [b.manifest() for b in batches]
         if self.manifests:
-            self._publish(manifests, batch)
+            self._publish(manifests, batch, timeout)
         offsets: dict[int, int] = {}
         for b in batches:
             offsets.update({r.partition: r.end for r in b.ranges})
         for p, o in offsets.items():
             self._tried.setdefault(p, set()).add(o)
-        self._commit_offsets(offsets, batch)
+        self._commit_offsets(offsets, batch, timeout)
         self._committed.update(offsets)
         self._tried.clear()
         return offsets, manifests
@@ -96,11 +104,11 @@ class StepCommitter:
             raise RollstreamError(f"the committer of group {self.group_id} was not started")
         return self._config, self._consumer
 
-    def _check_sole_committer(self, batch: Batch) -> None:
+    def _check_sole_committer(self, batch: Batch, timeout: float) -> None:
         """Raise GroupConflictError when the group's committed offsets moved under this consumer."""
         topic = self.names.rollouts
         try:
-            found = committed_offsets(self._started()[1], topic, sorted(self._committed), timeout=self._timeout)
+            found = committed_offsets(self._started()[1], topic, sorted(self._committed), timeout=timeout)
         except KafkaIOError as exc:
             raise CommitError(batch, f"cannot read the committed offsets of group {self.group_id}: {exc}") from exc
         moved = {p: (self._committed.get(p), o) for p, o in found.items()
@@ -108,13 +116,13 @@ class StepCommitter:
         if moved:
             raise GroupConflictError(batch, self.group_id, moved)
 
-    def _publish(self, manifests: list[StepManifest], batch: Batch) -> None:
+    def _publish(self, manifests: list[StepManifest], batch: Batch, timeout: float) -> None:
         if self._producer is None:
             self._producer = self._manifest_producer(self._started()[0])
         key = self.group_id.encode()
         try:
             produce_and_wait(self._producer, self.names.steps, [(key, encode(m)) for m in manifests],
-                             timeout=self._timeout)
+                             timeout=timeout)
         except KafkaIOError as exc:
             raise CommitError(batch, f"the manifest of step {batch.step} was not written to {self.names.steps}: "
                                      f"{exc}") from exc
@@ -127,9 +135,9 @@ class StepCommitter:
             raise kafka_error(f"cannot read metadata of {self.names.steps}", exc, topic=self.names.steps) from exc
         return producer
 
-    def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch) -> None:
+    def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch, timeout: float) -> None:
         try:
-            commit_offsets(self._started()[1], self.names.rollouts, offsets)
+            commit_offsets(self._started()[1], self.names.rollouts, offsets, timeout=timeout)
         except CommitFailed as exc:
             raise CommitError(batch, f"cannot commit offsets {dict(offsets)} of step {batch.step} for group "
                                      f"{self.group_id}: {exc}") from exc

@@ -30,12 +30,13 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
 
 from consumers._batch import Batch
+from consumers._client import TrainerClient
 from consumers._commit import StepCommitter
-from consumers._errors import TakeTimeout
+from consumers._errors import CommitError, GroupConflictError, TakeTimeout
 from consumers._gather import Entry, Gathering
 from consumers._ledger import StepLedger
 from consumers._manifests import read_manifests
@@ -45,22 +46,18 @@ from infra import (
     DEFAULT_TRAINER_GROUP,
     GroupLag,
     KafkaConfig,
-    KafkaIOError,
     LagReader,
     TopicNames,
     committed_offsets,
-    is_record,
-    kafka_error,
-    open_consumer,
     partitions_of,
-    position_of,
     sized_to_topic,
     watermarks,
 )
-from schemas import RollstreamError, now_ms
+from schemas import RollstreamError, StepManifest, now_ms
 
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`consumers.DEFAULT_GROUP`)
+FRESH_CLIENT_AFTER = 2  # failed commit attempts in a row after which the Kafka client is replaced
 _MAX_PULL = 1000
 
 
@@ -107,10 +104,9 @@ class RolloutConsumer:
         self.dedupe = dedupe
         self.manifests = manifests
         self.metrics = metrics if isinstance(metrics, ConsumerMetrics) else ConsumerMetrics(metrics)
-        self._overrides = dict(overrides or {})
         self._timeout = timeout
         self._ledger = StepLedger(dedupe_epochs=dedupe_epochs)
-        self._consumer: Consumer | None = None
+        self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
         self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout)
         self._closed = False
         self._buffer: deque[Entry] = deque()
@@ -118,6 +114,7 @@ class RolloutConsumer:
         self._pending: list[Batch] = []
         self._next_step = 0
         self._last_committed_step: int | None = None
+        self._failed_attempts = 0  # commit attempts failed in a row (see `commit`)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -137,29 +134,25 @@ class RolloutConsumer:
         if self._pending:
             log.warning("closing %s with %d uncommitted step(s) %s: their groups will be taken again",
                         self.group_id, len(self._pending), [b.step for b in self._pending])
-        if self._consumer is not None:
-            self._consumer.close()
+        self._client.close()
         self._committer.close()
 
-    def _start(self) -> Consumer:
+    def _start(self) -> None:
         if self._closed:
             raise RollstreamError(f"the consumer of group {self.group_id} is closed")
-        if self._consumer is not None:
-            return self._consumer
+        if self._client.opened:
+            return
         self.config = sized_to_topic(self.config, self.names.rollouts, timeout=self._timeout)
-        overrides = {"enable.partition.eof": False, **self._overrides}
-        consumer = open_consumer(self.config.consumer(self.group_id, overrides))
+        consumer = self._client.open(self.config)
         try:
             committed = self._initial_positions(consumer)
-            consumer.assign([TopicPartition(self.names.rollouts, p, o) for p, o in self._position.items()])
+            self._client.use(consumer, self._position)
         except BaseException:
             consumer.close()
             raise
-        self._consumer = consumer
         self._committer.start(self.config, consumer, committed)
         log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
                  self._position, self._next_step)
-        return consumer
 
     def _initial_positions(self, consumer: Consumer) -> dict[int, int | None]:
         """Set the position (committed offsets, else each partition's start) and the ledger from the
@@ -246,20 +239,8 @@ class RolloutConsumer:
         return self._buffer.popleft()
 
     def _fetch(self, count: int, wait: float) -> None:
-        consumer = self._start()
-        try:
-            msgs = consumer.consume(count, timeout=wait)
-        except KafkaException as exc:
-            raise kafka_error(f"cannot fetch from {self.names.rollouts}", exc, topic=self.names.rollouts) from exc
-        error: KafkaIOError | None = None
-        for msg in msgs:
-            try:
-                if is_record(msg):
-                    self._buffer.append(Entry(*position_of(msg), msg.key(), msg.value() or b""))
-            except KafkaIOError as exc:  # an error event, not a record: keep the records after it
-                error = error or exc
-        if error is not None:
-            raise error
+        self._start()
+        self._client.fetch_into(self._buffer, count, wait)
 
     def _finish(self, gathering: Gathering) -> Batch:
         for e in gathering.entries:
@@ -284,17 +265,7 @@ class RolloutConsumer:
         """Records on NS.rollouts after this consumer's position (uncommitted batches count as taken),
         from the end offsets librdkafka saw on its last fetch: no network call, does not block. 0 before
         the consumer has started. Not thread-safe. For the group's committed lag, see `lag`."""
-        consumer, total = self._consumer, 0
-        if consumer is None:
-            return 0
-        for p, pos in self._position.items():
-            try:
-                bounds = consumer.get_watermark_offsets(TopicPartition(self.names.rollouts, p), cached=True)
-            except KafkaException:
-                continue
-            if bounds is not None and bounds[1] >= 0:
-                total += max(0, bounds[1] - pos)
-        return total
+        return self._client.records_after(self._position)
 
     # -- committing ------------------------------------------------------------------------------
 
@@ -303,13 +274,17 @@ class RolloutConsumer:
 
         For each such batch in order, its StepManifest is written to NS.steps (acknowledged by the
         broker), then the offsets are committed under the group id: per partition, the offset of the
-        next record to read after `batch`. Blocks until both are acknowledged (up to the consumer's
-        timeout each). Committing a batch already committed does nothing. Not thread-safe.
+        next record to read after `batch`. Blocks until both are acknowledged, at most the consumer's
+        timeout in all: a failed attempt is retried within it, and after `FRESH_CLIENT_AFTER` failed
+        attempts in a row (also across calls) the Kafka client is replaced by a fresh one at the
+        position this consumer holds (records fetched and not looked at are fetched again, in order),
+        because a client can lose its group coordinator for good (confluentinc/librdkafka#5511).
+        Committing a batch already committed does nothing. Not thread-safe.
 
         Raises:
-            CommitError (retriable): the manifest or the commit failed; the batch stays uncommitted
-                and can be committed again (a manifest written twice is harmless: the later
-                one for the same step supersedes the earlier).
+            CommitError (retriable): the manifest or the commit still failed at the timeout; the batch
+                stays uncommitted and can be committed again (a manifest written twice is harmless:
+                the later one for the same step supersedes the earlier).
             GroupConflictError (a CommitError, not retriable): another client committed offsets for
                 this group since this consumer last did (two trainers on one group id); nothing was written.
             RollstreamError: `batch` was not taken by this consumer, or was dropped by `seek_to`.
@@ -321,7 +296,7 @@ class RolloutConsumer:
             raise RollstreamError(f"step {batch.step} is not an uncommitted batch of this consumer "
                                   "(taken by another consumer, or dropped by seek_to)")
         batches = self._pending[:index + 1]
-        offsets, manifests = self._committer.commit(batches)
+        offsets, manifests = self._commit_retrying(batches)
         for m, b in zip(manifests, batches, strict=True):
             self._ledger.add(m)
             self._ledger.release(b.group_ids)  # now taken in an effective step
@@ -329,6 +304,38 @@ class RolloutConsumer:
         self._last_committed_step = batch.step
         self.metrics.steps_committed.inc(len(batches))
         log.info("step %d committed: group %s offsets %s", batch.step, self.group_id, offsets)
+
+    def _commit_retrying(self, batches: list[Batch]) -> tuple[dict[int, int], list[StepManifest]]:
+        deadline = time.monotonic() + self._timeout
+        attempt_timeout = max(1.0, self._timeout / (FRESH_CLIENT_AFTER + 1))
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                result = self._committer.commit(batches, timeout=max(0.5, min(attempt_timeout, remaining)))
+            except GroupConflictError:
+                raise
+            except CommitError as exc:
+                self._failed_attempts += 1
+                log.info("group %s: commit attempt failed (%d in a row): %s", self.group_id, self._failed_attempts,
+                         exc)
+                if self._failed_attempts >= FRESH_CLIENT_AFTER:
+                    self._replace_client(exc)
+                if not exc.retriable or time.monotonic() + 0.2 >= deadline:
+                    raise
+                time.sleep(0.2)
+                continue
+            self._failed_attempts = 0
+            return result
+
+    def _replace_client(self, cause: BaseException) -> None:
+        """A fresh Kafka client at this consumer's position (see `consumers._client`). Records fetched and
+        not looked at are dropped from the buffer and fetched again, in order: none skipped, none twice."""
+        self._committer.use(self._client.replace(self.config, self._position))
+        self._buffer.clear()
+        self._failed_attempts = 0
+        self.metrics.client_replacements.inc()
+        log.warning("group %s: replaced the Kafka client after %d failed commit attempts in a row (last: %s); "
+                    "continuing at offsets %s", self.group_id, FRESH_CLIENT_AFTER, cause, self._position)
 
     def _is_committed(self, batch: Batch) -> bool:
         last = self._last_committed_step
@@ -371,7 +378,7 @@ class RolloutConsumer:
         Raises:
             RollstreamError: a partition that the rollouts topic does not have, or a negative offset.
         """
-        consumer = self._start()
+        self._start()
         for p, o in offsets.items():
             if p not in self._position or o < 0:
                 raise RollstreamError(f"cannot seek {self.names.rollouts} partition {p} to offset {o}: the topic "
@@ -385,7 +392,7 @@ class RolloutConsumer:
         dropped = self._ledger.rewind(self._position)
         if next_step is not None:
             self._next_step = next_step
-        consumer.assign([TopicPartition(self.names.rollouts, p, o) for p, o in self._position.items()])
+        self._client.use(self._client.current(), self._position)
         log.info("group %s moved to offsets %s (next step %d; forgot steps %s)", self.group_id, self._position,
                  self._next_step, dropped)
 
@@ -397,3 +404,4 @@ class RolloutConsumer:
         """
         with LagReader(self.config) as reader:
             return reader.group_lag(self.group_id, self.names.rollouts, timeout=timeout)
+

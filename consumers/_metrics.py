@@ -46,6 +46,9 @@ class ConsumerMetrics:
         self.step = Gauge("rollstream_consumer_step", "Number of the last step taken.", registry=r)
         self.steps_committed = Counter("rollstream_consumer_steps_committed",
                                        "Steps whose manifest and offsets were committed.", registry=r)
+        self.client_replacements = Counter("rollstream_consumer_client_replacements",
+                                           "Kafka clients replaced after repeated failed commits (a client that "
+                                           "lost its group coordinator).", registry=r)
 
     def observe_step(self, batch: Batch, seconds: float, taken_bytes: int, policy_version: int | None,
                      lag: int) -> None:

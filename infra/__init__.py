@@ -5,14 +5,11 @@ from infra._worker import WorkerThread
 from infra.clients import open_admin, open_consumer, open_producer
 from infra.config import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, DEFAULT_TRAINER_GROUP, KafkaConfig, default_bootstrap
 from infra.control import ControlWatcher, PolicyAnnouncer, announce_policy_version
+from infra.kafka_errors import CommitFailed, KafkaIOError, kafka_error, missing_topic_error
 from infra.kafka_io import (
-    CommitFailed,
-    KafkaIOError,
     commit_offsets,
     committed_offsets,
     is_record,
-    kafka_error,
-    missing_topic_error,
     partitions_of,
     position_of,
     produce_and_wait,

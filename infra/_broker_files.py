@@ -1,7 +1,8 @@
 """What the local broker keeps in its data dir, and how it is read and written.
 
-Layout of ``data_dir``: ``.lock`` (held while a start runs), ``pids.json`` (what runs: written after each
-node is spawned, removed when it is stopped), ``cluster.json`` (cluster id, node count; written once),
+Layout of ``data_dir``: ``.lock`` (held while a start runs), ``pids.json`` (what runs and on which client and
+controller ports: written after each node is spawned, removed when it is stopped), ``cluster.json`` (cluster id,
+node count; written once),
 ``node-<i>/server.properties`` (rewritten at each start), ``node-<i>/kafka.log`` (log4j2, rolled),
 ``node-<i>/stdout.log`` (what the JVM itself prints), ``node-<i>/data/`` (``log.dirs``).
 
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from infra._broker_spec import BrokerError, BrokerSpec, hostport
+from infra._broker_spec import CONTROLLER_PORT_OFFSET, BrokerError, BrokerSpec, hostport
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,19 @@ def write_record(spec: BrokerSpec, procs: Sequence[tuple[int, Path]]) -> None:
     """Record the running nodes' pids and configs in ``pids.json`` (what stop and status read)."""
     write_json(spec.data_dir / PIDS_FILE, {
         "bootstrap": spec.bootstrap, "port": spec.port, "nodes": spec.nodes, "host": spec.host,
+        "controller_ports": list(spec.controller_ports),
         "pids": [pid for pid, _ in procs], "configs": [str(config) for _, config in procs]})
+
+
+def recorded_controller_ports(record: dict[str, Any]) -> tuple[int, ...]:
+    """The controller ports in ``record``; a record written before they were kept had the default ones."""
+    found = record.get("controller_ports")
+    if isinstance(found, list) and all(isinstance(p, int) for p in found):
+        return tuple(found)
+    port, nodes = record.get("port"), record.get("nodes")
+    if isinstance(port, int) and isinstance(nodes, int):
+        return tuple(port + CONTROLLER_PORT_OFFSET + i for i in range(nodes))
+    return ()
 
 
 def read_record(data_dir: Path) -> tuple[dict[str, Any], list[tuple[int, Path]]] | None:

@@ -28,47 +28,79 @@ _PROBE_TIMEOUT = 5.0  # per round trip; a slow one is retried until the caller's
 
 
 def free_port(nodes: int = 1, host: str = "127.0.0.1") -> int:
-    """A base port whose client ports (port + i) and controller ports (port + CONTROLLER_PORT_OFFSET + i),
+    """A base port whose client ports (port + i) and default controller ports (port + CONTROLLER_PORT_OFFSET + i),
     i < `nodes`, are all free on `host` right now (another process may still take them before a start).
 
     Raises:
         BrokerError: no such range found in 200 tries.
     """
     for _ in range(200):
-        with socket.socket() as s:
-            s.bind((host, 0))
-            base = int(s.getsockname()[1])
+        base = _os_port(host)
         ports = [base + i for i in range(nodes)] + [base + CONTROLLER_PORT_OFFSET + i for i in range(nodes)]
-        if max(ports) <= 65535 and all(_bindable(host, p) for p in ports):
+        if _all_free(host, ports):
             return base
     raise BrokerError(f"no free range of broker ports for {nodes} node(s) on {host}")
 
 
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket() as sock:
+def free_ports(nodes: int = 1, host: str = "127.0.0.1") -> tuple[int, int]:
+    """``(port, controller_port)`` for ``BrokerSpec``: client ports port + i and controller ports
+    controller_port + i, i < `nodes`, all distinct and free on `host` right now (another process may
+    still take them before a start). Unlike ``free_port``, the controllers are not at port + 100.
+
+    Raises:
+        BrokerError: no such pair of ranges found in 200 tries.
+    """
+    for _ in range(200):
+        port, controller = _os_port(host), _os_port(host)
+        ports = [port + i for i in range(nodes)] + [controller + i for i in range(nodes)]
+        if len(set(ports)) == len(ports) and _all_free(host, ports):
+            return port, controller
+    raise BrokerError(f"no two free ranges of broker ports for {nodes} node(s) on {host}")
+
+
+def _os_port(host: str) -> int:
+    """A port the OS calls free on `host` now."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _all_free(host: str, ports: list[int]) -> bool:
+    return max(ports) <= 65535 and all(_bind_error(host, p) is None for p in ports)
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _bind_error(host: str, port: int) -> OSError | None:
+    """None if a listener could bind `port` on `host` now, else the error that bind gave."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR as Kafka sets it: TIME_WAIT leftovers of our last run do not count, listeners do.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-            return True
-        except OSError:
-            return False
+            return None
+        except OSError as exc:
+            return exc
 
 
 def check_ports_free(spec: BrokerSpec) -> None:
-    """Raise BrokerError naming the first client or controller port of ``spec`` that something listens on."""
-    for port in (*spec.client_ports, *spec.controller_ports):
-        family = socket.AF_INET6 if ":" in spec.host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            # SO_REUSEADDR as Kafka sets it: TIME_WAIT leftovers of our last run do not count, listeners do.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((spec.host, port))
-            except OSError as exc:
-                role = "client" if port in spec.client_ports else "controller"
-                raise BrokerError(
-                    f"{role} port {port} on {spec.host} is already in use ({exc.strerror}). Choose another "
-                    f"base port (BrokerSpec(port=...) / `rollstream broker start --port`; node i uses "
-                    f"port+i-1 and port+{CONTROLLER_PORT_OFFSET}+i-1) or stop what listens there.") from exc
+    """Raise BrokerError naming the first client or controller port of ``spec`` that is taken, and the flag
+    (and ``BrokerSpec`` field) that moves it."""
+    for role, ports in (("client", spec.client_ports), ("controller", spec.controller_ports)):
+        for port in ports:
+            exc = _bind_error(spec.host, port)
+            if exc is None:
+                continue
+            if role == "client":
+                fix = ("choose another --port (BrokerSpec(port=...)); node i serves clients on port+i-1, and its "
+                       f"controller on port+{CONTROLLER_PORT_OFFSET}+i-1 unless --controller-port is given")
+            else:
+                fix = ("choose another --controller-port (BrokerSpec(controller_port=...)); node i's controller "
+                       f"listens on controller_port+i-1, by default port+{CONTROLLER_PORT_OFFSET}+i-1")
+            raise BrokerError(f"{role} port {port} on {spec.host} is already in use ({exc.strerror}): {fix}; "
+                              "or stop what listens there")
 
 
 def wait_ready(spec: BrokerSpec, procs: Sequence[tuple[int, Path]], deadline: float, timeout: float) -> None:
@@ -83,8 +115,11 @@ def wait_ready(spec: BrokerSpec, procs: Sequence[tuple[int, Path]], deadline: fl
     while True:
         dead = [cfg for pid, cfg in procs if not is_ours(pid, cfg)]
         if dead:
-            raise BrokerError(f"Kafka node {dead[0].parent.name} exited while starting on {spec.bootstrap}; its "
-                              f"log below says why; fix that and start again:\n{log_tail(dead[0].parent)}")
+            tail = log_tail(dead[0].parent)
+            taken = (" (a port was taken after the check: choose another --port or --controller-port)"
+                     if "Address already in use" in tail else "")
+            raise BrokerError(f"Kafka node {dead[0].parent.name} exited while starting on {spec.bootstrap}{taken}; "
+                              f"its log below says why; fix that and start again:\n{tail}")
         left = deadline - time.monotonic()
         if left <= 0:
             raise BrokerError(

@@ -29,21 +29,23 @@ class BrokerError(RollstreamError):
 
 @dataclass(frozen=True)
 class BrokerSpec:
-    """What to start. ``nodes=3`` gives three combined KRaft nodes (rf 3, min.insync.replicas 2)."""
+    """What to start. ``nodes=3`` gives three combined KRaft nodes (rf 3, min.insync.replicas 2).
+
+    Node ``i`` (1-based) serves clients on ``port + i - 1`` and runs its KRaft controller on
+    ``controller_port + i - 1``; ``controller_port=None`` means ``port + CONTROLLER_PORT_OFFSET``.
+    """
 
     port: int = 9092
     nodes: Literal[1, 3] = 1
     data_dir: Path = field(default_factory=default_data_dir)
     heap_mb: int = 512
     host: str = "127.0.0.1"
+    controller_port: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, bool) or self.nodes not in (1, 3):
             raise ConfigError(f"BrokerSpec.nodes={self.nodes!r}: must be 1 or 3")
-        top = self.port + CONTROLLER_PORT_OFFSET + self.nodes - 1 if isinstance(self.port, int) else 0
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 1 <= self.port <= top <= 65535:
-            raise ConfigError(f"BrokerSpec.port={self.port!r}: must be an int with port+"
-                              f"{CONTROLLER_PORT_OFFSET + self.nodes - 1} <= 65535 (controller ports)")
+        self._check_ports()
         if isinstance(self.heap_mb, bool) or not isinstance(self.heap_mb, int) or self.heap_mb < 128:
             raise ConfigError(f"BrokerSpec.heap_mb={self.heap_mb!r}: must be an int >= 128")
         try:
@@ -54,17 +56,46 @@ class BrokerSpec:
             raise ConfigError(f"BrokerSpec.host={self.host!r}: must be one IP address such as 127.0.0.1")
         object.__setattr__(self, "data_dir", Path(self.data_dir).expanduser().resolve())
 
+    def _check_ports(self) -> None:
+        last = self.nodes - 1
+        if not _is_port(self.port) or self.port + last > 65535:
+            raise ConfigError(f"BrokerSpec.port={self.port!r} (--port): must be an int with port+{last} <= 65535")
+        if self.controller_port is None:
+            if self.port + CONTROLLER_PORT_OFFSET + last > 65535:
+                raise ConfigError(
+                    f"BrokerSpec.port={self.port!r} (--port): the controller ports default to port+"
+                    f"{CONTROLLER_PORT_OFFSET}, so port+{CONTROLLER_PORT_OFFSET + last} must be <= 65535; "
+                    "choose a lower port or set controller_port (--controller-port)")
+            return
+        if not _is_port(self.controller_port) or self.controller_port + last > 65535:
+            raise ConfigError(f"BrokerSpec.controller_port={self.controller_port!r} (--controller-port): must be "
+                              f"an int with controller_port+{last} <= 65535")
+        if set(self.controller_ports) & set(self.client_ports):
+            raise ConfigError(
+                f"BrokerSpec.controller_port={self.controller_port} (--controller-port): controller ports "
+                f"{_span(self.controller_ports)} overlap the client ports {_span(self.client_ports)}; choose "
+                "a controller port outside them")
+
     @property
     def client_ports(self) -> tuple[int, ...]:
         return tuple(self.port + i for i in range(self.nodes))
 
     @property
     def controller_ports(self) -> tuple[int, ...]:
-        return tuple(p + CONTROLLER_PORT_OFFSET for p in self.client_ports)
+        first = self.port + CONTROLLER_PORT_OFFSET if self.controller_port is None else self.controller_port
+        return tuple(first + i for i in range(self.nodes))
 
     @property
     def bootstrap(self) -> str:
         return ",".join(hostport(self.host, p) for p in self.client_ports)
+
+
+def _is_port(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
+
+
+def _span(ports: tuple[int, ...]) -> str:
+    return str(ports[0]) if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
 
 
 @dataclass(frozen=True)
@@ -77,6 +108,7 @@ class BrokerStatus:
     nodes: int  # as recorded at start; 0 when nothing is recorded
     data_dir: Path
     log_path: Path  # node 1's kafka.log; node i logs to data_dir/node-<i>/kafka.log
+    controller_ports: tuple[int, ...] = ()  # as recorded at start; () when nothing is recorded
 
 
 def hostport(host: str, port: int) -> str:

@@ -9,11 +9,16 @@ Contract (pinned by ``tests/integration/test_broker.py``):
   topic ``__rollstream_probe`` and commit an offset (so the group coordinator is up too). It never hangs:
   on failure or timeout it kills what it started and raises ``BrokerError`` with the tail of the log.
 - Data survives a restart with the same ``data_dir``: storage is formatted only once.
-- Starting twice is idempotent; a port held by another process is a clear error before anything starts.
+- Starting twice is idempotent; a port held by another process is a clear error before anything starts,
+  naming the port and the flag that moves it (``--port`` or ``--controller-port``).
 - ``stop_broker`` signals only the pids it recorded, and only while they are still our Kafka JVMs.
 
 Ports: node ``i`` (1-based) serves clients on ``port + i - 1`` and its KRaft controller listens on
-``port + 100 + i - 1`` (``CONTROLLER_PORT_OFFSET``). Every node is a combined broker+controller.
+``controller_port + i - 1`` (``BrokerSpec.controller_port``, ``rollstream broker start --controller-port``;
+by default ``port + 100 + i - 1``, ``CONTROLLER_PORT_OFFSET``). The controller ports are recorded in the
+data dir with the pids, so status and stop need only the data dir. ``free_port(nodes)`` finds a base whose
+default ranges are free; ``free_ports(nodes)`` a ``(port, controller_port)`` pair. Every node is a
+combined broker+controller.
 
 This module is the public face; the parts live in private modules: ``_broker_spec`` (the types),
 ``_broker_jars`` (Maven, Java), ``_broker_files`` (the data dir layout, ``server.properties``, records,
@@ -31,11 +36,12 @@ from infra._broker_files import (
     drop_record,
     locked,
     read_record,
+    recorded_controller_ports,
     write_config,
     write_record,
 )
 from infra._broker_jars import ensure_kafka_jars, find_java
-from infra._broker_probe import check_ports_free, free_port, wait_ready
+from infra._broker_probe import check_ports_free, free_port, free_ports, wait_ready
 from infra._broker_procs import format_storage, is_ours, spawn, terminate
 from infra._broker_spec import (
     CONTROLLER_PORT_OFFSET,
@@ -47,7 +53,7 @@ from infra._broker_spec import (
 )
 
 __all__ = ["CONTROLLER_PORT_OFFSET", "PROBE_TOPIC", "BrokerError", "BrokerSpec", "BrokerStatus", "broker_status",
-           "default_data_dir", "ensure_kafka_jars", "free_port", "start_broker", "stop_broker"]
+           "default_data_dir", "ensure_kafka_jars", "free_port", "free_ports", "start_broker", "stop_broker"]
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +63,13 @@ def start_broker(spec: BrokerSpec | None = None, *, timeout: float = 120.0) -> s
 
     Blocks until a client can produce to and consume from the probe topic, at most ``timeout`` seconds
     (plus a one-time Maven resolution, see ``ensure_kafka_jars``); ~1.5 s for one node when warm.
-    Idempotent: if a broker already runs for ``spec.data_dir`` with the same nodes and port, waits
+    Idempotent: if a broker already runs for ``spec.data_dir`` with the same nodes and ports, waits
     until it serves and returns its bootstrap. Process-safe (a lock file in ``data_dir``). The JVMs are
     detached (own session) and keep running after this process exits; ``stop_broker`` ends them.
 
     Raises:
-        BrokerError: a port is held by another process; a broker with another spec runs for this
+        BrokerError: a client or controller port is held by another process (the message names it and
+            the flag that moves it); a broker with another spec (nodes, ports, host) runs for this
             data dir; the data dir holds a cluster with another node count; Java or Maven is missing;
             a node exited or the broker did not serve in time (message holds the tail of its log;
             everything started is killed first).
@@ -132,7 +139,8 @@ def broker_status(data_dir: Path | None = None) -> BrokerStatus:
     nodes = nodes if isinstance(nodes, int) else len(recorded)
     alive = tuple(pid for pid, cfg in recorded if is_ours(pid, cfg))
     running = bool(alive) and len(alive) == len(recorded) == nodes
-    return BrokerStatus(running, record.get("bootstrap") if running else None, alive, nodes, directory, log_path)
+    return BrokerStatus(running, record.get("bootstrap") if running else None, alive, nodes, directory, log_path,
+                        recorded_controller_ports(record))
 
 
 def _adopt_running(spec: BrokerSpec, deadline: float, timeout: float) -> bool:
@@ -143,9 +151,14 @@ def _adopt_running(spec: BrokerSpec, deadline: float, timeout: float) -> bool:
     record, recorded = found
     alive = [(pid, cfg) for pid, cfg in recorded if is_ours(pid, cfg)]
     if alive and len(alive) == len(recorded) == record.get("nodes"):
-        if (record.get("nodes"), record.get("port"), record.get("host")) != (spec.nodes, spec.port, spec.host):
+        controllers = recorded_controller_ports(record)
+        # No controller port asked for: whatever the running broker uses is fine.
+        wanted = controllers if spec.controller_port is None else spec.controller_ports
+        if ((record.get("nodes"), record.get("port"), record.get("host"), controllers)
+                != (spec.nodes, spec.port, spec.host, wanted)):
             raise BrokerError(f"a {record.get('nodes')}-node broker already runs for {spec.data_dir} on "
-                              f"{record.get('bootstrap')}; use it, or stop it first (stop_broker / "
+                              f"{record.get('bootstrap')} (controller ports {', '.join(map(str, controllers))}); "
+                              f"use it, or stop it first (stop_broker / "
                               f"`rollstream broker stop --data-dir {spec.data_dir}`)")
         wait_ready(spec, alive, deadline, timeout)
         return True

@@ -24,7 +24,8 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPar
 from infra._worker import WorkerThread
 from infra.clients import open_consumer, open_producer
 from infra.config import KafkaConfig
-from infra.kafka_io import KafkaIOError, position_of, produce_and_wait
+from infra.kafka_errors import KafkaIOError
+from infra.kafka_io import position_of, produce_and_wait
 from infra.topics import TopicNames
 from schemas import DecodeError, PolicyVersion, decode, encode
 

@@ -1,9 +1,5 @@
-"""The Kafka reads and writes both sides need, and the one mapping of librdkafka errors to rollstream's.
-
-Every librdkafka failure in infra, producers and consumers goes through `kafka_error`, so each one is a
-`KafkaIOError` that says what failed, where (``topic[partition]``), librdkafka's error name (`code`),
-whether the client is dead (`fatal`) and whether retrying can help (`retriable`: librdkafka says so,
-or the broker did not answer: a timeout, a transport error, all brokers down).
+"""The Kafka reads and writes both sides need. Every failure is a `KafkaIOError` from the one mapping of
+librdkafka errors (`infra.kafka_errors.kafka_error`): what failed, where, librdkafka's code, retriable.
 
 - Writes: `produce_and_wait` (produce, flush, raise unless every record was acknowledged);
   `commit_offsets` (a synchronous commit that says which partitions failed: `CommitFailed`).
@@ -24,107 +20,22 @@ from contextlib import contextmanager
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from infra._bounded import call_within
 from infra.clients import open_admin, open_consumer
 from infra.config import BOOTSTRAP_ENV, KafkaConfig
-from schemas import RollstreamError
+from infra.kafka_errors import (
+    HINTS,
+    NO_LEADER,
+    NO_TOPIC,
+    CommitFailed,
+    KafkaIOError,
+    kafka_error,
+    missing_topic_error,
+    where,
+)
 
 log = logging.getLogger(__name__)
 _BATCH = 500
-# librdkafka's codes for "the broker did not answer" (none listening, too slow, connection lost).
-UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
-                         KafkaError._TIMED_OUT_QUEUE})
-_NO_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
-# What to do about the errors a user can fix, by librdkafka error name.
-_HINTS = {
-    "MSG_SIZE_TOO_LARGE": "the record exceeds max.message.bytes: raise it (rollstream topics create "
-                          "--max-message-mib) or make the records smaller",
-    "_MSG_TIMED_OUT": "the broker did not acknowledge in time: is the cluster healthy (rollstream broker status)?",
-    "UNKNOWN_TOPIC_OR_PART": "run 'rollstream topics create' first",
-    "_UNKNOWN_TOPIC": "run 'rollstream topics create' first",
-    "TOPIC_AUTHORIZATION_FAILED": "grant this principal access to the topic (rollstream acls)",
-    "GROUP_AUTHORIZATION_FAILED": "grant this principal access to the consumer group (rollstream acls)",
-}
-
-
-class KafkaIOError(RollstreamError):
-    """A Kafka read or write failed.
-
-    Attributes:
-        topic, partition: where (None when not known or not about one partition).
-        code: librdkafka's error name (``"_TIMED_OUT"``, ``"MSG_SIZE_TOO_LARGE"``), None when it gave none.
-        fatal: the client cannot be used any more (librdkafka said fatal): close it and make a new one.
-        retriable: the same call may succeed later without any change (see the module docstring).
-    """
-
-    def __init__(self, message: str, *, topic: str | None = None, partition: int | None = None,
-                 code: str | None = None, fatal: bool = False, retriable: bool = False) -> None:
-        super().__init__(message, retriable=retriable)
-        self.topic = topic
-        self.partition = partition
-        self.code = code
-        self.fatal = fatal
-
-
-class CommitFailed(KafkaIOError):
-    """`commit_offsets` did not commit every partition.
-
-    Attributes:
-        failed: partition -> error text; every partition asked for when the whole call failed, so a
-            caller that retries per partition retries exactly these.
-    """
-
-    def __init__(self, message: str, failed: Mapping[int, str], *, topic: str, code: str | None = None,
-                 fatal: bool = False, retriable: bool = True) -> None:
-        only = next(iter(failed)) if len(failed) == 1 else None
-        super().__init__(message, topic=topic, partition=only, code=code, fatal=fatal, retriable=retriable)
-        self.failed = dict(failed)
-
-
-def where(topic: str | None, partition: int | None = None) -> str:
-    """``topic[partition]``, ``topic``, or "" when neither is known."""
-    if topic is None:
-        return ""
-    return topic if partition is None else f"{topic}[{partition}]"
-
-
-def kafka_error(what: str, error: KafkaException | KafkaError, *, topic: str | None = None,
-                partition: int | None = None) -> KafkaIOError:
-    """THE mapping of a librdkafka error to a `KafkaIOError`: `what` failed, at `topic[partition]`.
-
-    Retriable when librdkafka says so or the broker did not answer (timeout, transport, all brokers
-    down); `fatal` as librdkafka says. The message ends with what to do. Raises nothing (returns).
-    """
-    err: KafkaError | None
-    if isinstance(error, KafkaException):
-        first = error.args[0] if error.args else None
-        err = first if isinstance(first, KafkaError) else None
-    else:
-        err = error
-    if err is None:  # a KafkaException without a KafkaError: librdkafka gave nothing to go by
-        text, code, fatal, retriable = str(error), None, False, True
-    else:
-        text, code, fatal = err.str(), err.name(), err.fatal()
-        retriable = not fatal and (err.retriable() or err.code() in UNREACHABLE)
-    if fatal:
-        hint = "the client cannot recover: close it and start again"
-    elif code in _HINTS:
-        hint = _HINTS[code]
-    elif retriable:
-        hint = "retrying may help; is the broker up (rollstream broker status)?"
-    else:
-        hint = "see the broker log"
-    place = where(topic, partition)
-    message = f"{what}{f' ({place})' if place and place not in what else ''}: {text}; {hint}"
-    return KafkaIOError(message, topic=topic, partition=partition, code=code, fatal=fatal, retriable=retriable)
-
-
-def missing_topic_error(topic: str, namespace: str | None = None) -> KafkaIOError:
-    """The one "topic does not exist" error: names the topic and the command that creates it."""
-    command = "rollstream topics create" + (f" --namespace {namespace}" if namespace else "")
-    return KafkaIOError(f"topic {topic} does not exist: run '{command}' first", topic=topic,
-                        code="UNKNOWN_TOPIC_OR_PART")
-
-
 def require_topics(config: KafkaConfig, topics: Sequence[str], *, namespace: str, timeout: float) -> None:
     """Verify the broker answers within `timeout` s and every topic in `topics` exists. Blocks; call off-loop.
 
@@ -191,7 +102,7 @@ def produce_and_wait(producer: Producer, topic: str, records: Iterable[tuple[byt
     reason = first.str() if isinstance(first, KafkaError) else f"flush timed out after {timeout:g} s"
     code = first.name() if isinstance(first, KafkaError) else "_TIMED_OUT"
     fatal = isinstance(first, KafkaError) and first.fatal()
-    hint = _HINTS.get(code or "", "retry; is the broker up (rollstream broker status)?")
+    hint = HINTS.get(code or "", "retry; is the broker up (rollstream broker status)?")
     count = f"{total - acked} of {total}" + (" (and the records after a refused one)" if refused is not None else "")
     raise KafkaIOError(f"{count} records were not acknowledged by {topic} ({reason}); {hint}", topic=topic,
                        code=code, fatal=fatal, retriable=not fatal)
@@ -207,22 +118,34 @@ def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes,
             producer.poll(0.1)  # the queue is full: serve delivery reports until there is room
 
 
-def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int]) -> None:
+def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *,
+                   timeout: float | None = None) -> None:
     """Commit `offsets` (partition -> offset of the next record to read) for the consumer's group.
 
-    Blocks until the group coordinator answered. When it returns, every partition in `offsets` is
-    committed at exactly that offset.
+    Blocks until the group coordinator answered, or at most `timeout` s (None: librdkafka's own wait,
+    which has no deadline). When it returns, every partition in `offsets` is committed at exactly that offset.
 
     Raises:
         CommitFailed: some partitions (``failed``: partition -> error) or the whole call failed
-            (then ``failed`` holds every partition); ``fatal`` when librdkafka said fatal. A commit that
-            failed on the client may still have landed on the broker.
+            (then ``failed`` holds every partition); ``fatal`` when librdkafka said fatal; code
+            ``_TIMED_OUT`` when `timeout` passed. A commit that failed on the client may still land.
     """
     if not offsets:
         return
     tps = [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
+
+    def commit() -> list[TopicPartition] | None:
+        return consumer.commit(offsets=tps, asynchronous=False)
+
     try:
-        result = consumer.commit(offsets=tps, asynchronous=False)
+        if timeout is None:
+            result = commit()
+        else:
+            finished, result = call_within(commit, timeout, "rollstream-commit")
+            if not finished:
+                raise CommitFailed(f"commit of offsets {dict(offsets)} on {topic} got no answer within {timeout:g} s; "
+                                   "retrying may help (it may still land)", {p: "timed out" for p in offsets},
+                                   topic=topic, code="_TIMED_OUT")
     except KafkaException as exc:
         cause = kafka_error(f"cannot commit offsets {dict(offsets)} on {topic}", exc, topic=topic)
         raise CommitFailed(str(cause), {p: _text(exc) for p in offsets}, topic=topic, code=cause.code,
@@ -257,7 +180,7 @@ def partitions_of(consumer: Consumer, topic: str, *, timeout: float) -> list[int
     except KafkaException as exc:
         raise kafka_error(f"cannot read the partitions of {topic}", exc, topic=topic) from exc
     info = meta.topics.get(topic)
-    if info is None or (info.error is not None and info.error.code() in _NO_TOPIC):
+    if info is None or (info.error is not None and info.error.code() in NO_TOPIC):
         raise missing_topic_error(topic)
     if info.error is not None:
         raise kafka_error(f"cannot read the partitions of {topic}", info.error, topic=topic)
@@ -287,20 +210,29 @@ def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int],
 
 def watermarks(consumer: Consumer, topic: str, partition: int, *, timeout: float) -> tuple[int, int]:
     """(low, high) offsets of a partition: the first stored record and one past the last. Blocks up to
-    `timeout` s (asks the partition leader, never the cache).
+    `timeout` s (asks the partition leader, never the cache). While the partition has no leader for a
+    moment (a broker restarting or resuming from a stall) it asks again until `timeout`.
 
     Raises:
         KafkaIOError: no answer (retriable), or the leader refused.
     """
-    try:
-        bounds = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout, cached=False)
-    except KafkaException as exc:
-        raise kafka_error(f"cannot read the offsets of {topic}[{partition}]", exc, topic=topic,
-                          partition=partition) from exc
-    if bounds is None:
-        raise KafkaIOError(f"cannot read the offsets of {topic}[{partition}]: the leader gave none; retrying may "
-                           "help", topic=topic, partition=partition, retriable=True)
-    return bounds[0], bounds[1]
+    deadline, backoff = time.monotonic() + timeout, 0.1
+    while True:
+        try:
+            bounds = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=False,
+                                                    timeout=max(0.1, deadline - time.monotonic()))
+        except KafkaException as exc:
+            error = kafka_error(f"cannot read the offsets of {topic}[{partition}]", exc, topic=topic,
+                                partition=partition)
+            if not (error.retriable or error.code in NO_LEADER) or time.monotonic() + backoff >= deadline:
+                raise error from exc
+            time.sleep(backoff)
+            backoff = min(2 * backoff, 1.0)
+            continue
+        if bounds is None:
+            raise KafkaIOError(f"cannot read the offsets of {topic}[{partition}]: the leader gave none; retrying "
+                               "may help", topic=topic, partition=partition, retriable=True)
+        return bounds[0], bounds[1]
 
 
 def is_record(msg: Message) -> bool:

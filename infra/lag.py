@@ -19,7 +19,8 @@ from confluent_kafka import Consumer, KafkaException
 
 from infra.clients import open_consumer
 from infra.config import KafkaConfig
-from infra.kafka_io import KafkaIOError, committed_offsets, partitions_of, watermarks
+from infra.kafka_errors import KafkaIOError
+from infra.kafka_io import committed_offsets, partitions_of, watermarks
 from schemas import RollstreamError
 
 # Retrying a read that failed for a passing reason (coordinator loading, reconnecting).

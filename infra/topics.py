@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from infra.clients import open_admin
 from infra.config import DEFAULT_MAX_MESSAGE_BYTES, KafkaConfig
-from infra.kafka_io import UNREACHABLE, KafkaIOError, kafka_error
+from infra.kafka_errors import UNREACHABLE, KafkaIOError, kafka_error
 from schemas import ConfigError, RollstreamError
 
 log = logging.getLogger(__name__)

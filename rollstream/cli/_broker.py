@@ -18,6 +18,9 @@ DataDirOpt = Annotated[Path | None, typer.Option(
 @app.command("start")
 def start(
     port: Annotated[int, typer.Option(help="Client port of the first node (node i listens on port+i-1).")] = 9092,
+    controller_port: Annotated[int | None, typer.Option(
+        help="KRaft controller port of the first node (node i's controller listens on P+i-1); "
+             "default port+100.")] = None,
     nodes: Annotated[int, typer.Option(help="1, or 3 for a replicated KRaft cluster on this host.")] = 1,
     data_dir: DataDirOpt = None,
     heap_mb: Annotated[int, typer.Option(help="JVM heap per node in MiB.")] = 512,
@@ -28,7 +31,8 @@ def start(
     if nodes not in (1, 3):
         raise typer.BadParameter("--nodes must be 1 or 3")
     node_count: Literal[1, 3] = 1 if nodes == 1 else 3
-    spec = BrokerSpec(port=port, nodes=node_count, data_dir=data_dir or default_data_dir(), heap_mb=heap_mb)
+    spec = BrokerSpec(port=port, nodes=node_count, data_dir=data_dir or default_data_dir(), heap_mb=heap_mb,
+                      controller_port=controller_port)
     ensure_kafka_jars(progress=lambda message: typer.echo(message, err=True))
     typer.echo(start_broker(spec, timeout=timeout))
 
@@ -45,7 +49,8 @@ def status(data_dir: DataDirOpt = None) -> None:
     """Say whether the broker of this data dir runs, and where."""
     st = broker_status(data_dir or default_data_dir())
     if st.running:
-        typer.echo(f"running: {st.bootstrap} (pids {', '.join(map(str, st.pids))}; log {st.log_path})")
+        typer.echo(f"running: {st.bootstrap} (controller ports {', '.join(map(str, st.controller_ports))}; "
+                   f"pids {', '.join(map(str, st.pids))}; log {st.log_path})")
     else:
         typer.echo(f"not running (data dir {st.data_dir})")
         raise typer.Exit(1)

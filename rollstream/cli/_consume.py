@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
+import os
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import IO, Annotated, Any
 import typer
 
 from consumers import (
+    Batch,
     ReplayedRecord,
     RolloutConsumer,
     audit,
@@ -36,6 +39,9 @@ from rollstream.cli._common import (
 
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", dir_okay=False,
                                              help="Write JSON lines to this file instead of stdout.")]
+TakeOutOpt = Annotated[Path | None, typer.Option(
+    "--out", "-o", dir_okay=False,
+    help="Append JSON lines to this file instead of stdout (a step re-taken after a crash repeats its step).")]
 _PROGRESS_MIN_RECORDS = 500
 
 
@@ -48,12 +54,41 @@ def _output(path: Path | None) -> Iterator[IO[str]]:
         yield f
 
 
+@contextlib.contextmanager
+def _appending(path: Path | None) -> Iterator[tuple[IO[str], bool]]:
+    """stdout, or `path` opened for appending (a restarted `take` adds to what earlier runs wrote); and
+    whether it is a regular file, which `os.fsync` can make durable (a pipe or a tty cannot be)."""
+    if path is None:
+        yield sys.stdout, False
+        return
+    with path.open("a") as f:
+        regular = stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+        if regular and f.tell() > 0 and not _ends_with_newline(path):
+            f.write("\n")  # a run killed mid-line (an uncommitted step): keep its torn line on its own
+        yield f, regular
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
+
+
+def _write_step(sink: IO[str], batch: Batch, durable: bool) -> None:
+    """The step's lines in one write, flushed (and fsync'd when `durable`) before the caller commits."""
+    sink.write("".join(json.dumps({"step": batch.step, "group_id": g.group_id, "prompt_id": g.prompt_id,
+                                   "epoch": g.epoch, "rewards": g.rewards}) + "\n" for g in batch.groups))
+    sink.flush()
+    if durable:
+        os.fsync(sink.fileno())
+
+
 def take(
     n: Annotated[int, typer.Option("-n", "--n", min=1, help="Groups per step (exactly this many per batch).")],
     steps: Annotated[int, typer.Option(min=0, help="Batches to take; 0 takes until interrupted.")] = 1,
     group: TrainerGroupOpt = DEFAULT_TRAINER_GROUP,
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
-    out: OutOpt = None,
+    out: TakeOutOpt = None,
     timeout: Annotated[float | None, typer.Option(
         help="Seconds to wait for each batch; on timeout exit 2 and leave what was gathered uncommitted.")] = None,
     max_staleness: Annotated[int | None, typer.Option(
@@ -71,6 +106,11 @@ def take(
     Writes one JSON line per taken group (step, group_id, prompt_id, epoch, rewards). Every skipped
     record (filtered, duplicate, undecodable) is recorded in the step's manifest on NS.steps, written
     before the offsets are committed; see `rollstream audit` and `rollstream replay --step`.
+
+    A step's lines are written and flushed (fsync'd when --out is a file) before the step is committed,
+    so a kill at any moment leaves every committed step in the output. --out appends: a step written but
+    not committed when a run was killed is taken again by the next run with the same step number, so a
+    step number that repeats in the file is a re-taken step; only its last copy can be the committed one.
     """
     config = kafka_config(bootstrap_servers, kafka_config_file, f"rollstream-take-{group}")
     consumer = RolloutConsumer(config=config, group_id=group, namespace=namespace, max_staleness=max_staleness,
@@ -82,13 +122,11 @@ def take(
         start_http_server(metrics_port, registry=consumer.metrics.registry)
     taken = 0
     try:
-        with consumer, _output(out) as sink:
+        with consumer, _appending(out) as (sink, durable):
             while steps == 0 or taken < steps:
-                batch = consumer.take(n, timeout=timeout)
-                for g in batch.groups:
-                    sink.write(json.dumps({"step": batch.step, "group_id": g.group_id, "prompt_id": g.prompt_id,
-                                           "epoch": g.epoch, "rewards": g.rewards}) + "\n")
-                sink.flush()
+                batch = consumer.take(n, timeout=timeout, commit=False)
+                _write_step(sink, batch, durable)
+                consumer.commit(batch)  # only now: a kill before this leaves the step to be taken again
                 taken += 1
     except KeyboardInterrupt:
         typer.echo(f"interrupted after {taken} committed step(s)", err=True)

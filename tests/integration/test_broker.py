@@ -1,14 +1,17 @@
-"""The local broker launcher against real Kafka JVMs (no mocks). Six behaviours are pinned here:
+"""The local broker launcher against real Kafka JVMs (no mocks). Seven behaviours are pinned here:
 
 1. start -> serves -> stop -> start again on the same data dir keeps the records (storage formatted once),
    and a second start of a running broker is idempotent;
-2. a port held by another listening socket is a clear, immediate ``BrokerError`` that leaves no process;
+2. a client or controller port held by another listening socket is a clear, immediate ``BrokerError``
+   naming the port and the flag that moves it, and leaves no process;
 3. three combined KRaft nodes serve a rf=3, min.insync.replicas=2 topic with acks=all, and stop takes
    every one of the three JVMs down;
 4. a node that exits while starting is a ``BrokerError`` holding the cause from its log, and leaves no process;
 5. ``start_broker`` keeps to its timeout even when the group coordinator never comes up (librdkafka would
    otherwise wait 45 s in each probe's commit), and leaves no process;
-6. ``BrokerSpec`` rejects bad values by name, and ``infra.broker`` exports the public names.
+6. ``BrokerSpec`` rejects bad values by name, and ``infra.broker`` exports the public names;
+7. a broker started with its own controller port listens there, is reported, adopted and stopped from
+   its data dir alone, and a start asking for other controller ports is refused while it runs.
 
 Each test uses its own ``tmp_path`` data dir and free ports (never 9092 nor ``~/.rollstream``) and stops
 what it started in a ``finally``.
@@ -17,6 +20,7 @@ what it started in a ``finally``.
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import time
 import uuid
@@ -34,6 +38,7 @@ from infra.broker import (
     broker_status,
     default_data_dir,
     free_port,
+    free_ports,
     start_broker,
     stop_broker,
 )
@@ -122,22 +127,29 @@ def test_start_stop_restart_keeps_data(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("custom", [False, True], ids=["default-controller-port", "custom-controller-port"])
 @pytest.mark.parametrize("which", ["client", "controller"])
-def test_port_taken_is_a_clear_error(tmp_path: Path, which: str) -> None:
-    base = free_port(1)
-    taken = base if which == "client" else base + CONTROLLER_PORT_OFFSET
-    spec = BrokerSpec(port=base, data_dir=tmp_path / "broker", heap_mb=256)
+def test_port_taken_is_a_clear_error(tmp_path: Path, which: str, custom: bool) -> None:
+    if custom:
+        base, controller = free_ports(1)
+    else:
+        base, controller = free_port(1), None
+    spec = BrokerSpec(port=base, data_dir=tmp_path / "broker", heap_mb=256, controller_port=controller)
+    taken = base if which == "client" else spec.controller_ports[0]
+    assert custom or which == "client" or taken == base + CONTROLLER_PORT_OFFSET
+    flag = "--port" if which == "client" else "--controller-port"
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", taken))
         squatter.listen()
         began = time.monotonic()
         try:
-            with pytest.raises(BrokerError, match=rf"{which} port {taken} .*already in use") as caught:
+            with pytest.raises(BrokerError,
+                               match=rf"^{which} port {taken} .*already in use.*another {flag} ") as caught:
                 start_broker(spec, timeout=60)
         finally:
             stop_broker(spec.data_dir)
     assert time.monotonic() - began < 30
-    assert isinstance(caught.value, RollstreamError)
+    assert isinstance(caught.value, RollstreamError) and "\n" not in str(caught.value)
     assert not broker_status(spec.data_dir).running
     assert _kafka_pids_for(spec.data_dir) == []
 
@@ -214,13 +226,55 @@ def test_start_keeps_its_timeout_when_the_coordinator_never_comes_up(
 @pytest.mark.integration
 def test_spec_rejects_bad_values_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for bad, name in (({"nodes": 2}, "nodes"), ({"port": 0}, "port"), ({"port": 65500}, "port"),
-                      ({"heap_mb": 64}, "heap_mb"), ({"host": "localhost"}, "host"), ({"host": "0.0.0.0"}, "host")):
-        with pytest.raises(ConfigError, match=rf"BrokerSpec\.{name}="):
+                      ({"heap_mb": 64}, "heap_mb"), ({"host": "localhost"}, "host"), ({"host": "0.0.0.0"}, "host"),
+                      ({"controller_port": 0}, "controller_port"), ({"controller_port": True}, "controller_port"),
+                      ({"controller_port": 65534, "nodes": 3}, "controller_port"),
+                      ({"port": 9092, "controller_port": 9092}, "controller_port"),
+                      ({"port": 9092, "nodes": 3, "controller_port": 9090}, "controller_port")):
+        flag = {"port": " (--port)", "controller_port": " (--controller-port)"}.get(name, "")
+        with pytest.raises(ConfigError, match=rf"BrokerSpec\.{name}=\S+{re.escape(flag)}"):
             BrokerSpec(data_dir=tmp_path, **bad)
+    with pytest.raises(ConfigError, match=r"BrokerSpec\.controller_port=9093 \(--controller-port\): .*overlap"):
+        BrokerSpec(data_dir=tmp_path, port=9092, nodes=3, controller_port=9093)
+    high = BrokerSpec(data_dir=tmp_path, port=65500, controller_port=9192)  # its own controller port frees the top
+    assert high.client_ports == (65500,) and high.controller_ports == (9192,)
+    three = BrokerSpec(data_dir=tmp_path, port=9092, nodes=3, controller_port=9095)
+    assert three.controller_ports == (9095, 9096, 9097)
+    assert BrokerSpec(data_dir=tmp_path, port=9092, nodes=3).controller_ports == (9192, 9193, 9194)
+    port, controller = free_ports(3)
+    assert len({*range(port, port + 3), *range(controller, controller + 3)}) == 6
     monkeypatch.setenv("ROLLSTREAM_HOME", str(tmp_path / "home"))
     assert default_data_dir() == tmp_path / "home" / "broker"
     assert BrokerSpec().data_dir == (tmp_path / "home" / "broker").resolve()
     assert set(infra.broker.__all__) == {
         "BrokerSpec", "BrokerError", "BrokerStatus", "start_broker", "stop_broker", "broker_status",
-        "ensure_kafka_jars", "default_data_dir", "free_port", "CONTROLLER_PORT_OFFSET", "PROBE_TOPIC"}
+        "ensure_kafka_jars", "default_data_dir", "free_port", "free_ports", "CONTROLLER_PORT_OFFSET", "PROBE_TOPIC"}
     assert all(hasattr(infra.broker, name) for name in infra.broker.__all__)
+
+
+@pytest.mark.integration
+def test_a_custom_controller_port_is_used_recorded_and_stopped(tmp_path: Path) -> None:
+    port, controller = free_ports(1)
+    spec = BrokerSpec(port=port, controller_port=controller, data_dir=tmp_path / "broker", heap_mb=384)
+    try:
+        assert start_broker(spec, timeout=90) == f"127.0.0.1:{port}"
+        with socket.create_connection(("127.0.0.1", controller), timeout=5):
+            pass  # the controller listens where it was asked to
+        status = broker_status(spec.data_dir)  # the data dir alone: status and stop know no spec
+        assert status.running and status.controller_ports == (controller,) and len(status.pids) == 1
+        assert start_broker(spec, timeout=30) == f"127.0.0.1:{port}"  # adopted, not started twice
+        assert broker_status(spec.data_dir).pids == status.pids
+        # No controller port asked for: the running broker is adopted; a different one is refused.
+        assert start_broker(BrokerSpec(port=port, data_dir=spec.data_dir, heap_mb=384), timeout=30) == \
+            f"127.0.0.1:{port}"
+        other = controller + 7 if controller + 7 != port else controller + 8
+        with pytest.raises(BrokerError, match=rf"already runs .*controller ports {controller}\)"):
+            start_broker(BrokerSpec(port=port, controller_port=other, data_dir=spec.data_dir, heap_mb=384),
+                         timeout=30)
+        _create_topic(status.bootstrap or "", "custom-controller", 1)
+        _produce(status.bootstrap or "", "custom-controller", [b"served"])
+        assert stop_broker(spec.data_dir) is True
+        assert not broker_status(spec.data_dir).running and _kafka_pids_for(spec.data_dir) == []
+    finally:
+        stop_broker(spec.data_dir)
+    assert _kafka_pids_for(spec.data_dir) == []

@@ -1,9 +1,11 @@
-"""The public CLI contract against real processes: broker start/status/stop, topics create/describe, and a
+"""The public CLI contract against real processes: broker start/status/stop (default or --controller-port; a
+taken port or a bad --controller-port is one clear line naming the flag), topics create/describe, and a
 --kafka-config file that reaches every client (a property librdkafka refuses is a clear error, not a crash)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.broker import free_port
+from infra.broker import CONTROLLER_PORT_OFFSET, free_port, free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,19 +24,46 @@ def rollstream(*args: str, timeout: float = 180, env: dict[str, str] | None = No
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
 
 
-def test_broker_start_status_stop(tmp_path: Path) -> None:
-    data_dir, port = str(tmp_path / "broker"), free_port()
-    started = rollstream("broker", "start", "--port", str(port), "--data-dir", data_dir, "--heap-mb", "384")
+@pytest.mark.parametrize("custom", [False, True], ids=["default-controller-port", "custom-controller-port"])
+def test_broker_start_status_stop(tmp_path: Path, custom: bool) -> None:
+    data_dir = str(tmp_path / "broker")
+    port, controller = free_ports() if custom else (free_port(), None)
+    flags = ["--controller-port", str(controller)] if custom else []
+    started = rollstream("broker", "start", "--port", str(port), *flags, "--data-dir", data_dir, "--heap-mb", "384")
     try:
         assert started.returncode == 0, started.stderr
         assert started.stdout.strip().splitlines()[-1] == f"127.0.0.1:{port}"  # the last line is the address
         status = rollstream("broker", "status", "--data-dir", data_dir)
         assert status.returncode == 0 and f"127.0.0.1:{port}" in status.stdout
+        assert f"controller ports {controller if custom else port + CONTROLLER_PORT_OFFSET};" in status.stdout
     finally:
         stopped = rollstream("broker", "stop", "--data-dir", data_dir)
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
     after = rollstream("broker", "status", "--data-dir", data_dir)
     assert after.returncode == 1 and "not running" in after.stdout
+
+
+@pytest.mark.parametrize("which", ["client", "controller"])
+def test_broker_start_on_a_taken_port_is_one_line_naming_the_flag(tmp_path: Path, which: str) -> None:
+    port, controller = free_ports()
+    taken, flag = (port, "--port") if which == "client" else (controller, "--controller-port")
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        started = rollstream("broker", "start", "--port", str(port), "--controller-port", str(controller),
+                             "--data-dir", str(tmp_path / "broker"), timeout=60)
+    assert started.returncode == 2, started.stdout + started.stderr
+    lines = started.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {which} port {taken} on 127.0.0.1 is already in use")
+    assert f"choose another {flag} " in lines[0]
+    assert rollstream("broker", "status", "--data-dir", str(tmp_path / "broker")).returncode == 1
+
+
+def test_broker_start_rejects_overlapping_controller_ports_by_flag(tmp_path: Path) -> None:
+    started = rollstream("broker", "start", "--port", "39000", "--nodes", "3", "--controller-port", "39002",
+                         "--data-dir", str(tmp_path / "broker"), timeout=60)
+    assert started.returncode == 2 and "Traceback" not in started.stderr, started.stderr
+    assert "--controller-port" in started.stderr and "overlap the client ports 39000-39002" in started.stderr
 
 
 def test_topics_create_is_idempotent_and_describes_the_plan(bootstrap_servers: str) -> None:

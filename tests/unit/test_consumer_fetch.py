@@ -6,10 +6,12 @@ from librdkafka: if they were not buffered, a take retried after the error would
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
-from consumers import RolloutConsumer
-from infra import KafkaConfig
+from consumers._client import TrainerClient
+from consumers._gather import Entry
 from schemas import RollstreamError
 
 
@@ -54,6 +56,9 @@ class _Message:
 
 
 class _Client:
+    def assign(self, partitions: list[object]) -> None:
+        pass
+
     def consume(self, num_messages: int, timeout: float) -> list[_Message]:
         return [_Message(0), _Message(-1, _Error()), _Message(1)]
 
@@ -62,8 +67,9 @@ class _Client:
 
 
 def test_records_after_an_error_event_stay_buffered() -> None:
-    consumer = RolloutConsumer(config=KafkaConfig(client_id="unit"), group_id="g", namespace="ns")
-    consumer._consumer = _Client()  # type: ignore[assignment]
-    with consumer, pytest.raises(RollstreamError, match="authorization"):
-        consumer._fetch(10, 0.0)
-    assert [e.offset for e in consumer._buffer] == [0, 1]
+    client = TrainerClient("g", "ns.rollouts", {})
+    client.use(_Client(), {})  # type: ignore[arg-type]
+    buffer: deque[Entry] = deque()
+    with pytest.raises(RollstreamError, match="authorization"):
+        client.fetch_into(buffer, 10, 0.0)
+    assert [e.offset for e in buffer] == [0, 1]

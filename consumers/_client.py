@@ -1,0 +1,104 @@
+"""The trainer's librdkafka consumer on NS.rollouts: explicitly assigned, and replaceable.
+
+A client can lose its group coordinator for good after a broker stall (confluentinc/librdkafka#5511):
+fetches keep working, every committed-offsets lookup and commit times out. `RolloutConsumer` then asks
+for a fresh client (`replace`) at the position it holds; the old one is closed in the background, since
+a client without a coordinator may take long to close. Not thread-safe, like its owner.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Mapping
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from consumers._gather import Entry
+from infra import KafkaConfig, KafkaIOError, is_record, kafka_error, open_consumer, position_of
+from schemas import RollstreamError
+
+log = logging.getLogger(__name__)
+
+
+class TrainerClient:
+    """Holds the consumer of `group_id` on `topic` (none until `open`)."""
+
+    def __init__(self, group_id: str, topic: str, overrides: Mapping[str, object]) -> None:
+        self.group_id, self.topic = group_id, topic
+        self._overrides = {"enable.partition.eof": False, **overrides}
+        self._consumer: Consumer | None = None
+
+    @property
+    def opened(self) -> bool:
+        return self._consumer is not None
+
+    def open(self, config: KafkaConfig) -> Consumer:
+        """A new client (not yet assigned); it becomes this holder's client once `assign` is called."""
+        return open_consumer(config.consumer(self.group_id, self._overrides))
+
+    def use(self, consumer: Consumer, position: Mapping[int, int]) -> None:
+        """Assign `consumer` at `position` (partition -> next offset to fetch) and make it the client."""
+        consumer.assign([TopicPartition(self.topic, p, o) for p, o in position.items()])
+        self._consumer = consumer
+
+    def current(self) -> Consumer:
+        if self._consumer is None:
+            raise RollstreamError(f"the client of group {self.group_id} is not open")
+        return self._consumer
+
+    def replace(self, config: KafkaConfig, position: Mapping[int, int]) -> Consumer:
+        """A fresh client assigned at `position`; the old one is closed in the background."""
+        old = self._consumer
+        self.use(self.open(config), position)
+        if old is not None:
+            threading.Thread(target=_close_quietly, args=(old,), name="rollstream-close-stale", daemon=True).start()
+        return self.current()
+
+    def fetch_into(self, buffer: deque[Entry], count: int, wait: float) -> None:
+        """Append up to `count` records to `buffer`, waiting up to `wait` s.
+
+        Raises:
+            KafkaIOError: the fetch failed, or an error event came (the records around it are kept).
+        """
+        try:
+            msgs = self.current().consume(count, timeout=wait)
+        except KafkaException as exc:
+            raise kafka_error(f"cannot fetch from {self.topic}", exc, topic=self.topic) from exc
+        error: KafkaIOError | None = None
+        for msg in msgs:
+            try:
+                if is_record(msg):
+                    buffer.append(Entry(*position_of(msg), msg.key(), msg.value() or b""))
+            except KafkaIOError as exc:  # an error event, not a record: keep the records after it
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def records_after(self, position: Mapping[int, int]) -> int:
+        """Records after `position`, from the end offsets the client saw on its last fetch (no network
+        call); 0 before it is open."""
+        consumer, total = self._consumer, 0
+        if consumer is None:
+            return 0
+        for p, pos in position.items():
+            try:
+                bounds = consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+            except KafkaException:
+                continue
+            if bounds is not None and bounds[1] >= 0:
+                total += max(0, bounds[1] - pos)
+        return total
+
+    def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
+
+def _close_quietly(consumer: Consumer) -> None:
+    try:
+        consumer.close()
+    except (KafkaException, RuntimeError) as exc:
+        log.debug("closing a replaced client: %s", exc)

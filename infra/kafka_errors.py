@@ -1,0 +1,110 @@
+"""The one mapping of librdkafka errors to rollstream's: `KafkaIOError` says what failed, where
+(``topic[partition]``), librdkafka's error name (`code`), whether the client is dead (`fatal`) and whether
+retrying can help (`retriable`: librdkafka says so, or the broker did not answer: a timeout, a transport
+error, all brokers down). Every librdkafka failure in infra, producers and consumers goes through
+`kafka_error`. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from confluent_kafka import KafkaError, KafkaException
+
+from schemas import RollstreamError
+
+# librdkafka's codes for "the broker did not answer" (none listening, too slow, connection lost).
+UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                         KafkaError._TIMED_OUT_QUEUE})
+# A partition without a leader for a moment (librdkafka says "unknown partition" until metadata has one).
+NO_LEADER = frozenset({"_UNKNOWN_PARTITION", "LEADER_NOT_AVAILABLE", "NOT_LEADER_FOR_PARTITION"})
+NO_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
+# What to do about the errors a user can fix, by librdkafka error name.
+HINTS = {
+    "MSG_SIZE_TOO_LARGE": "the record exceeds max.message.bytes: raise it (rollstream topics create "
+                          "--max-message-mib) or make the records smaller",
+    "_MSG_TIMED_OUT": "the broker did not acknowledge in time: is the cluster healthy (rollstream broker status)?",
+    "UNKNOWN_TOPIC_OR_PART": "run 'rollstream topics create' first",
+    "_UNKNOWN_TOPIC": "run 'rollstream topics create' first",
+    "TOPIC_AUTHORIZATION_FAILED": "grant this principal access to the topic (rollstream acls)",
+    "GROUP_AUTHORIZATION_FAILED": "grant this principal access to the consumer group (rollstream acls)",
+}
+
+
+class KafkaIOError(RollstreamError):
+    """A Kafka read or write failed.
+
+    Attributes:
+        topic, partition: where (None when not known or not about one partition).
+        code: librdkafka's error name (``"_TIMED_OUT"``, ``"MSG_SIZE_TOO_LARGE"``), None when it gave none.
+        fatal: the client cannot be used any more (librdkafka said fatal): close it and make a new one.
+        retriable: the same call may succeed later without any change (see the module docstring).
+    """
+
+    def __init__(self, message: str, *, topic: str | None = None, partition: int | None = None,
+                 code: str | None = None, fatal: bool = False, retriable: bool = False) -> None:
+        super().__init__(message, retriable=retriable)
+        self.topic = topic
+        self.partition = partition
+        self.code = code
+        self.fatal = fatal
+
+
+class CommitFailed(KafkaIOError):
+    """`commit_offsets` did not commit every partition.
+
+    Attributes:
+        failed: partition -> error text; every partition asked for when the whole call failed, so a
+            caller that retries per partition retries exactly these.
+    """
+
+    def __init__(self, message: str, failed: Mapping[int, str], *, topic: str, code: str | None = None,
+                 fatal: bool = False, retriable: bool = True) -> None:
+        only = next(iter(failed)) if len(failed) == 1 else None
+        super().__init__(message, topic=topic, partition=only, code=code, fatal=fatal, retriable=retriable)
+        self.failed = dict(failed)
+
+
+def where(topic: str | None, partition: int | None = None) -> str:
+    """``topic[partition]``, ``topic``, or "" when neither is known."""
+    if topic is None:
+        return ""
+    return topic if partition is None else f"{topic}[{partition}]"
+
+
+def kafka_error(what: str, error: KafkaException | KafkaError, *, topic: str | None = None,
+                partition: int | None = None) -> KafkaIOError:
+    """THE mapping of a librdkafka error to a `KafkaIOError`: `what` failed, at `topic[partition]`.
+
+    Retriable when librdkafka says so or the broker did not answer (timeout, transport, all brokers
+    down); `fatal` as librdkafka says. The message ends with what to do. Raises nothing (returns).
+    """
+    err: KafkaError | None
+    if isinstance(error, KafkaException):
+        first = error.args[0] if error.args else None
+        err = first if isinstance(first, KafkaError) else None
+    else:
+        err = error
+    if err is None:  # a KafkaException without a KafkaError: librdkafka gave nothing to go by
+        text, code, fatal, retriable = str(error), None, False, True
+    else:
+        text, code, fatal = err.str(), err.name(), err.fatal()
+        retriable = not fatal and (err.retriable() or err.code() in UNREACHABLE)
+    if fatal:
+        hint = "the client cannot recover: close it and start again"
+    elif code in HINTS:
+        hint = HINTS[code]
+    elif retriable:
+        hint = "retrying may help; is the broker up (rollstream broker status)?"
+    else:
+        hint = "see the broker log"
+    place = where(topic, partition)
+    message = f"{what}{f' ({place})' if place and place not in what else ''}: {text}; {hint}"
+    return KafkaIOError(message, topic=topic, partition=partition, code=code, fatal=fatal, retriable=retriable)
+
+
+def missing_topic_error(topic: str, namespace: str | None = None) -> KafkaIOError:
+    """The one "topic does not exist" error: names the topic and the command that creates it."""
+    command = "rollstream topics create" + (f" --namespace {namespace}" if namespace else "")
+    return KafkaIOError(f"topic {topic} does not exist: run '{command}' first", topic=topic,
+                        code="UNKNOWN_TOPIC_OR_PART")
