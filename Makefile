@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench install jars lint broker-start broker-stop clean
+.PHONY: demo test bench chaos install jars lint broker-start broker-stop clean
 
 demo: install jars
 	$(VENV)/bin/rollstream demo
@@ -17,6 +17,10 @@ test: install jars
 
 bench: install jars
 	$(PY) -m tests.bench
+
+# Seeded randomized faults against a private local broker, then 0 lost / 0 duplicated / audit green (not in `test`).
+chaos: install jars
+	$(PY) -m tests.chaos $(CHAOS_ARGS)
 
 install: $(STAMP)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from consumers._ledger import StepLedger
 from consumers._manifests import read_manifests
-from infra import KafkaConfig, LagReader, TopicNames
+from infra import REACH_TIMEOUT_S, KafkaConfig, LagReader, TopicNames, require_topics
 from schemas import SchemaError, StepManifest
 
 
@@ -83,6 +83,7 @@ def audit(config: KafkaConfig, namespace: str, consumer_group: str, *, from_firs
     """
     names = TopicNames(namespace)
     notes: list[str] = []
+    require_topics(config, [names.rollouts, names.steps], namespace=namespace, timeout=min(timeout, REACH_TIMEOUT_S))
 
     def bad(offset: int, exc: SchemaError) -> None:
         notes.append(f"note: undecodable record under this group's key on {names.steps} offset {offset}: {exc}")

@@ -8,7 +8,9 @@ group apart); a second one is caught at its first commit, at the cost of one off
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 from confluent_kafka import Consumer, KafkaException, Producer
 
@@ -26,6 +28,12 @@ from infra import (
     produce_and_wait,
 )
 from schemas import RollstreamError, StepManifest, encode
+
+log = logging.getLogger(__name__)
+_RETRY_PAUSE_S = 0.2
+
+
+FRESH_CLIENT_AFTER = 2  # failed commit attempts in a row after which the Kafka client is replaced
 
 
 class StepCommitter:
@@ -48,6 +56,7 @@ class StepCommitter:
         # (a commit that failed on the client may still have landed): anything else means another client.
         self._committed: dict[int, int | None] = {}
         self._tried: dict[int, set[int]] = {}
+        self._failed_attempts = 0  # commit attempts failed in a row, across calls
 
     def start(self, config: KafkaConfig, consumer: Consumer, committed: Mapping[int, int | None]) -> None:
         """Remember the group's committed offsets as read at start, and open the manifest producer now
@@ -98,6 +107,33 @@ class StepCommitter:
         self._committed.update(offsets)
         self._tried.clear()
         return offsets, manifests
+
+    def commit_retrying(self, batches: Sequence[Batch], *, on_stuck: Callable[[CommitError], None]
+                        ) -> tuple[dict[int, int], list[StepManifest]]:
+        """`commit` retried within the committer's timeout in all (each attempt gets a share of it); after
+        `FRESH_CLIENT_AFTER` failed attempts in a row, also across calls, `on_stuck` is called to replace
+        the client (see `RolloutConsumer.commit`). Raises what `commit` raises once the time is up;
+        `GroupConflictError` at once."""
+        deadline = time.monotonic() + self._timeout
+        share = max(1.0, self._timeout / (FRESH_CLIENT_AFTER + 1))
+        while True:
+            try:
+                result = self.commit(batches, timeout=max(0.5, min(share, deadline - time.monotonic())))
+            except GroupConflictError:
+                raise
+            except CommitError as exc:
+                self._failed_attempts += 1
+                log.info("group %s: commit attempt failed (%d in a row): %s", self.group_id, self._failed_attempts,
+                         exc)
+                if self._failed_attempts >= FRESH_CLIENT_AFTER:
+                    self._failed_attempts = 0
+                    on_stuck(exc)
+                if not exc.retriable or time.monotonic() + _RETRY_PAUSE_S >= deadline:
+                    raise
+                time.sleep(_RETRY_PAUSE_S)
+                continue
+            self._failed_attempts = 0
+            return result
 
     def _started(self) -> tuple[KafkaConfig, Consumer]:
         if self._config is None or self._consumer is None:

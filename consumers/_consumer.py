@@ -35,8 +35,8 @@ from prometheus_client import CollectorRegistry
 
 from consumers._batch import Batch
 from consumers._client import TrainerClient
-from consumers._commit import StepCommitter
-from consumers._errors import CommitError, GroupConflictError, TakeTimeout
+from consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
+from consumers._errors import TakeTimeout
 from consumers._gather import Entry, Gathering
 from consumers._ledger import StepLedger
 from consumers._manifests import read_manifests
@@ -44,20 +44,21 @@ from consumers._metrics import ConsumerMetrics
 from consumers.filters import GroupFilter, default_filters
 from infra import (
     DEFAULT_TRAINER_GROUP,
+    REACH_TIMEOUT_S,
     GroupLag,
     KafkaConfig,
     LagReader,
     TopicNames,
     committed_offsets,
     partitions_of,
+    require_topics,
     sized_to_topic,
     watermarks,
 )
-from schemas import RollstreamError, StepManifest, now_ms
+from schemas import RollstreamError, now_ms
 
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`consumers.DEFAULT_GROUP`)
-FRESH_CLIENT_AFTER = 2  # failed commit attempts in a row after which the Kafka client is replaced
 _MAX_PULL = 1000
 
 
@@ -114,7 +115,6 @@ class RolloutConsumer:
         self._pending: list[Batch] = []
         self._next_step = 0
         self._last_committed_step: int | None = None
-        self._failed_attempts = 0  # commit attempts failed in a row (see `commit`)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -142,6 +142,9 @@ class RolloutConsumer:
             raise RollstreamError(f"the consumer of group {self.group_id} is closed")
         if self._client.opened:
             return
+        # One bounded, clear error for an unreachable cluster or a missing topic, before the longer waits.
+        require_topics(self.config, [self.names.rollouts] + ([self.names.steps] if self.manifests else []),
+                       namespace=self.names.namespace, timeout=min(self._timeout, REACH_TIMEOUT_S))
         self.config = sized_to_topic(self.config, self.names.rollouts, timeout=self._timeout)
         consumer = self._client.open(self.config)
         try:
@@ -296,7 +299,7 @@ class RolloutConsumer:
             raise RollstreamError(f"step {batch.step} is not an uncommitted batch of this consumer "
                                   "(taken by another consumer, or dropped by seek_to)")
         batches = self._pending[:index + 1]
-        offsets, manifests = self._commit_retrying(batches)
+        offsets, manifests = self._committer.commit_retrying(batches, on_stuck=self._replace_client)
         for m, b in zip(manifests, batches, strict=True):
             self._ledger.add(m)
             self._ledger.release(b.group_ids)  # now taken in an effective step
@@ -305,34 +308,11 @@ class RolloutConsumer:
         self.metrics.steps_committed.inc(len(batches))
         log.info("step %d committed: group %s offsets %s", batch.step, self.group_id, offsets)
 
-    def _commit_retrying(self, batches: list[Batch]) -> tuple[dict[int, int], list[StepManifest]]:
-        deadline = time.monotonic() + self._timeout
-        attempt_timeout = max(1.0, self._timeout / (FRESH_CLIENT_AFTER + 1))
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                result = self._committer.commit(batches, timeout=max(0.5, min(attempt_timeout, remaining)))
-            except GroupConflictError:
-                raise
-            except CommitError as exc:
-                self._failed_attempts += 1
-                log.info("group %s: commit attempt failed (%d in a row): %s", self.group_id, self._failed_attempts,
-                         exc)
-                if self._failed_attempts >= FRESH_CLIENT_AFTER:
-                    self._replace_client(exc)
-                if not exc.retriable or time.monotonic() + 0.2 >= deadline:
-                    raise
-                time.sleep(0.2)
-                continue
-            self._failed_attempts = 0
-            return result
-
     def _replace_client(self, cause: BaseException) -> None:
         """A fresh Kafka client at this consumer's position (see `consumers._client`). Records fetched and
         not looked at are dropped from the buffer and fetched again, in order: none skipped, none twice."""
         self._committer.use(self._client.replace(self.config, self._position))
         self._buffer.clear()
-        self._failed_attempts = 0
         self.metrics.client_replacements.inc()
         log.warning("group %s: replaced the Kafka client after %d failed commit attempts in a row (last: %s); "
                     "continuing at offsets %s", self.group_id, FRESH_CLIENT_AFTER, cause, self._position)

@@ -1,6 +1,7 @@
 """Reading a consumer group's step manifests back from NS.steps (the consumer at start, replay, audit).
 
-Built on the readers of `infra.kafka_io`: explicit assignment, nothing committed, no group membership.
+Built on the readers of `infra.kafka_io`: explicit assignment, nothing committed, no group membership. The
+reader's group id is the trainer's own group, so a principal granted only its own group reads manifests.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ def read_manifests(config: KafkaConfig, steps_topic: str, consumer_group: str, *
         KafkaIOError: NS.steps does not exist, or (retriable) the broker did not answer in time.
     """
     key = consumer_group.encode()
-    group_id = f"{consumer_group}.manifest-reader"
+    # The trainer's own group: a principal granted it needs no other group ACL. Safe next to a live trainer:
+    # this reader assigns (never joins) and never commits, so the group never sees it.
+    group_id = consumer_group
     out: list[StepManifest] = []
     with reader(config, group_id) as consumer:
         partitions = partitions_of(consumer, steps_topic, timeout=timeout)

@@ -141,7 +141,8 @@ def replay_step(config: KafkaConfig, namespace: str, consumer_group: str, step: 
     wanted = {(d.partition, d.offset): d.group_id for d in manifest.dispositions if d.kind == "taken"}
     bounds = {r.partition: (r.start, r.end) for r in manifest.ranges}
     found: dict[tuple[int, int], ReplayedRecord] = {}
-    for msg in read_ranges(config, manifest.topic, bounds, group_id="rollstream-replay", timeout=timeout,
+    # The step's own group (never joined, never committed): a trainer granted only its group may replay.
+    for msg in read_ranges(config, manifest.topic, bounds, group_id=manifest.consumer_group, timeout=timeout,
                            progress=progress):
         if position_of(msg) in wanted:
             found[position_of(msg)] = _record(msg)

@@ -19,7 +19,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,8 +34,11 @@ TAIL_LINES = 40
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024 + 1024 * 1024  # 64 MiB records plus batch overhead
 
 
-def write_config(spec: BrokerSpec, node: int) -> Path:
-    """Write ``node-<node>/server.properties`` (each start, so a new port applies) and return it."""
+def write_config(spec: BrokerSpec, node: int, security: Mapping[str, Any] | None = None) -> Path:
+    """Write ``node-<node>/server.properties`` (each start, so a new port applies) and return it.
+
+    ``security`` replaces or adds entries (the listeners, SASL and authorizer of ``BrokerSpec.sasl``).
+    """
     node_dir = spec.data_dir / f"node-{node}"
     (node_dir / "data").mkdir(parents=True, exist_ok=True)
     client, controller = spec.client_ports[node - 1], spec.controller_ports[node - 1]
@@ -61,6 +64,7 @@ def write_config(spec: BrokerSpec, node: int) -> Path:
         # Kafka 4's group coordinator waits up to 5 ms to batch offset-commit writes; one trainer commits
         # once per step, so there is nothing to batch and the wait is pure latency (5.5 -> 0.7 ms a commit).
         "group.coordinator.append.linger.ms": 0,
+        **(security or {}),
     }
     config = node_dir / "server.properties"
     config.write_text("# Written by infra/broker.py at each start; edits are overwritten.\n"
@@ -80,11 +84,16 @@ def cluster_id(spec: BrokerSpec) -> str:
         new_id = "-"
         while new_id.startswith("-"):  # as Kafka's Uuid.randomUuid: a leading "-" reads as a CLI flag
             new_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        write_json(path, {"cluster_id": new_id, "nodes": spec.nodes})
+        write_json(path, {"cluster_id": new_id, "nodes": spec.nodes, "sasl": spec.sasl})
         return new_id
     if meta.get("nodes") != spec.nodes:
         raise BrokerError(f"{spec.data_dir} holds a {meta.get('nodes')}-node cluster; start it with "
                           f"nodes={meta.get('nodes')} or use another data dir")
+    if bool(meta.get("sasl", False)) != spec.sasl:
+        # SCRAM users are created when storage is formatted: a cluster cannot switch modes afterwards.
+        was = "with --sasl" if meta.get("sasl") else "without --sasl"
+        raise BrokerError(f"{spec.data_dir} holds a cluster formatted {was}; start it {was} "
+                          "or use another --data-dir")
     found = meta.get("cluster_id")
     if not isinstance(found, str) or not found:
         raise BrokerError(f"{path} names no cluster_id, so the formatted nodes cannot be matched; restore it, "
@@ -96,7 +105,7 @@ def write_record(spec: BrokerSpec, procs: Sequence[tuple[int, Path]]) -> None:
     """Record the running nodes' pids and configs in ``pids.json`` (what stop and status read)."""
     write_json(spec.data_dir / PIDS_FILE, {
         "bootstrap": spec.bootstrap, "port": spec.port, "nodes": spec.nodes, "host": spec.host,
-        "controller_ports": list(spec.controller_ports),
+        "controller_ports": list(spec.controller_ports), "sasl": spec.sasl,
         "pids": [pid for pid, _ in procs], "configs": [str(config) for _, config in procs]})
 
 

@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra._broker_files import log_tail
 from infra._broker_procs import is_ours
+from infra._broker_sasl import client_properties, credentials
 from infra._broker_spec import CONTROLLER_PORT_OFFSET, PROBE_TOPIC, BrokerError, BrokerSpec
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,8 @@ def _probe(spec: BrokerSpec, timeout: float) -> str | None:
     timeout_ms = max(1000, int(timeout * 1000))
     common: dict[str, Any] = {"bootstrap.servers": spec.bootstrap, "logger": _DebugLog(),
                               "socket.timeout.ms": timeout_ms}
+    if spec.sasl:  # the probe runs as the super user
+        common.update(client_properties(credentials(spec.data_dir), "admin"))
     try:
         admin = AdminClient(dict(common))
         metadata = admin.list_topics(timeout=_left(end))

@@ -33,8 +33,11 @@ def _java_cmd(java: str, libs: Path, heap_mb: int, node_dir: Path, main: str, *a
             f"-Dkafka.logs.dir={node_dir}", "-cp", f"{libs}/*", main, *args]
 
 
-def format_storage(java: str, libs: Path, configs: Sequence[Path], cluster: str, deadline: float) -> None:
+def format_storage(java: str, libs: Path, configs: Sequence[Path], cluster: str, deadline: float,
+                   extra_args: Sequence[str] = ()) -> None:
     """Format, in parallel, the storage of every node in ``configs`` not formatted yet, as cluster ``cluster``.
+
+    ``extra_args`` go to every ``StorageTool format`` (``--add-scram`` for the SASL mode's users).
 
     Blocks until each formatter exits, at most until ``deadline`` (``time.monotonic()``; at least 1 s).
 
@@ -47,7 +50,7 @@ def format_storage(java: str, libs: Path, configs: Sequence[Path], cluster: str,
     try:
         for config in todo:
             cmd = _java_cmd(java, libs, 256, config.parent, "kafka.tools.StorageTool", "format",
-                            f"--cluster-id={cluster}", "-c", str(config))
+                            f"--cluster-id={cluster}", "-c", str(config), *extra_args)
             try:
                 proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True)

@@ -31,6 +31,9 @@ class BrokerError(RollstreamError):
 class BrokerSpec:
     """What to start. ``nodes=3`` gives three combined KRaft nodes (rf 3, min.insync.replicas 2).
 
+    ``sasl=True`` starts it secured: SASL/SCRAM-SHA-512 for clients, the StandardAuthorizer, SCRAM users
+    admin (super user), producer and trainer, and a client config file per user (see ``infra._broker_sasl``).
+
     Node ``i`` (1-based) serves clients on ``port + i - 1`` and runs its KRaft controller on
     ``controller_port + i - 1``; ``controller_port=None`` means ``port + CONTROLLER_PORT_OFFSET``.
     """
@@ -41,11 +44,14 @@ class BrokerSpec:
     heap_mb: int = 512
     host: str = "127.0.0.1"
     controller_port: int | None = None
+    sasl: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, bool) or self.nodes not in (1, 3):
             raise ConfigError(f"BrokerSpec.nodes={self.nodes!r}: must be 1 or 3")
         self._check_ports()
+        if not isinstance(self.sasl, bool):
+            raise ConfigError(f"BrokerSpec.sasl={self.sasl!r}: must be True or False")
         if isinstance(self.heap_mb, bool) or not isinstance(self.heap_mb, int) or self.heap_mb < 128:
             raise ConfigError(f"BrokerSpec.heap_mb={self.heap_mb!r}: must be an int >= 128")
         try:
@@ -109,6 +115,7 @@ class BrokerStatus:
     data_dir: Path
     log_path: Path  # node 1's kafka.log; node i logs to data_dir/node-<i>/kafka.log
     controller_ports: tuple[int, ...] = ()  # as recorded at start; () when nothing is recorded
+    sasl: bool = False  # as recorded at start: SASL/SCRAM and ACLs (client configs in data_dir/<user>.properties)
 
 
 def hostport(host: str, port: int) -> str:

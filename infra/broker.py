@@ -12,6 +12,10 @@ Contract (pinned by ``tests/integration/test_broker.py``):
 - Starting twice is idempotent; a port held by another process is a clear error before anything starts,
   naming the port and the flag that moves it (``--port`` or ``--controller-port``).
 - ``stop_broker`` signals only the pids it recorded, and only while they are still our Kafka JVMs.
+- ``BrokerSpec(sasl=True)`` (pinned by ``tests/integration/test_security.py``): clients must authenticate
+  (SASL/SCRAM-SHA-512) and be authorized (StandardAuthorizer, no ACL = denied); users ``PRINCIPALS``
+  (admin is the super user) with generated passwords, and ``client_config_files(data_dir)`` for each.
+  A data dir keeps the mode it was formatted with.
 
 Ports: node ``i`` (1-based) serves clients on ``port + i - 1`` and its KRaft controller listens on
 ``controller_port + i - 1`` (``BrokerSpec.controller_port``, ``rollstream broker start --controller-port``;
@@ -22,7 +26,8 @@ combined broker+controller.
 
 This module is the public face; the parts live in private modules: ``_broker_spec`` (the types),
 ``_broker_jars`` (Maven, Java), ``_broker_files`` (the data dir layout, ``server.properties``, records,
-locks), ``_broker_procs`` (format, spawn, signal), ``_broker_probe`` (ports, readiness).
+locks), ``_broker_procs`` (format, spawn, signal), ``_broker_probe`` (ports, readiness), ``_broker_sasl``
+(the security mode).
 """
 
 from __future__ import annotations
@@ -43,6 +48,14 @@ from infra._broker_files import (
 from infra._broker_jars import ensure_kafka_jars, find_java
 from infra._broker_probe import check_ports_free, free_port, free_ports, wait_ready
 from infra._broker_procs import format_storage, is_ours, spawn, terminate
+from infra._broker_sasl import (
+    PRINCIPALS,
+    client_config_path,
+    credentials,
+    format_args,
+    server_properties,
+    write_client_configs,
+)
 from infra._broker_spec import (
     CONTROLLER_PORT_OFFSET,
     PROBE_TOPIC,
@@ -52,8 +65,9 @@ from infra._broker_spec import (
     default_data_dir,
 )
 
-__all__ = ["CONTROLLER_PORT_OFFSET", "PROBE_TOPIC", "BrokerError", "BrokerSpec", "BrokerStatus", "broker_status",
-           "default_data_dir", "ensure_kafka_jars", "free_port", "free_ports", "start_broker", "stop_broker"]
+__all__ = ["CONTROLLER_PORT_OFFSET", "PRINCIPALS", "PROBE_TOPIC", "BrokerError", "BrokerSpec", "BrokerStatus",
+           "broker_status", "client_config_files", "default_data_dir", "ensure_kafka_jars", "free_port", "free_ports",
+           "start_broker", "stop_broker"]
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +97,12 @@ def start_broker(spec: BrokerSpec | None = None, *, timeout: float = 120.0) -> s
         libs, java = ensure_kafka_jars(), find_java()
         check_ports_free(spec)
         cluster = cluster_id(spec)
-        configs = [write_config(spec, node) for node in range(1, spec.nodes + 1)]
-        format_storage(java, libs, configs, cluster, deadline)
+        creds = credentials(spec.data_dir) if spec.sasl else None
+        configs = [write_config(spec, node, server_properties(spec, node, creds)) if creds else write_config(spec, node)
+                   for node in range(1, spec.nodes + 1)]
+        format_storage(java, libs, configs, cluster, deadline, format_args(creds) if creds else ())
+        if creds:
+            write_client_configs(spec.data_dir, creds)
         started = time.monotonic()
         procs: list[tuple[int, Path]] = []
         try:
@@ -140,7 +158,17 @@ def broker_status(data_dir: Path | None = None) -> BrokerStatus:
     alive = tuple(pid for pid, cfg in recorded if is_ours(pid, cfg))
     running = bool(alive) and len(alive) == len(recorded) == nodes
     return BrokerStatus(running, record.get("bootstrap") if running else None, alive, nodes, directory, log_path,
-                        recorded_controller_ports(record))
+                        recorded_controller_ports(record), bool(record.get("sasl")))
+
+
+def client_config_files(data_dir: Path | None = None) -> dict[str, Path]:
+    """principal -> its librdkafka client config (``--kafka-config FILE``) of the SASL broker in ``data_dir``.
+
+    Only the files that exist (a broker started with ``sasl=True`` writes one per ``PRINCIPALS``). Does not
+    block; raises nothing.
+    """
+    directory = _resolve(data_dir)
+    return {name: path for name in PRINCIPALS if (path := client_config_path(directory, name)).exists()}
 
 
 def _adopt_running(spec: BrokerSpec, deadline: float, timeout: float) -> bool:
@@ -154,9 +182,10 @@ def _adopt_running(spec: BrokerSpec, deadline: float, timeout: float) -> bool:
         controllers = recorded_controller_ports(record)
         # No controller port asked for: whatever the running broker uses is fine.
         wanted = controllers if spec.controller_port is None else spec.controller_ports
-        if ((record.get("nodes"), record.get("port"), record.get("host"), controllers)
-                != (spec.nodes, spec.port, spec.host, wanted)):
-            raise BrokerError(f"a {record.get('nodes')}-node broker already runs for {spec.data_dir} on "
+        if ((record.get("nodes"), record.get("port"), record.get("host"), controllers, bool(record.get("sasl")))
+                != (spec.nodes, spec.port, spec.host, wanted, spec.sasl)):
+            mode = " with SASL" if record.get("sasl") else ""
+            raise BrokerError(f"a {record.get('nodes')}-node broker{mode} already runs for {spec.data_dir} on "
                               f"{record.get('bootstrap')} (controller ports {', '.join(map(str, controllers))}); "
                               f"use it, or stop it first (stop_broker / "
                               f"`rollstream broker stop --data-dir {spec.data_dir}`)")

@@ -10,6 +10,7 @@ overridden from the file; trying is a `ConfigError` naming the key.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,7 @@ BOOTSTRAP_ENV = "ROLLSTREAM_BOOTSTRAP_SERVERS"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 # The trainer's consumer group when none is given (the trainer, `rollstream take`, and producers' lag gate).
 DEFAULT_TRAINER_GROUP = "rollstream-trainer"
+LIBRDKAFKA_LOGGER = logging.getLogger("librdkafka")  # where every client's librdkafka log lines go
 MiB = 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 64 * MiB
 _FETCH_CHUNK_BYTES = 16 * MiB  # per fetch response; a larger record still comes whole
@@ -29,7 +31,17 @@ _FETCH_CHUNK_BYTES = 16 * MiB  # per fetch response; a larger record still comes
 _FRAMING_BYTES = 64 * 1024
 
 _PRODUCER_GUARANTEES = {"enable.idempotence": True, "acks": "all"}
-_CONSUMER_GUARANTEES = {"enable.auto.commit": False, "enable.auto.offset.store": False}
+# earliest: a group that has committed nothing starts at the first record (latest would skip every prompt
+# or group already there, and a producer would then exit "idle" having done nothing).
+_CONSUMER_GUARANTEES = {"enable.auto.commit": False, "enable.auto.offset.store": False,
+                        "auto.offset.reset": "earliest"}
+# Set per client by rollstream, never by a shared config file: each names what to use instead.
+_PER_CLIENT = {
+    "group.id": "the trainer's group is --group (RolloutConsumer(group_id=...)) and the producers' is "
+                "NS.producers (ProducerSettings.intake_group); one file serves every client, and a group id in "
+                "it would make trainers, audits and producers read as one group. Remove it",
+    "group.instance.id": "a producer's static identity is --producer-id (ProducerSettings.producer_id). Remove it",
+}
 
 
 def default_bootstrap() -> str:
@@ -85,6 +97,9 @@ class KafkaConfig:
         if "bootstrap.servers" in self.extra:
             raise ConfigError("set the bootstrap address with --bootstrap-servers or "
                               f"{BOOTSTRAP_ENV}, not bootstrap.servers in the Kafka config file")
+        for key, instead in _PER_CLIENT.items():
+            if key in self.extra:
+                raise ConfigError(f"{key}={self.extra[key]!r} cannot be set in the Kafka config: {instead}")
 
     @classmethod
     def load(cls, bootstrap_servers: str | None = None, kafka_config_file: Path | None = None,
@@ -97,10 +112,14 @@ class KafkaConfig:
         return replace(self, client_id=client_id)
 
     def common(self) -> dict[str, Any]:
-        """Settings shared by every client: bootstrap, client id, and the user's extra properties."""
-        # Idle connections closed by the broker are normal; librdkafka logs each one to stderr otherwise.
+        """Settings shared by every client: bootstrap, client id, and the user's extra properties.
+
+        librdkafka's own log lines go to the Python logger ``librdkafka`` (not straight to stderr), so an
+        application decides what it shows: against an unreachable broker librdkafka logs every failed
+        connection, hundreds of lines, while rollstream raises one `KafkaIOError` that says it all."""
+        # Idle connections closed by the broker are normal; librdkafka logs each one otherwise.
         return {"bootstrap.servers": self.bootstrap_servers, "client.id": self.client_id,
-                "log.connection.close": False, **self.extra}
+                "log.connection.close": False, "logger": LIBRDKAFKA_LOGGER, **self.extra}
 
     def producer(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """An idempotent, acks=all producer config sized for `max_message_bytes`."""

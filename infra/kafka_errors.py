@@ -26,9 +26,22 @@ HINTS = {
     "_MSG_TIMED_OUT": "the broker did not acknowledge in time: is the cluster healthy (rollstream broker status)?",
     "UNKNOWN_TOPIC_OR_PART": "run 'rollstream topics create' first",
     "_UNKNOWN_TOPIC": "run 'rollstream topics create' first",
-    "TOPIC_AUTHORIZATION_FAILED": "grant this principal access to the topic (rollstream acls)",
-    "GROUP_AUTHORIZATION_FAILED": "grant this principal access to the consumer group (rollstream acls)",
+    "TOPIC_AUTHORIZATION_FAILED": "not authorized: grant this principal access to the topic (rollstream acls --apply)",
+    "GROUP_AUTHORIZATION_FAILED": "not authorized: grant this principal access to its consumer group "
+                                  "(rollstream acls --apply)",
+    "CLUSTER_AUTHORIZATION_FAILED": "not authorized for this cluster operation: use a principal allowed to do it "
+                                    "(the SASL broker's admin.properties); rollstream acls prints what each role needs",
+    "_AUTHENTICATION": "authentication failed: check sasl.mechanism, sasl.username and sasl.password in the "
+                       "--kafka-config file",
+    "SASL_AUTHENTICATION_FAILED": "authentication failed: check sasl.mechanism, sasl.username and sasl.password "
+                                  "in the --kafka-config file",
 }
+# Authentication and authorization refusals: never retriable (the same credentials get the same answer).
+AUTHENTICATION = frozenset({"_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "UNSUPPORTED_SASL_MECHANISM",
+                            "ILLEGAL_SASL_STATE"})
+NOT_AUTHORIZED = {"TOPIC_AUTHORIZATION_FAILED": "topic", "GROUP_AUTHORIZATION_FAILED": "consumer group",
+                  "CLUSTER_AUTHORIZATION_FAILED": "cluster",
+                  "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": "transactional id"}
 
 
 class KafkaIOError(RollstreamError):
@@ -103,8 +116,31 @@ def kafka_error(what: str, error: KafkaException | KafkaError, *, topic: str | N
     return KafkaIOError(message, topic=topic, partition=partition, code=code, fatal=fatal, retriable=retriable)
 
 
+def authentication_error(bootstrap: str, detail: str) -> KafkaIOError:
+    """The one "authentication failed" error (wrong password, user or mechanism; not "cannot reach")."""
+    return KafkaIOError(f"authentication to Kafka at {bootstrap} failed ({detail}); check sasl.mechanism, "
+                        "sasl.username and sasl.password in the --kafka-config file (rollstream broker start --sasl "
+                        "writes one per user into its data dir)", code="_AUTHENTICATION")
+
+
+def not_authorized_error(code: str, name: str | None, namespace: str | None = None) -> KafkaIOError:
+    """The one "not authorized" error: names the topic or group (``code`` is one of ``NOT_AUTHORIZED``) and the fix."""
+    kind = NOT_AUTHORIZED.get(code, "resource")
+    ns = namespace or "NS"
+    return KafkaIOError(f"not authorized for {kind}{f' {name}' if name else ''}: grant this principal its ACLs "
+                        f"(as an admin: rollstream acls --namespace {ns} --producer-principal P --trainer-principal T "
+                        "--apply; see the README's Security section)",
+                        topic=name if kind == "topic" else None, code=code)
+
+
 def missing_topic_error(topic: str, namespace: str | None = None) -> KafkaIOError:
     """The one "topic does not exist" error: names the topic and the command that creates it."""
     command = "rollstream topics create" + (f" --namespace {namespace}" if namespace else "")
     return KafkaIOError(f"topic {topic} does not exist: run '{command}' first", topic=topic,
                         code="UNKNOWN_TOPIC_OR_PART")
+
+
+def error_text(exc: KafkaException) -> str:
+    """librdkafka's own text of `exc` (its KafkaError's ``str()``), else ``str(exc)``."""
+    first = exc.args[0] if exc.args else exc
+    return first.str() if isinstance(first, KafkaError) else str(first)

@@ -21,48 +21,26 @@ from contextlib import contextmanager
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from infra._bounded import call_within
-from infra.clients import open_admin, open_consumer
-from infra.config import BOOTSTRAP_ENV, KafkaConfig
+from infra._reach import REACH_TIMEOUT_S as REACH_TIMEOUT_S  # re-exported: the startup check
+from infra._reach import require_topics as require_topics
+from infra.clients import open_consumer
+from infra.config import KafkaConfig
 from infra.kafka_errors import (
     HINTS,
     NO_LEADER,
     NO_TOPIC,
+    NOT_AUTHORIZED,
     CommitFailed,
     KafkaIOError,
+    error_text,
     kafka_error,
     missing_topic_error,
+    not_authorized_error,
     where,
 )
 
 log = logging.getLogger(__name__)
 _BATCH = 500
-def require_topics(config: KafkaConfig, topics: Sequence[str], *, namespace: str, timeout: float) -> None:
-    """Verify the broker answers within `timeout` s and every topic in `topics` exists. Blocks; call off-loop.
-
-    Raises:
-        KafkaIOError (retriable): the broker did not answer; the message names the address and the fix.
-        KafkaIOError: a topic is missing (`missing_topic_error`); the message says to run
-            ``rollstream topics create --namespace NS``.
-    """
-    # log_level 0: librdkafka's own connection-refused lines would repeat what the error below says.
-    admin = open_admin(config.admin({"log_level": 0}))
-    try:
-        metadata = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        cause = kafka_error("list topics", exc)
-        raise KafkaIOError(
-            f"cannot reach Kafka at {config.bootstrap_servers} within {timeout:g} s ({_text(exc)}); "
-            f"start one (rollstream broker start) or set {BOOTSTRAP_ENV} / --bootstrap-servers to a running "
-            "broker", code=cause.code, fatal=cause.fatal, retriable=True) from exc
-    missing = [t for t in topics if t not in metadata.topics]
-    if len(missing) == 1:
-        raise missing_topic_error(missing[0], namespace)
-    if missing:
-        raise KafkaIOError(f"topics {', '.join(missing)} do not exist on {config.bootstrap_servers}: "
-                           f"run 'rollstream topics create --namespace {namespace}' first",
-                           code="UNKNOWN_TOPIC_OR_PART")
-
-
 def produce_and_wait(producer: Producer, topic: str, records: Iterable[tuple[bytes | None, bytes]], *,
                      timeout: float) -> int:
     """Produce each (key, value) of `records` to `topic`, flush, and return how many were acknowledged.
@@ -148,7 +126,7 @@ def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *
                                    topic=topic, code="_TIMED_OUT")
     except KafkaException as exc:
         cause = kafka_error(f"cannot commit offsets {dict(offsets)} on {topic}", exc, topic=topic)
-        raise CommitFailed(str(cause), {p: _text(exc) for p in offsets}, topic=topic, code=cause.code,
+        raise CommitFailed(str(cause), {p: error_text(exc) for p in offsets}, topic=topic, code=cause.code,
                            fatal=cause.fatal, retriable=not cause.fatal) from exc
     failed = {tp.partition: str(tp.error) for tp in result or [] if tp.error is not None}
     if failed:
@@ -180,6 +158,8 @@ def partitions_of(consumer: Consumer, topic: str, *, timeout: float) -> list[int
     except KafkaException as exc:
         raise kafka_error(f"cannot read the partitions of {topic}", exc, topic=topic) from exc
     info = meta.topics.get(topic)
+    if info is not None and info.error is not None and info.error.name() in NOT_AUTHORIZED:
+        raise not_authorized_error(info.error.name(), topic)
     if info is None or (info.error is not None and info.error.code() in NO_TOPIC):
         raise missing_topic_error(topic)
     if info.error is not None:
@@ -246,7 +226,8 @@ def is_record(msg: Message) -> bool:
         return True
     if err.code() == KafkaError._PARTITION_EOF:
         return False
-    error = kafka_error(f"reading {where(msg.topic(), msg.partition())} failed", err, topic=msg.topic(),
+    place = where(msg.topic(), msg.partition())
+    error = kafka_error(f"reading {place} failed" if place else "a Kafka read failed", err, topic=msg.topic(),
                         partition=msg.partition())
     if error.fatal or not error.retriable:
         raise error
@@ -304,7 +285,7 @@ def _drain(consumer: Consumer, topic: str, todo: dict[int, tuple[int, int]], tim
                                + "); is the broker up (rollstream broker status)?", topic=topic, code="_TIMED_OUT",
                                retriable=True)
         for msg in msgs:
-            if not is_record(msg):
+            if _unused_group_refused(msg) or not is_record(msg):
                 continue
             p, offset = position_of(msg)
             if p not in todo:
@@ -322,11 +303,17 @@ def _drain(consumer: Consumer, topic: str, todo: dict[int, tuple[int, int]], tim
                 _done(consumer, topic, todo, p)
 
 
+def _unused_group_refused(msg: Message) -> bool:
+    """True for the refusal of a reader's group: it never commits nor asks for committed offsets, but
+    librdkafka still looks up its group's coordinator (FindCoordinator needs Describe on the group). Fetching
+    with assign() needs no group ACL, so a reader goes on without one."""
+    err = msg.error()
+    if err is None or err.code() != KafkaError.GROUP_AUTHORIZATION_FAILED or msg.topic() is not None:
+        return False
+    log.debug("reader's consumer group not authorized (%s): unused, ignored", err.str())
+    return True
+
+
 def _done(consumer: Consumer, topic: str, todo: dict[int, tuple[int, int]], partition: int) -> None:
     todo.pop(partition, None)
     consumer.pause([TopicPartition(topic, partition)])
-
-
-def _text(exc: KafkaException) -> str:
-    first = exc.args[0] if exc.args else exc
-    return first.str() if isinstance(first, KafkaError) else str(first)

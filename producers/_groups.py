@@ -8,8 +8,10 @@ the topic's limit, so every prompt is accounted by exactly one record:
 1. ``full``: the outcome as it is: an ok group with its scored samples, or a failed one with the samples
    it has (unscored when scoring failed) and its error.
 2. ``with_samples``: failed, with the samples and prompt tokens, carrying why ``full`` could not be used.
-3. ``stripped``: failed, without prompt tokens or samples (they are what could not be shipped). This
-   last shape is returned whatever its size: the broker is the final judge.
+3. ``stripped``: failed, without prompt tokens or samples (they are what could not be shipped).
+4. ``bare``: failed, without the prompt's metadata either, and a short error: what a poison prompt (its
+   metadata alone beyond the limit) is accounted by, so it never stops its partition. This last shape
+   is returned whatever its size: the broker is the final judge.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ from schemas import (
 )
 
 log = logging.getLogger(__name__)
-Shape = Literal["full", "with_samples", "stripped"]
-SHAPES: tuple[Shape, ...] = ("full", "with_samples", "stripped")
+Shape = Literal["full", "with_samples", "stripped", "bare"]
+SHAPES: tuple[Shape, ...] = ("full", "with_samples", "stripped", "bare")
 _MAX_ERROR_CHARS = 10_000
+_BARE_ERROR_CHARS = 1_000
 
 
 @dataclass(frozen=True)
@@ -71,37 +74,40 @@ def record_of(taken: TakenPrompt, outcome: Outcome, shape: Shape, *, producer_id
     if taken.prompt is None:
         return _undecodable(taken, prompts_topic, producer_id)
     prompt = taken.prompt
-    generation = outcome.generation if shape != "stripped" else None  # stripped: what could not be shipped
+    small = shape in ("stripped", "bare")
+    generation = None if small else outcome.generation  # stripped: what could not be shipped
     failed = not (outcome.ok and shape == "full")
-    text = "" if shape == "stripped" else (generation.prompt_text if generation else "") or _prompt_text(prompt)
+    text = "" if small else (generation.prompt_text if generation else "") or _prompt_text(prompt)
+    error = (outcome.error or "")[:_BARE_ERROR_CHARS if shape == "bare" else _MAX_ERROR_CHARS]
     return ScoredGroup(
         group_id=prompt.group_id, prompt_id=prompt.id, epoch=prompt.epoch, prompt=text,
         prompt_tokens=int32_array(generation.prompt_tokens if generation else (), "prompt_tokens"),
         samples=Samples(_samples(generation, outcome) if generation else ()), started_at_ms=taken.taken_at_ms,
         finished_at_ms=now_ms(), producer_id=producer_id, status="failed" if failed else "ok",
-        error=(outcome.error or "")[:_MAX_ERROR_CHARS] if failed else None, metadata=prompt.metadata)
+        error=error if failed else None, metadata={} if shape == "bare" else prompt.metadata)
 
 
 def encode_within(taken: TakenPrompt, outcome: Outcome, limit: int, *, producer_id: str, prompts_topic: str,
                   shapes: Sequence[Shape] = SHAPES) -> tuple[ScoredGroup, bytes]:
     """The first of `shapes` of `taken`'s record that builds, encodes and fits `limit` bytes, with its bytes.
 
-    Each fallback carries why the shape before it could not be used. The stripped shape is returned
-    whatever its size (a broker that refuses it stops the producer: nothing smaller exists).
+    Each fallback carries why the shape before it could not be used. The last shape is returned whatever
+    its size (a broker that refuses the bare record stops the producer: nothing smaller exists).
     """
     for shape in shapes:
         try:
             group = record_of(taken, outcome, shape, producer_id=producer_id, prompts_topic=prompts_topic)
             # nbytes (the packed tokens alone) is a lower bound of the record's size: beyond the limit,
-            # encoding is not worth it. The stripped shape is always encoded.
-            value = b"" if shape != "stripped" and group.nbytes > limit else encode(group)
+            # encoding is not worth it. The last shape is always encoded.
+            last = shape == shapes[-1]
+            value = b"" if not last and group.nbytes > limit else encode(group)
         except InvalidRecordError as exc:
             log.warning("group of %s cannot be encoded as %s (%s): falling back", _where(taken, prompts_topic),
                         shape, exc)
             error = f"cannot encode group: {exc}"
             outcome = replace(outcome, error=f"{outcome.error}; {error}" if outcome.error else error)
             continue
-        if value and (len(value) <= limit or shape == "stripped"):
+        if value and (len(value) <= limit or last):
             return group, value
         size = len(value) or group.nbytes
         log.warning("group of %s is %d bytes > max_message_bytes %d: published as failed",

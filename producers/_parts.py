@@ -92,8 +92,8 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
         metrics.buffered.set_function(lambda: intake.buffered)
         pipeline = GroupPipeline(
             GroupSettings(n_samples=s.n_samples, sampling=s.sampling(), attempts=s.generate_attempts,
-                          backoff_s=s.retry_backoff_s, producer_id=producer_id, prompts_topic=names.prompts,
-                          max_message_bytes=kafka.max_message_bytes),
+                          backoff_s=s.retry_backoff_s, timeout_s=s.generate_timeout_s, producer_id=producer_id,
+                          prompts_topic=names.prompts, max_message_bytes=kafka.max_message_bytes),
             engine=engine, reward=reward, policy=policy, publisher=publisher, gate=gate, metrics=metrics)
         undo.pop_all()  # everything started: from here on `Parts.close` owns it
     log.info("producer %s: %s -> %s, group %s, n=%d, concurrency=%d, max_lag=%d (trainer group %s)",

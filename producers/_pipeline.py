@@ -39,6 +39,7 @@ class GroupSettings:
     sampling: SamplingParams
     attempts: int
     backoff_s: float
+    timeout_s: float | None
     producer_id: str
     prompts_topic: str
     max_message_bytes: int
@@ -99,7 +100,7 @@ class GroupPipeline:
         s = self.settings
         for attempt in range(1, s.attempts + 1):
             try:
-                generation = await self.engine.generate(prompt, s.n_samples, s.sampling)
+                generation = await self._attempt(prompt)
                 if len(generation.completions) != s.n_samples:
                     raise EngineError(f"engine returned {len(generation.completions)} completions, expected "
                                       f"{s.n_samples}", retriable=False)
@@ -118,30 +119,51 @@ class GroupPipeline:
             await asyncio.sleep(delay)
         raise EngineError("no generation attempt was made", retriable=False)
 
+    async def _attempt(self, prompt: dict[str, Any]) -> Generation:
+        """One `engine.generate` call, bounded by the generation timeout (a hung engine or generate
+        function becomes a retriable EngineError; a sync function's thread cannot be stopped and is left)."""
+        s = self.settings
+        try:
+            return await asyncio.wait_for(self.engine.generate(prompt, s.n_samples, s.sampling), s.timeout_s)
+        except TimeoutError:
+            raise EngineError(f"generation took longer than {s.timeout_s:g} s (--request-timeout / "
+                              "generate_timeout_s)", retriable=True) from None
+
     async def score(self, prompt: dict[str, Any], generation: Generation) -> list[float | None]:
-        """One reward per completion (None each without a reward function). Raises RewardError."""
+        """One reward per completion (None each without a reward function), bounded like a generation
+        attempt. Raises RewardError (also when the reward function takes longer than that)."""
         if self.reward is None:
             return [None] * len(generation.completions)
-        reward = self.reward
-        return list(await asyncio.gather(*(reward(prompt, c.to_dict()) for c in generation.completions)))
+        reward, timeout = self.reward, self.settings.timeout_s
+        scores = asyncio.gather(*(reward(prompt, c.to_dict()) for c in generation.completions))
+        try:
+            return list(await asyncio.wait_for(scores, timeout))
+        except TimeoutError:  # a hung verifier must not hang its prompt forever
+            raise RewardError(f"reward {reward.name} took longer than {timeout:g} s (--request-timeout / "
+                              "generate_timeout_s)") from None
 
     async def publish(self, taken: TakenPrompt, outcome: Outcome) -> None:
         """Encode the outcome within the topic's limit (off-loop when large) and publish it.
 
-        A broker that refuses an ok record as too large (its limit is below ours) gets the failed one.
+        A broker that refuses a record as too large (its limit is below ours) gets a smaller failed one:
+        stripped, then bare (see `producers._groups`).
         Raises:
-            PublishError: the broker did not acknowledge the record.
+            PublishError: the broker did not acknowledge the record (not even the bare one).
         """
         group, value = await self._encode(taken, outcome)
-        try:
-            await self._send(group, value)
-        except PublishError as exc:
-            if exc.code != "MSG_SIZE_TOO_LARGE" or group.status == "failed":
-                raise
-            log.warning("broker refused group %s as too large: published as failed", group.group_id)
-            refused = Outcome(error=oversize_error(len(value), self.settings.max_message_bytes))
-            group, value = await self._encode(taken, refused, ("stripped",))
-            await self._send(group, value)
+        smaller: list[Sequence[Shape]] = [("stripped", "bare"), ("bare",)]
+        while True:
+            try:
+                await self._send(group, value)
+                return
+            except PublishError as exc:
+                if exc.code != "MSG_SIZE_TOO_LARGE" or not smaller:
+                    raise
+            log.warning("broker refused group %s (%d bytes) as too large: publishing a smaller failed record",
+                        group.group_id, len(value))
+            refused = Outcome(error=f"{oversize_error(len(value), self.settings.max_message_bytes)} (refused by "
+                                    "the broker)")
+            group, value = await self._encode(taken, refused, smaller.pop(0))
 
     async def _encode(self, taken: TakenPrompt, outcome: Outcome,
                       shapes: Sequence[Shape] = SHAPES) -> tuple[ScoredGroup, bytes]:

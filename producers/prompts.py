@@ -3,8 +3,9 @@
 Each line is a JSON object: ``id`` (string, or an integer taken as its decimal string), ``prompt`` (text or
 a list of ``{"role", "content"}`` messages), optional ``label`` (any JSON value; non-strings are stored
 JSON-encoded) and optional ``metadata`` (an object). Blank lines are skipped. The whole file is
-validated before anything is sent: a bad line (invalid JSON, missing or mistyped field, unknown key,
-duplicate id) is a `PromptFileError` naming the file and line, and nothing from the file is published.
+validated before anything is sent: a bad line (not UTF-8, invalid JSON, missing or mistyped field,
+unknown key, duplicate id, a record too large for NS.prompts) is a `PromptFileError` naming the file
+and line, and nothing from the file is published.
 With ``epochs=E`` every prompt is published once per epoch (epoch-major order), keyed by prompt id so
 all epochs of a prompt share a partition and come in order.
 """
@@ -17,11 +18,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from infra import KafkaConfig, TopicNames, open_producer, produce_and_wait, require_topics
+from infra import KafkaConfig, TopicNames, open_producer, produce_and_wait, require_topics, sized_to_topic
 from schemas import ConfigError, InvalidRecordError, Prompt, encode
 
 log = logging.getLogger(__name__)
 _KEYS = frozenset({"id", "prompt", "label", "metadata"})
+# A record's overhead in a record batch beyond its key and value (headers, lengths, batch header): generous.
+_RECORD_FRAMING_BYTES = 128
 
 
 class PromptFileError(ConfigError):
@@ -36,24 +39,32 @@ def read_prompts(path: str | Path) -> list[Prompt]:
     """Parse and validate every line of `path` (epoch 0). Blocks on file I/O only.
 
     Raises:
-        PromptFileError: the first bad line, by number.
+        PromptFileError: the first bad line, by number (also a line that is not UTF-8).
         ConfigError: the file cannot be read.
     """
-    path = Path(path)
+    return [prompt for _, prompt in _numbered_prompts(Path(path))]
+
+
+def _numbered_prompts(path: Path) -> list[tuple[int, Prompt]]:
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read prompt file {path}: {exc}") from exc
-    prompts: list[Prompt] = []
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read prompt file {path}: {exc.strerror or exc}") from exc
+    prompts: list[tuple[int, Prompt]] = []
     seen: dict[str, int] = {}
-    for number, line in enumerate(lines, start=1):
+    for number, data in enumerate(raw.splitlines(), start=1):
+        try:
+            line = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PromptFileError(path, number, f"not UTF-8: byte 0x{data[exc.start]:02x} at column {exc.start + 1}"
+                                                "; save the file as UTF-8") from exc
         if not line.strip():
             continue
         prompt = _parse_line(path, number, line)
         if prompt.id in seen:
             raise PromptFileError(path, number, f"duplicate id {prompt.id!r} (first on line {seen[prompt.id]})")
         seen[prompt.id] = number
-        prompts.append(prompt)
+        prompts.append((number, prompt))
     if not prompts:
         raise ConfigError(f"prompt file {path} has no prompts")
     return prompts
@@ -113,13 +124,32 @@ def load_prompts(path: str | Path, config: KafkaConfig | None = None, *, namespa
                  epochs: int = 1, start_epoch: int = 0, timeout: float = 60.0) -> int:
     """Validate the whole file, then publish it to NS.prompts (see module doc). Blocks.
 
+    Every record must fit NS.prompts' ``max.message.bytes`` (read from the broker): one that would not
+    is refused, naming its line, before anything is published, so a file loads whole or not at all.
+
     Returns the number of records published.
     Raises:
-        PromptFileError: a bad line (nothing published).
+        PromptFileError: a bad line, or a prompt too large for the topic (nothing published).
         KafkaIOError: broker unreachable (retriable), NS.prompts missing, or records not acknowledged.
     """
-    prompts = read_prompts(path)
+    numbered = _numbered_prompts(Path(path))
     config = config or KafkaConfig()
     topic = TopicNames(namespace).prompts
     require_topics(config, [topic], namespace=namespace, timeout=min(timeout, 15.0))
-    return publish_prompts(prompts, config, topic, epochs=epochs, start_epoch=start_epoch, timeout=timeout)
+    config = sized_to_topic(config, topic, timeout=min(timeout, 15.0))
+    _check_sizes(Path(path), numbered, start_epoch + epochs - 1, config.max_message_bytes, topic)
+    return publish_prompts([p for _, p in numbered], config, topic, epochs=epochs, start_epoch=start_epoch,
+                           timeout=timeout)
+
+
+def _check_sizes(path: Path, numbered: list[tuple[int, Prompt]], last_epoch: int, limit: int, topic: str) -> None:
+    """Refuse the file if a prompt's record (with its key and the record framing) would exceed `limit`.
+
+    Sizes are taken uncompressed, at the last epoch (the largest epoch number encodes longest): a record
+    that compresses below the limit is still refused, which errs on the side of a clear error now."""
+    for number, prompt in numbered:
+        size = len(encode(replace(prompt, epoch=last_epoch))) + len(prompt.id.encode()) + _RECORD_FRAMING_BYTES
+        if size > limit:
+            raise PromptFileError(path, number, f"prompt {prompt.id!r} makes a record of {size} bytes, above "
+                                                f"{topic}'s max.message.bytes={limit}; shorten it, or create the "
+                                                "topics with a larger --max-message-mib")

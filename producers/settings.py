@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra import DEFAULT_TRAINER_GROUP, TopicNames
-from producers.engines.base import EngineError, SamplingParams
+from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, EngineError, SamplingParams
 from schemas import ConfigError
 
 
@@ -29,7 +29,10 @@ class ProducerSettings:
         exit_when_idle_s: exit once for this long there was no prompt to take while intake was not
             paused by backpressure, and everything taken is published and committed.
         max_new_tokens, temperature, top_p, sampling_extra: sampling parameters (SGLang names).
-        generate_attempts: tries per prompt when the engine raises a retriable error.
+        generate_attempts: tries per prompt when the engine raises a retriable error (or times out).
+        generate_timeout_s: how long one generation attempt of a group may take, with any engine (a
+            custom generate function too); past it the attempt counts as a retriable failure, and after
+            the last attempt the group is published as failed. None: no limit.
         retry_backoff_s: first backoff between those tries (doubles).
         lag_interval_s: how often the trainer lag is read.
         commit_interval_s: how often acknowledged prompt offsets are committed.
@@ -56,6 +59,7 @@ class ProducerSettings:
     top_p: float = 1.0
     sampling_extra: Mapping[str, Any] = field(default_factory=dict)
     generate_attempts: int = 3
+    generate_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
     retry_backoff_s: float = 0.5
     lag_interval_s: float = 0.5
     commit_interval_s: float = 0.2
@@ -81,6 +85,8 @@ class ProducerSettings:
         for name in ("lag_interval_s", "commit_interval_s", "startup_timeout_s", "session_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be > 0")
+        if self.generate_timeout_s is not None and not self.generate_timeout_s > 0:
+            raise ConfigError(f"generate_timeout_s={self.generate_timeout_s} must be > 0 (or None for no limit)")
         if self.exit_when_idle_s is not None and self.exit_when_idle_s <= 0:
             raise ConfigError(f"exit_when_idle_s={self.exit_when_idle_s} must be > 0 (or None to run forever)")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:

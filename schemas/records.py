@@ -112,10 +112,15 @@ class Sample:
         if self.logprobs is not None and len(self.logprobs) != len(self.tokens):
             raise InvalidRecordError(f"sample has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs; "
                                      "give one logprob per response token, or none")
+        if self.logprobs is not None and not np.isfinite(self.logprobs).all():
+            bad = int((~np.isfinite(self.logprobs)).sum())
+            raise InvalidRecordError(f"{bad} of {len(self.logprobs)} logprobs are NaN or infinite; give finite ones")
         if self.finish_reason not in FINISH_REASONS:
             raise InvalidRecordError(f"finish_reason {self.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}")
-        if self.reward is not None:  # NaN is no score: the wire stores a missing reward as NaN
+        if self.reward is not None:  # NaN is no score (the wire stores a missing reward as NaN); inf is no number
             reward = float(self.reward)
+            if math.isinf(reward):
+                raise InvalidRecordError(f"reward {reward} is not a finite number")
             object.__setattr__(self, "reward", None if math.isnan(reward) else reward)
         object.__setattr__(self, "weight_versions", tuple(int(v) for v in self.weight_versions))
 

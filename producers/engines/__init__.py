@@ -1,12 +1,19 @@
 """Generation engines behind one interface (`Engine`): SGLang over HTTP, SGLang in-process,
 transformers on CPU, and a user's generate function. Heavy libraries are imported lazily."""
 
-from producers.engines.base import Completion, Engine, EngineError, Generation, SamplingParams
+from producers.engines.base import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    Completion,
+    Engine,
+    EngineError,
+    Generation,
+    SamplingParams,
+)
 from producers.engines.custom import CustomEngine
 from producers.engines.factory import make_engine
 from producers.engines.hf import HFEngine
 from producers.engines.sglang_engine import SGLangEngine
-from producers.engines.sglang_http import DEFAULT_REQUEST_TIMEOUT_S, RetryPolicy, SGLangHTTPEngine
+from producers.engines.sglang_http import RetryPolicy, SGLangHTTPEngine
 from producers.engines.tiny_model import build_tiny_model
 
 __all__ = [

@@ -18,6 +18,8 @@ import numpy as np
 
 from schemas import FINISH_REASONS, RollstreamError
 
+DEFAULT_REQUEST_TIMEOUT_S = 600.0  # one generation attempt may legitimately take minutes
+
 
 class EngineError(RollstreamError):
     """Generation failed. ``retriable`` says whether the producer may try the prompt again."""

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from producers.engines.base import Engine
+from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Engine
 from producers.engines.custom import CustomEngine
 from producers.engines.hf import HFEngine
 from producers.engines.sglang_engine import SGLangEngine
-from producers.engines.sglang_http import DEFAULT_REQUEST_TIMEOUT_S, SGLangHTTPEngine
+from producers.engines.sglang_http import SGLangHTTPEngine
 from schemas import ConfigError
 
 EngineKind = Literal["sglang", "hf"]

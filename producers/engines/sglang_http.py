@@ -21,12 +21,11 @@ import httpx
 
 from producers.engines._sglang_format import abort_message, parse_completion, request_payload
 from producers.engines._tokenize import PromptEncoder, load_tokenizer
-from producers.engines.base import Completion, EngineError, Generation, SamplingParams
+from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Completion, EngineError, Generation, SamplingParams
 from schemas import ConfigError
 
 log = logging.getLogger(__name__)
 _RETRY_STATUS = frozenset({408, 429})
-DEFAULT_REQUEST_TIMEOUT_S = 600.0  # one generation may legitimately take minutes
 
 
 @dataclass(frozen=True)

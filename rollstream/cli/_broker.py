@@ -7,7 +7,15 @@ from typing import Annotated, Literal
 
 import typer
 
-from infra.broker import BrokerSpec, broker_status, default_data_dir, ensure_kafka_jars, start_broker, stop_broker
+from infra.broker import (
+    BrokerSpec,
+    broker_status,
+    client_config_files,
+    default_data_dir,
+    ensure_kafka_jars,
+    start_broker,
+    stop_broker,
+)
 
 app = typer.Typer(help="Run a local Apache Kafka broker (KRaft mode, loopback only).", no_args_is_help=True)
 
@@ -25,6 +33,9 @@ def start(
     data_dir: DataDirOpt = None,
     heap_mb: Annotated[int, typer.Option(help="JVM heap per node in MiB.")] = 512,
     timeout: Annotated[float, typer.Option(help="Seconds to wait until the broker serves.")] = 120.0,
+    sasl: Annotated[bool, typer.Option(
+        "--sasl", help="Secure it: SASL/SCRAM-SHA-512, ACLs (StandardAuthorizer), users admin/producer/trainer; "
+                       "writes a --kafka-config file per user into the data dir. A data dir keeps its mode.")] = False,
 ) -> None:
     """Start the broker in the background (fetching its jars with Maven on first use), wait until a
     client can produce and consume, then print the bootstrap address as the last line."""
@@ -32,9 +43,23 @@ def start(
         raise typer.BadParameter("--nodes must be 1 or 3")
     node_count: Literal[1, 3] = 1 if nodes == 1 else 3
     spec = BrokerSpec(port=port, nodes=node_count, data_dir=data_dir or default_data_dir(), heap_mb=heap_mb,
-                      controller_port=controller_port)
+                      controller_port=controller_port, sasl=sasl)
     ensure_kafka_jars(progress=lambda message: typer.echo(message, err=True))
-    typer.echo(start_broker(spec, timeout=timeout))
+    bootstrap = start_broker(spec, timeout=timeout)
+    if sasl:
+        _print_client_configs(spec.data_dir)
+    typer.echo(bootstrap)
+
+
+def _print_client_configs(data_dir: Path) -> None:
+    files = client_config_files(data_dir)
+    typer.echo("SASL/SCRAM-SHA-512 with ACLs; client configs (pass one with --kafka-config FILE):", err=True)
+    for name, path in files.items():
+        role = " (super user: topics create, rollstream acls --apply)" if name == "admin" else ""
+        typer.echo(f"  {name}: {path}{role}", err=True)
+    typer.echo("grant producer and trainer their ACLs: rollstream acls --namespace NS --producer-principal "
+               "User:producer --trainer-principal User:trainer --apply --kafka-config "
+               f"{files.get('admin', data_dir / 'admin.properties')}", err=True)
 
 
 @app.command("stop")
@@ -51,6 +76,8 @@ def status(data_dir: DataDirOpt = None) -> None:
     if st.running:
         typer.echo(f"running: {st.bootstrap} (controller ports {', '.join(map(str, st.controller_ports))}; "
                    f"pids {', '.join(map(str, st.pids))}; log {st.log_path})")
+        if st.sasl:
+            _print_client_configs(st.data_dir)
     else:
         typer.echo(f"not running (data dir {st.data_dir})")
         raise typer.Exit(1)

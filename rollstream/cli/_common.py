@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames
+from infra import BOOTSTRAP_ENV, REACH_TIMEOUT_S, KafkaConfig, TopicNames, require_topics
 from infra import DEFAULT_TRAINER_GROUP as DEFAULT_TRAINER_GROUP  # defined once, in infra; re-exported here
 
 BootstrapOpt = Annotated[str | None, typer.Option(
@@ -36,5 +36,14 @@ def topic_names(namespace: str) -> TopicNames:
 
 
 def setup_logging(verbose: int) -> None:
+    """WARNING (default), INFO (-v) or DEBUG (-vv). librdkafka's own lines only with -vv: every failure
+    reaches the user as one rollstream error, and librdkafka repeats a refused connection hundreds of times."""
     level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("librdkafka").setLevel(logging.DEBUG if verbose >= 2 else logging.CRITICAL + 1)
+
+
+def require_reachable(config: KafkaConfig, topics: list[str], namespace: str) -> None:
+    """Fail fast and in one line when the cluster does not answer or a topic is missing (see
+    `infra.require_topics`), before a command's own, longer timeouts."""
+    require_topics(config, topics, namespace=namespace, timeout=REACH_TIMEOUT_S)

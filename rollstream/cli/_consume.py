@@ -34,6 +34,7 @@ from rollstream.cli._common import (
     NamespaceOpt,
     TrainerGroupOpt,
     kafka_config,
+    require_reachable,
     topic_names,
 )
 
@@ -141,6 +142,7 @@ def lag(
 ) -> None:
     """Show the trainer group's lag on NS.rollouts: per partition, end offset minus committed offset."""
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-lag")
+    require_reachable(config, [topic_names(namespace).rollouts], namespace)
     with LagReader(config) as reader:
         result = reader.group_lag(group, topic_names(namespace).rollouts)
     for p in result.partitions:
@@ -202,6 +204,8 @@ def replay(
     if sum(x is not None for x in (step, from_, since)) != 1 or (to is not None and from_ is None):
         raise typer.BadParameter("give exactly one of --step K, --from P:O [--to P:O], --since TIME")
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-replay")
+    names = topic_names(namespace)
+    require_reachable(config, [names.rollouts] + ([names.steps] if step is not None else []), namespace)
     with _output(out) as sink:
         if step is not None:
             with _progress(None) as advance:

@@ -39,7 +39,9 @@ def produce(
         help="Tokenizer directory: send token ids with its chat template (SGLang over HTTP); without it the "
              "server tokenizes the prompt text.", rich_help_panel=_ENGINE)] = None,
     request_timeout: Annotated[float, typer.Option(
-        min=0.1, help="Seconds one SGLang HTTP request may take (a long generation is slow, not dead).",
+        min=0.1, help="Seconds one generation attempt of a group may take, with every engine (--generate too; "
+                      "SGLang over HTTP: also each request). Past it the attempt is retried, and after the last "
+                      "attempt the group is published as failed (a long generation is slow, not dead).",
         rich_help_panel=_ENGINE)] = DEFAULT_REQUEST_TIMEOUT_S,
     generate: Annotated[str | None, typer.Option(
         help="Custom generate function MODULE:FUNC: `async def f(prompt, n, sampling_params)` returning a list "
@@ -91,7 +93,7 @@ def produce(
         trainer_group=trainer_group, producer_id=producer_id, exit_when_idle_s=exit_when_idle,
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, drain_timeout_s=drain_timeout,
         startup_timeout_s=startup_timeout, session_timeout_s=session_timeout, metrics_port=metrics_port,
-        summary_interval_s=summary_interval)
+        summary_interval_s=summary_interval, generate_timeout_s=request_timeout)
     built = make_engine(engine.value if engine else None, sglang_urls=sglang_url or (), model=model,
                         tokenizer=tokenizer, generate=generate, request_timeout_s=request_timeout)
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-producer")

@@ -13,6 +13,7 @@ from rollstream.cli._common import (
     KafkaConfigOpt,
     NamespaceOpt,
     kafka_config,
+    require_reachable,
     topic_names,
 )
 
@@ -36,6 +37,7 @@ def create(
                      min_insync_replicas=min_insync_replicas, retention_days=retention_days,
                      max_message_bytes=max_message_mib * 1024 * 1024)
     config = plan.kafka_config(kafka_config(bootstrap_servers, kafka_config_file, "rollstream-topics"))
+    require_reachable(config, [], namespace)
     for name, outcome in create_topics(plan, config).items():
         typer.echo(f"{name}: {outcome}")
 
@@ -46,6 +48,7 @@ def describe(namespace: NamespaceOpt = DEFAULT_NAMESPACE, bootstrap_servers: Boo
     """Print the configs the broker holds for the namespace's topics."""
     names = topic_names(namespace)
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-topics")
+    require_reachable(config, [names.prompts, names.rollouts, names.steps, names.control], namespace)
     keys = ("min.insync.replicas", "max.message.bytes", "retention.ms", "cleanup.policy", "compression.type")
     for topic, conf in describe_topic_configs([names.prompts, names.rollouts, names.steps, names.control],
                                               config).items():

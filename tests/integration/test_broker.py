@@ -248,7 +248,8 @@ def test_spec_rejects_bad_values_by_name(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert BrokerSpec().data_dir == (tmp_path / "home" / "broker").resolve()
     assert set(infra.broker.__all__) == {
         "BrokerSpec", "BrokerError", "BrokerStatus", "start_broker", "stop_broker", "broker_status",
-        "ensure_kafka_jars", "default_data_dir", "free_port", "free_ports", "CONTROLLER_PORT_OFFSET", "PROBE_TOPIC"}
+        "ensure_kafka_jars", "default_data_dir", "free_port", "free_ports", "CONTROLLER_PORT_OFFSET", "PROBE_TOPIC",
+        "PRINCIPALS", "client_config_files"}
     assert all(hasattr(infra.broker, name) for name in infra.broker.__all__)
 
 

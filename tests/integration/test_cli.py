@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -89,3 +90,24 @@ def test_kafka_config_file_reaches_the_clients(bootstrap_servers: str, tmp_path:
     assert result.returncode == 2, result.stdout + result.stderr
     assert 'No such configuration property: "bogus.property"' in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_every_command_fails_fast_and_quietly_against_an_unreachable_broker(tmp_path: Path) -> None:
+    """One line naming the address and the fix, within ~15 s, and none of librdkafka's hundreds of
+    connection lines (they took 30-60 s and flooded the terminal)."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "x"}\n')
+    commands = [["topics", "create"], ["topics", "describe"], ["lag"], ["audit"], ["replay", "--step", "0"],
+                ["take", "-n", "1"], ["prompts", "load", str(prompts)],
+                ["produce", "--generate", "tests.plugins:instant", "--startup-timeout", "15"]]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ROLLSTREAM_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"}
+    started = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-m", "rollstream", *args], cwd=REPO, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for args in commands]
+    results = [(args, p.returncode, out, err) for args, p in zip(commands, procs, strict=True)
+               for out, err in [p.communicate(timeout=120)]]
+    assert time.monotonic() - started < 45  # all in parallel, each bounded at ~15 s
+    for args, code, out, err in results:
+        lines = [line for line in (out + err).splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1, (args, code, lines[:5])
+        assert lines[0].startswith("error: cannot reach Kafka at 127.0.0.1:") and "rollstream broker start" in lines[0]

@@ -4,14 +4,16 @@ its prompt is committed like any other."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import pytest
 from confluent_kafka import Producer
 
 from infra import KafkaConfig
-from producers import ProducerSettings, RolloutProducer
+from producers import ProducerSettings, PromptFileError, RolloutProducer, load_prompts
 from tests import plugins
-from tests.integration._kafka import lag, read_all, write_prompts
+from tests.integration._kafka import count, lag, read_all, write_prompts
 
 attempts: dict[str, int] = {}
 
@@ -53,3 +55,19 @@ def test_engine_reward_size_and_decode_failures_are_published(kafka_config: Kafk
     junk = next(g for pid, g in groups.items() if pid.startswith("undecodable:"))
     assert junk.status == "failed" and "undecodable prompt" in (junk.error or "")
     assert lag(kafka_config, f"{names.namespace}.producers", names.prompts) == 0  # all accounted, all committed
+
+
+def test_a_prompt_too_large_for_the_topic_refuses_the_whole_file(kafka_config: KafkaConfig, namespace_factory,
+                                                                 tmp_path) -> None:
+    """A topic with a smaller max.message.bytes used to take the prompts that fit and refuse the rest:
+    a partial load. Now the file loads whole or not at all, and the error names the line."""
+    names = namespace_factory(partitions=1, max_message_bytes=64 * 1024)
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"id": "small", "prompt": "2+2="}\n' + json.dumps({"id": "huge", "prompt": "y" * 100_000})
+                    + '\n{"id": "after", "prompt": "3+3="}\n')
+    with pytest.raises(PromptFileError, match=r"prompts.jsonl:2: prompt 'huge' makes a record of \d+ bytes, above "
+                                              rf"{names.prompts}'s max.message.bytes=65536"):
+        load_prompts(path, kafka_config, namespace=names.namespace)
+    assert count(kafka_config, names.prompts) == 0  # nothing from the file
+    path.write_text('{"id": "small", "prompt": "2+2="}\n{"id": "after", "prompt": "3+3="}\n')
+    assert load_prompts(path, kafka_config, namespace=names.namespace, epochs=2) == 4

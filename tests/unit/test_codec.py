@@ -314,3 +314,13 @@ def test_policy_version_file_of_a_weights_directory(tmp_path) -> None:
     for content in ("not json", '{"version": "7"}', '{"version": true}', "[]"):
         (tmp_path / VERSION_FILE).write_text(content)
         assert read_policy_version(tmp_path) is None
+
+
+def test_non_finite_logprobs_and_infinite_rewards_are_refused_where_samples_are_built() -> None:
+    with pytest.raises(InvalidRecordError, match="1 of 2 logprobs are NaN or infinite"):
+        Sample(tokens=[1, 2], logprobs=[-0.1, float("nan")])
+    with pytest.raises(InvalidRecordError, match="2 of 2 logprobs"):
+        Sample(tokens=[1, 2], logprobs=np.array([np.inf, -np.inf], dtype=np.float32))
+    with pytest.raises(InvalidRecordError, match="reward inf is not a finite number"):
+        Sample(tokens=[1], reward=float("inf"))
+    assert Sample(tokens=[1], reward=float("nan")).reward is None  # NaN stays "no score", as on the wire

@@ -40,6 +40,20 @@ def test_guarantees_cannot_be_overridden() -> None:
         KafkaConfig("b:1", extra={"bootstrap.servers": "x:1"})
 
 
+def test_settings_that_carry_a_guarantee_are_refused_from_a_config_file(tmp_path: Path) -> None:
+    """A group id in a shared file would make a trainer re-take what another group took (and the audit read
+    the wrong group); auto.offset.reset=latest would make a producer skip every prompt already there."""
+    for text, key in (("group.id=other\n", "group.id"), ("group.instance.id=x\n", "group.instance.id")):
+        props = tmp_path / "client.properties"
+        props.write_text(text)
+        with pytest.raises(ConfigError, match=rf"{key}='(other|x)' cannot be set in the Kafka config") as err:
+            KafkaConfig.load("b:1", props)
+        assert "Remove it" in str(err.value)
+    with pytest.raises(ConfigError, match="auto.offset.reset='latest' would break a rollstream guarantee"):
+        KafkaConfig("b:1", extra={"auto.offset.reset": "latest"}).consumer("g")
+    assert KafkaConfig("b:1", extra={"auto.offset.reset": "earliest"}).consumer("g")["auto.offset.reset"] == "earliest"
+
+
 def test_client_limits_follow_the_topic_plan() -> None:
     plan = TopicPlan(max_message_bytes=20 * 1024 * 1024)
     config = plan.kafka_config(KafkaConfig("b:1"))
@@ -77,7 +91,9 @@ def test_a_bad_client_property_is_a_config_error_from_the_python_api() -> None:
     with pytest.raises(ConfigError, match='No such configuration property: "no.such.property"'):
         LagReader(config).partitions("ns.rollouts")
     consumer = RolloutConsumer(config=config, group_id="g", namespace="ns")
-    with pytest.raises(ConfigError, match="cannot create a Kafka consumer"):
+    # Its first client is the admin client of the reachability check (then the consumer): either names it.
+    with pytest.raises(ConfigError, match='cannot create a Kafka (consumer|admin client): No such configuration '
+                                          'property: "no.such.property"'):
         consumer.take(1, timeout=0)
     consumer.close()
 

@@ -172,6 +172,10 @@ def test_prompt_file_validation(tmp_path: Path) -> None:
         with pytest.raises(PromptFileError, match=re.escape(message)) as err:
             read_prompts(bad)
         assert str(bad) in str(err.value) and "nothing from this file was published" in str(err.value)
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes(b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "caf\xe9"}\n')
+    with pytest.raises(PromptFileError, match=r"latin1.jsonl:2: not UTF-8: byte 0xe9 at column 27"):
+        read_prompts(latin1)
 
 
 # -- publisher: a full queue never blocks the loop ---------------------------------------------------

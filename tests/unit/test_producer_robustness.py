@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from infra import KafkaConfig
-from producers import PolicyFollower, ProducerSettings, RolloutProducer, SamplingParams
+from producers import CustomEngine, PolicyFollower, ProducerSettings, RolloutProducer, SamplingParams, load_reward
 from producers._parts import Parts
 from producers._pipeline import GroupPipeline, GroupSettings
 from producers._watermarks import Watermarks
@@ -106,8 +106,9 @@ class _Gate(LagGate):
         super().note_produced()
 
 
-def _running(engine: Any, publisher: _Publisher, *, hook: Any = None,
-             drain_timeout_s: float = 60.0) -> tuple[RolloutProducer, Parts, _Intake]:
+def _running(engine: Any, publisher: _Publisher, *, hook: Any = None, drain_timeout_s: float = 60.0,
+             timeout_s: float | None = None, attempts: int = 1,
+             reward: Any = None) -> tuple[RolloutProducer, Parts, _Intake]:
     """A producer and parts built as `open_parts` builds them, with a fake publisher and intake."""
     producer = RolloutProducer(engine, ProducerSettings(namespace="t", drain_timeout_s=drain_timeout_s))
     metrics = producer.metrics
@@ -115,9 +116,10 @@ def _running(engine: Any, publisher: _Publisher, *, hook: Any = None,
     policy = PolicyFollower(engine, KafkaConfig(), "t.control", metrics=metrics, watch=False)
     intake = _Intake()
     pipeline = GroupPipeline(
-        GroupSettings(n_samples=1, sampling=SamplingParams(), attempts=1, backoff_s=0.0, producer_id="p",
-                      prompts_topic="t.prompts", max_message_bytes=1 << 20),
-        engine=engine, reward=None, policy=policy, publisher=publisher, gate=gate, metrics=metrics)  # type: ignore[arg-type]
+        GroupSettings(n_samples=1, sampling=SamplingParams(), attempts=attempts, backoff_s=0.0, timeout_s=timeout_s,
+                      producer_id="p", prompts_topic="t.prompts", max_message_bytes=1 << 20),
+        engine=engine, reward=load_reward(reward), policy=policy, publisher=publisher, gate=gate,  # type: ignore[arg-type]
+        metrics=metrics)
     parts = Parts(engine=engine, publisher=publisher, gate=gate, policy=policy, intake=intake,  # type: ignore[arg-type]
                   pipeline=pipeline)
     return producer, parts, intake
@@ -146,6 +148,73 @@ def test_an_unexpected_error_publishes_a_failed_stand_in_and_acks() -> None:
     asyncio.run(producer._group(parts, intake.take()))
     assert len(publisher.records) == 1 and publisher.records[0].status == "failed"
     assert "internal error: ValueError: metrics bug" in (publisher.records[0].error or "")
+    assert producer._fatal is None and intake.marks.committable() == {0: 6}
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_a_hung_generation_times_out_into_a_failed_group(kind: str) -> None:
+    """A generate function that never returns (async), or blocks its thread (sync), must not hang its
+    prompt forever: each attempt is bounded, and after the last one the group is published as failed."""
+    async def never(prompt: dict[str, Any], n: int, sampling: dict[str, Any]) -> list[dict[str, Any]]:
+        await asyncio.Event().wait()
+        return []
+
+    def blocks(prompt: dict[str, Any], n: int, sampling: dict[str, Any]) -> list[dict[str, Any]]:
+        time.sleep(1.5)
+        return [{"text": "late", "tokens": [1]}] * n
+
+    publisher = _Publisher()
+    engine = CustomEngine(never if kind == "async" else blocks)
+    producer, parts, intake = _running(engine, publisher, timeout_s=0.2, attempts=2)
+
+    async def timed() -> float:
+        started = time.monotonic()
+        await producer._group(parts, intake.take())
+        return time.monotonic() - started
+
+    assert asyncio.run(timed()) < 1.4  # two bounded attempts, not the 1.5 s of one blocked call
+    assert [r.status for r in publisher.records] == ["failed"]
+    assert "generation took longer than 0.2 s" in (publisher.records[0].error or "")
+    assert producer._fatal is None and intake.marks.committable() == {0: 6}
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_logprobs_are_a_failed_group_not_an_ok_one(bad: float) -> None:
+    async def gen(prompt: dict[str, Any], n: int, sampling: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"text": "a", "tokens": [1, 2], "logprobs": [-0.5, bad]}] * n
+
+    publisher = _Publisher()
+    producer, parts, intake = _running(CustomEngine(gen), publisher)
+    asyncio.run(producer._group(parts, intake.take()))
+    assert [r.status for r in publisher.records] == ["failed"]
+    assert "logprobs are NaN or infinite" in (publisher.records[0].error or "")
+    assert producer._fatal is None and intake.marks.committable() == {0: 6}
+
+
+def test_a_poison_prompt_whose_metadata_alone_exceeds_the_limit_is_accounted_bare() -> None:
+    """Even the stripped failed record carries the prompt's metadata: beyond the limit it would stop the
+    partition for good (the producer died on it at every restart). The bare record drops it."""
+    publisher = _Publisher()
+    producer, parts, intake = _running(_Engine(), publisher)
+    taken = intake.take()
+    poison = TakenPrompt(taken.partition, taken.offset, taken.generation,
+                         Prompt(id="poison", prompt="q", metadata={"blob": "x" * (2 << 20)}), None, 0)
+    asyncio.run(producer._group(parts, poison))
+    assert [r.status for r in publisher.records] == ["failed"] and publisher.records[0].metadata == {}
+    assert "exceeds max_message_bytes" in (publisher.records[0].error or "")
+    assert producer._fatal is None and intake.marks.committable() == {0: 6}
+
+
+def test_a_hung_reward_function_times_out_into_a_failed_group() -> None:
+    async def verifier(prompt: dict[str, Any], completion: dict[str, Any]) -> float:
+        await asyncio.Event().wait()
+        return 1.0
+
+    publisher = _Publisher()
+    producer, parts, intake = _running(_Engine(), publisher, timeout_s=0.2, reward=verifier)
+    asyncio.run(producer._group(parts, intake.take()))
+    assert [r.status for r in publisher.records] == ["failed"] and len(publisher.records[0].samples) == 1
+    assert "took longer than 0.2 s" in (publisher.records[0].error or "")
     assert producer._fatal is None and intake.marks.committable() == {0: 6}
 
 

@@ -1,0 +1,116 @@
+"""The startup check every command and client makes first: the cluster answers, this principal may log in,
+and the topics it needs exist and are visible to it; one clear line for each way that fails, within a
+bounded time, with librdkafka's own log lines captured instead of printed. Re-exported by `infra.kafka_io`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ClusterMetadata
+
+from infra.clients import open_admin
+from infra.config import BOOTSTRAP_ENV, KafkaConfig
+from infra.kafka_errors import (
+    NOT_AUTHORIZED,
+    KafkaIOError,
+    authentication_error,
+    error_text,
+    kafka_error,
+    missing_topic_error,
+    not_authorized_error,
+)
+
+_AUTH_ATTEMPT_S = 1.0  # one metadata attempt of require_topics (a SCRAM login is refused after ~0.3 s)
+REACH_TIMEOUT_S = 15.0  # how long a command waits for an unreachable cluster before its one-line error
+
+
+def require_topics(config: KafkaConfig, topics: Sequence[str], *, namespace: str, timeout: float) -> None:
+    """Verify the broker answers within `timeout` s and every topic in `topics` exists. Blocks; call off-loop.
+
+    Raises:
+        KafkaIOError (retriable): the broker did not answer; the message names the address and the fix.
+        KafkaIOError: a topic is missing (`missing_topic_error`); the message says to run
+            ``rollstream topics create --namespace NS``.
+    """
+    # librdkafka's own lines go to `seen`, not stderr: they would repeat what the error below says, and
+    # they are where a refused login shows (an authentication failure is no "cannot reach").
+    seen = _SeenLog()
+    admin = open_admin(config.admin({"logger": seen, "error_cb": seen.error, "log.connection.close": True}))
+    try:
+        metadata = _list_or_refused(admin, seen, config, timeout)
+    except KafkaException as exc:
+        cause = kafka_error("list topics", exc)
+        raise KafkaIOError(
+            f"cannot reach Kafka at {config.bootstrap_servers} within {timeout:g} s ({error_text(exc)}); "
+            f"start one (rollstream broker start) or set {BOOTSTRAP_ENV} / --bootstrap-servers to a running "
+            "broker", code=cause.code, fatal=cause.fatal, retriable=True) from exc
+    missing = [t for t in topics if t not in metadata.topics]
+    for topic in missing:  # a topic this principal may not Describe is left out of the listing
+        _check_authorized(admin, topic, namespace, timeout)
+    if len(missing) == 1:
+        raise missing_topic_error(missing[0], namespace)
+    if missing:
+        raise KafkaIOError(f"topics {', '.join(missing)} do not exist on {config.bootstrap_servers}: "
+                           f"run 'rollstream topics create --namespace {namespace}' first",
+                           code="UNKNOWN_TOPIC_OR_PART")
+
+
+class _SeenLog:
+    """librdkafka's log lines and error events of one client, kept (not printed) to tell why it failed."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def log(self, level: int, msg: str, *args: Any) -> None:  # noqa: ARG002 - confluent's signature
+        if len(self.lines) < 200:
+            self.lines.append(msg % args if args else msg)
+
+    def error(self, err: KafkaError) -> None:
+        if len(self.lines) < 200:
+            self.lines.append(f"{err.name()}: {err.str()}")
+
+    def refusal(self, config: KafkaConfig) -> KafkaIOError | None:
+        """The authentication error the lines show, if any: a wrong password, or no SASL for a SASL listener."""
+        for line in self.lines:
+            if "SASL authentication error" in line or line.startswith(("_AUTHENTICATION", "SASL_AUTHENTICATION")):
+                return authentication_error(config.bootstrap_servers, line[line.find("SASL"):].strip())
+        if "sasl.mechanism" not in config.extra and any("closed by peer" in line for line in self.lines):
+            # The broker accepted the connection, then closed it at the first request: it expects a handshake
+            # this client did not do (a SASL or SSL listener, PLAINTEXT client).
+            return KafkaIOError(f"Kafka at {config.bootstrap_servers} closed every connection at once: it likely "
+                                "requires authentication; set security.protocol and sasl.mechanism / "
+                                "sasl.username / sasl.password in a --kafka-config file", code="_AUTHENTICATION")
+        return None
+
+
+def _list_or_refused(admin: AdminClient, seen: _SeenLog, config: KafkaConfig, timeout: float) -> ClusterMetadata:
+    """``list_topics`` within `timeout` s, in short attempts so that a refused login fails at once (~0.5 s).
+
+    Raises:
+        KafkaIOError: the broker refused the login (`_SeenLog.refusal`).
+        KafkaException: no answer within `timeout`.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return admin.list_topics(timeout=max(0.1, min(_AUTH_ATTEMPT_S, deadline - time.monotonic())))
+        except KafkaException as exc:
+            admin.poll(0.05)  # delivers the log lines and error events of the failed attempt to `seen`
+            refused = seen.refusal(config)
+            if refused is not None:
+                raise refused from exc
+            if time.monotonic() >= deadline:
+                raise
+
+
+def _check_authorized(admin: AdminClient, topic: str, namespace: str, timeout: float) -> None:
+    try:
+        info = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    except KafkaException:
+        return  # the missing-topic error that follows is still true enough
+    if info is not None and info.error is not None and info.error.name() in NOT_AUTHORIZED:
+        raise not_authorized_error(info.error.name(), topic, namespace)

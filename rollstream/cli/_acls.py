@@ -1,0 +1,51 @@
+"""`rollstream acls`: print (or apply) the least-privilege ACLs of a producer and a trainer principal."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from infra import apply_acls, plan_acls
+from rollstream.cli._common import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_TRAINER_GROUP,
+    BootstrapOpt,
+    KafkaConfigOpt,
+    NamespaceOpt,
+    kafka_config,
+)
+
+HELP = "\n\n".join([
+    "Print the ACLs a producer and a trainer principal need on a namespace; --apply creates them.",
+    "Nothing else is needed: internal readers (manifests, replay, audit, lag) use no consumer group of their own. "
+    "Applying needs a principal allowed to alter ACLs (the SASL broker's admin.properties, via --kafka-config).",
+])
+
+
+def acls(
+    producer_principal: Annotated[str, typer.Option(help="The producers' principal: User:NAME (or NAME).")],
+    trainer_principal: Annotated[str, typer.Option(help="The trainer's principal: User:NAME (or NAME).")],
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    trainer_group: Annotated[str, typer.Option(
+        "--trainer-group", "--group", "-g", envvar="ROLLSTREAM_TRAINER_GROUP",
+        help="The trainer's consumer group id.")] = DEFAULT_TRAINER_GROUP,
+    intake_group: Annotated[str | None, typer.Option(
+        help="The producers' consumer group on NS.prompts (default NS.producers).")] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="Create the ACLs (idempotent) instead of printing only.")]
+    = False,
+    bootstrap_servers: BootstrapOpt = None,
+    kafka_config_file: KafkaConfigOpt = None,
+) -> None:
+    rules = plan_acls(namespace, producer_principal, trainer_principal, trainer_group=trainer_group,
+                      intake_group=intake_group)
+    for rule in rules:
+        typer.echo(f"ALLOW {rule}")
+    if apply:
+        apply_acls(rules, kafka_config(bootstrap_servers, kafka_config_file, "rollstream-acls"))
+        typer.echo(f"applied {len(rules)} ACLs")
+
+
+def register(root: typer.Typer) -> None:
+    """Add the `acls` command to the root app."""
+    root.command("acls", help=HELP)(acls)

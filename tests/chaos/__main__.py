@@ -1,0 +1,287 @@
+"""``make chaos``: ``python -m tests.chaos [--seed S] [--seconds N] [--nodes 1|3]`` (see `tests.chaos`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+from consumers import audit
+from infra import KafkaConfig, LagReader, TopicNames, TopicPlan, create_topics
+from infra.broker import BrokerSpec, free_port
+from producers.prompts import load_prompts
+from tests.chaos._check import Verdict, check, loaded_group_ids, taken_in_out_file
+from tests.chaos._cluster import Cluster
+from tests.chaos._nemesis import Nemesis
+from tests.chaos._procs import Role, producer_role, trainer_role
+from tests.chaos._report import RunFacts, render
+
+GROUP = "chaos-trainer"
+PRODUCERS = 2
+PARTITIONS = 4
+FAULT_GAP_S = (2.0, 8.0)  # seconds between two faults, drawn uniformly
+WAVE_EVERY_S = 2.0  # a wave of --take-n prompts is loaded this often during the nemesis
+SETTLE_S = 10.0  # drain: the trainer counts as done once nothing moved for this long
+
+
+def _env_int(name: str, default: int | None) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
+    parser.add_argument("--seed", type=int, default=_env_int("CHAOS_SEED", None),
+                        help="seed of the nemesis (default: time-based, printed first; env CHAOS_SEED)")
+    parser.add_argument("--seconds", type=float, default=_env_int("CHAOS_SECONDS", 180),
+                        help="length of the nemesis phase (default 180; env CHAOS_SECONDS)")
+    parser.add_argument("--nodes", type=int, choices=(1, 3), default=_env_int("NODES", 1),
+                        help="broker nodes; 3 adds node kills (default 1; env NODES)")
+    parser.add_argument("--port", type=int, default=0, help="first client port of the broker (default: free)")
+    parser.add_argument("--take-n", type=int, default=32, help="groups per trainer step (default 32)")
+    parser.add_argument("--drain-timeout", type=float, default=300.0,
+                        help="seconds the drain may take before it counts as a failure (default 300)")
+    parser.add_argument("--report", type=Path, default=Path("chaos-report.md"), help="report file")
+    parser.add_argument("--keep", action="store_true", help="keep the data dir and logs even on success")
+    return parser.parse_args(argv)
+
+
+class Say:
+    """Progress lines with the elapsed time, on stdout and kept for the report's fault log."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.events: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, message: str) -> None:
+        line = f"[{time.monotonic() - self.started:7.1f} s] {message}"
+        with self._lock:
+            self.events.append(line)
+            print(line, flush=True)
+
+
+class Loader:
+    """A named thread loading one wave of fresh prompts every `WAVE_EVERY_S` with `load_prompts`.
+
+    A load refused or cut short by a fault is recorded and not retried (its ids are not reused): what
+    reached NS.prompts is read back at the end, so a partial load is still accounted for exactly.
+    """
+
+    def __init__(self, config: KafkaConfig, namespace: str, wave_size: int, wave_dir: Path, say: Say) -> None:
+        self.config, self.namespace, self.wave_size, self.wave_dir, self.say = config, namespace, wave_size, \
+            wave_dir, say
+        self.loads = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-loader", daemon=True)
+        wave_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=120)
+
+    def load_wave(self, wave: int) -> None:
+        path = self.wave_dir / f"wave-{wave:04d}.jsonl"
+        path.write_text("".join(f'{{"id": "w{wave:04d}-{i:02d}", "prompt": "question {wave}.{i}", "label": "42"}}\n'
+                                for i in range(self.wave_size)))
+        try:
+            load_prompts(path, self.config, namespace=self.namespace, timeout=30.0)
+            self.loads += 1
+        except Exception as exc:  # noqa: BLE001 - any refusal is a finding to report, not a crash of the run
+            self.failures.append(f"wave {wave}: {type(exc).__name__}: {exc}")
+            self.say(f"prompt wave {wave} not (fully) loaded: {type(exc).__name__}: {str(exc)[:160]}")
+
+    def _run(self) -> None:
+        wave = 0
+        while not self._stop.wait(WAVE_EVERY_S):
+            wave += 1
+            self.load_wave(wave)
+
+
+class Run:
+    """One chaos run: broker, topics, producers, trainer, loader, nemesis, drain, checks, teardown."""
+
+    def __init__(self, args: argparse.Namespace, seed: int, run_dir: Path, say: Say) -> None:
+        self.args, self.seed, self.run_dir, self.say = args, seed, run_dir, say
+        port = args.port or free_port(args.nodes)
+        self.cluster = Cluster(BrokerSpec(port=port, nodes=args.nodes, data_dir=run_dir / "broker",
+                                          heap_mb=512 if args.nodes == 1 else 384))
+        self.names = TopicNames(f"chaos{seed}")
+        self.out = run_dir / "trainer-out.jsonl"
+        self.producers: list[Role] = []
+        self.trainer: Role | None = None
+        self.topup: Role | None = None
+        self.nemesis: Nemesis | None = None
+        self.loader: Loader | None = None
+        self.config: KafkaConfig | None = None
+        self.drain_s = 0.0
+        self.drain_problem: str | None = None
+
+    def execute(self) -> Verdict:
+        bootstrap = self.cluster.start()
+        self.say(f"broker up: {self.args.nodes} node(s) on {bootstrap}, data dir {self.cluster.spec.data_dir}")
+        config = self.config = KafkaConfig(bootstrap_servers=bootstrap)
+        create_topics(TopicPlan(names=self.names, partitions=PARTITIONS, replication_factor=self.args.nodes), config)
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.producers = [producer_role(f"producer-{i}", bootstrap, self.names.namespace, GROUP, logs,
+                                        exit_when_idle_s=8.0) for i in range(1, PRODUCERS + 1)]
+        self.trainer = trainer_role(bootstrap, self.names.namespace, GROUP, self.out, logs, n=self.args.take_n)
+        self.loader = Loader(config, self.names.namespace, self.args.take_n, self.run_dir / "prompts", self.say)
+        self.loader.load_wave(0)
+        for role in [*self.producers, self.trainer]:
+            role.start()
+        self.loader.start()
+        self.say(f"namespace {self.names.namespace}: {PRODUCERS} producers, trainer taking {self.args.take_n} "
+                 f"per step, a wave of {self.args.take_n} prompts every {WAVE_EVERY_S:g} s")
+        self.nemesis = Nemesis(random.Random(self.seed), self.cluster, self.producers, self.trainer, self.say)
+        self._nemesis_phase(self.nemesis)
+        self.loader.stop()
+        self.say(f"nemesis over: {sum(self.nemesis.counts.values())} faults; draining")
+        started = time.monotonic()
+        self._drain(self.nemesis, config)
+        self.drain_s = time.monotonic() - started
+        self.say("checking: audit, every committed step replayed, --out compared")
+        return check(config, self.names, GROUP, self.out)
+
+    def _nemesis_phase(self, nemesis: Nemesis) -> None:
+        end = time.monotonic() + self.args.seconds
+        next_fault = time.monotonic() + nemesis.rng.uniform(*FAULT_GAP_S)
+        next_status = time.monotonic() + 15.0
+        while time.monotonic() < end:
+            nemesis.tick()
+            if time.monotonic() >= next_fault:
+                nemesis.inject()
+                next_fault = time.monotonic() + nemesis.rng.uniform(*FAULT_GAP_S)
+            if time.monotonic() >= next_status:
+                self.say(self._status())
+                next_status += 15.0
+            time.sleep(0.2)
+
+    def _status(self) -> str:
+        loads = self.loader.loads if self.loader else 0
+        # No Kafka call here: during a broker pause it would hold up the recoveries that are due.
+        return f"status: {loads} waves loaded, {len(taken_in_out_file(self.out))} groups in --out"
+
+    def _lag(self) -> int | None:
+        if self.config is None:
+            return None
+        try:
+            with LagReader(self.config) as reader:
+                return reader.group_lag(GROUP, self.names.rollouts, timeout=5.0).total
+        except Exception:  # noqa: BLE001 - a status line during a broker fault; None says "unknown"
+            return None
+
+    def _drain(self, nemesis: Nemesis, config: KafkaConfig) -> None:
+        """Undo every fault, let the producers finish, let the trainer take all it can, then top up the last step."""
+        nemesis.heal()
+        self.cluster.start()  # adopts the running broker and waits until it serves
+        self.say("drain: every fault undone, broker serves; waiting for producers (--exit-when-idle) and trainer")
+        deadline = time.monotonic() + self.args.drain_timeout
+        last, still_since = None, time.monotonic()
+        while True:
+            nemesis.tick(restart_exited=False)
+            done = not any(p.alive for p in self.producers)
+            seen = (self._lag(), self.out.stat().st_size if self.out.exists() else 0, done)
+            if seen != last:
+                last, still_since = seen, time.monotonic()
+            if done and seen[0] is not None and time.monotonic() - still_since >= SETTLE_S:
+                break
+            if time.monotonic() > deadline:
+                self.drain_problem = (f"not settled after {self.args.drain_timeout:.0f} s (producers done: {done}, "
+                                      f"trainer lag {seen[0]})")
+                self.say(f"drain: {self.drain_problem}")
+                return
+            time.sleep(1.0)
+        if self.trainer is not None:
+            self.trainer.terminate()
+        self._top_up(config, lag=seen[0])
+
+    def _top_up(self, config: KafkaConfig, lag: int | None) -> None:
+        """A last `rollstream take -n R --steps 1` for the R < n groups the trainer could not make a step of."""
+        report = audit(config, self.names.namespace, GROUP, timeout=60.0)
+        left = len(loaded_group_ids(config, self.names)) - report.counts["taken"] - report.counts["filtered"]
+        self.say(f"drain: producers done, trainer settled (lag {lag}) and stopped; {left} group(s) left over")
+        if left <= 0:
+            return
+        if left >= self.args.take_n:
+            self.drain_problem = f"the trainer stopped taking with {left} groups left (>= a step of " \
+                                 f"{self.args.take_n}; lag {lag}): wedged"
+            self.say(f"drain: {self.drain_problem}")
+        if self.trainer is None:
+            return
+        self.topup = trainer_role(config.bootstrap_servers, self.names.namespace, GROUP, self.out,
+                                  self.trainer.log_path.parent, n=left, steps=1, name="trainer-topup")
+        self.topup.start()
+        code = self.topup.wait(120.0)
+        self.say(f"drain: top-up step of {left} group(s) exited with rc {code}")
+        if code != 0:
+            self.drain_problem = (self.drain_problem or "") + f" top-up take -n {left} exited with rc {code}: " \
+                                                              f"{self.topup.tail(5)}"
+
+    def teardown(self) -> None:
+        """Stop the loader and every process, then the broker (always, even when a step before fails)."""
+        try:
+            if self.loader is not None:
+                self.loader.stop()
+            for role in [*self.producers, *(r for r in (self.trainer, self.topup) if r is not None)]:
+                role.terminate(timeout_s=20.0)
+        finally:
+            self.cluster.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    seed = args.seed if args.seed is not None else int(time.time() * 1000) % 1_000_000_007
+    command = f"python -m tests.chaos --seed {seed} --seconds {args.seconds:g} --nodes {args.nodes}"
+    print(f"chaos seed {seed}  (repeat: {command})", flush=True)
+    say = Say()
+    run_dir = Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp"))
+    run = Run(args, seed, run_dir, say)
+    verdict: Verdict | None = None
+    error = None
+    try:
+        verdict = run.execute()
+    except KeyboardInterrupt:
+        error = "interrupted (Ctrl-C)"
+    except Exception:  # noqa: BLE001 - the report must still be written and everything stopped
+        error = traceback.format_exc()
+    finally:
+        try:
+            run.teardown()
+        except Exception:  # noqa: BLE001
+            error = (error or "") + "\nteardown: " + traceback.format_exc()
+    nemesis = run.nemesis
+    facts = RunFacts(seed=seed, nodes=args.nodes, seconds=args.seconds, command=command,
+                     faults=nemesis.counts if nemesis else Counter(),
+                     events=say.events, loads=run.loader.loads if run.loader else 0,
+                     load_failures=run.loader.failures if run.loader else [],
+                     unexpected_exits=nemesis.unexpected_exits if nemesis else [], drain_s=run.drain_s,
+                     drain_problem=run.drain_problem, error=error)
+    text = render(facts, verdict)
+    args.report.write_text(text)
+    print("\n" + text, flush=True)
+    ok = verdict is not None and verdict.ok and run.drain_problem is None and error is None
+    if ok and not args.keep:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        print(f"data dir and logs kept in {run_dir}", flush=True)
+    print(f"chaos {'PASS' if ok else 'FAIL'} (seed {seed}); report in {args.report}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
