@@ -16,10 +16,20 @@ from collections.abc import Mapping
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from consumers._gather import Entry
-from infra import KafkaConfig, KafkaIOError, is_record, kafka_error, open_consumer, position_of
+from infra import (
+    KafkaConfig,
+    KafkaIOError,
+    call_within,
+    is_record,
+    kafka_error,
+    not_authorized_error,
+    open_consumer,
+    position_of,
+)
 from schemas import RollstreamError
 
 log = logging.getLogger(__name__)
+_CLOSE_TIMEOUT_S = 5.0
 
 
 class TrainerClient:
@@ -73,6 +83,8 @@ class TrainerClient:
                     buffer.append(Entry(*position_of(msg), msg.key(), msg.value() or b""))
             except KafkaIOError as exc:  # an error event, not a record: keep the records after it
                 error = error or exc
+        if error is not None and error.code == "GROUP_AUTHORIZATION_FAILED":  # name the group that was refused
+            raise not_authorized_error(error.code, self.group_id, self.topic.rsplit(".", 1)[0]) from error
         if error is not None:
             raise error
 
@@ -92,9 +104,15 @@ class TrainerClient:
         return total
 
     def close(self) -> None:
+        """Close the client, waiting at most `_CLOSE_TIMEOUT_S`: a client whose synchronous commit never got
+        an answer (it lost its coordinator) can block its close for good; it is then left to the process."""
         consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            consumer.close()
+        if consumer is None:
+            return
+        finished, _ = call_within(lambda: _close_quietly(consumer), _CLOSE_TIMEOUT_S, "rollstream-close")
+        if not finished:
+            log.warning("the Kafka client of group %s did not close within %g s (a commit without an answer?); "
+                        "left to the process", self.group_id, _CLOSE_TIMEOUT_S)
 
 
 def _close_quietly(consumer: Consumer) -> None:

@@ -1,12 +1,13 @@
 """Kafka-facing plumbing: client configuration, the topic plan, the Kafka I/O both sides share (one error
 mapping), consumer-group lag, policy versions on NS.control, the local broker."""
 
+from infra._bounded import call_within
 from infra._worker import WorkerThread
 from infra.acls import AclRule, apply_acls, plan_acls
 from infra.clients import open_admin, open_consumer, open_producer
 from infra.config import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, DEFAULT_TRAINER_GROUP, KafkaConfig, default_bootstrap
 from infra.control import ControlWatcher, PolicyAnnouncer, announce_policy_version
-from infra.kafka_errors import CommitFailed, KafkaIOError, kafka_error, missing_topic_error
+from infra.kafka_errors import CommitFailed, KafkaIOError, kafka_error, missing_topic_error, not_authorized_error
 from infra.kafka_io import (
     REACH_TIMEOUT_S,
     commit_offsets,
@@ -24,12 +25,11 @@ from infra.lag import GroupLag, LagReader, PartitionLag
 from infra.topics import TopicNames, TopicPlan, TopicSpec, create_topics, describe_topic_configs, sized_to_topic
 
 __all__ = [
-    "AclRule", "apply_acls", "plan_acls",
-    "BOOTSTRAP_ENV", "DEFAULT_BOOTSTRAP", "REACH_TIMEOUT_S", "DEFAULT_TRAINER_GROUP", "CommitFailed",
-    "ControlWatcher", "GroupLag",
-    "KafkaConfig", "KafkaIOError", "LagReader", "PartitionLag", "PolicyAnnouncer", "TopicNames", "TopicPlan",
-    "TopicSpec", "WorkerThread", "announce_policy_version", "commit_offsets", "committed_offsets",
-    "create_topics", "default_bootstrap", "describe_topic_configs", "is_record", "kafka_error",
-    "missing_topic_error", "open_admin", "open_consumer", "open_producer", "partitions_of", "position_of",
-    "produce_and_wait", "read_ranges", "reader", "require_topics", "sized_to_topic", "watermarks",
+    "AclRule", "BOOTSTRAP_ENV", "CommitFailed", "ControlWatcher", "DEFAULT_BOOTSTRAP", "DEFAULT_TRAINER_GROUP",
+    "GroupLag", "KafkaConfig", "KafkaIOError", "LagReader", "PartitionLag", "PolicyAnnouncer", "REACH_TIMEOUT_S",
+    "TopicNames", "TopicPlan", "TopicSpec", "WorkerThread", "announce_policy_version", "apply_acls", "call_within",
+    "commit_offsets", "committed_offsets", "create_topics", "default_bootstrap", "describe_topic_configs",
+    "is_record", "kafka_error", "missing_topic_error", "not_authorized_error", "open_admin", "open_consumer",
+    "open_producer", "partitions_of", "plan_acls", "position_of", "produce_and_wait", "read_ranges", "reader",
+    "require_topics", "sized_to_topic", "watermarks",
 ]

@@ -61,6 +61,7 @@ class Watermarks:
             return out
 
     def owned(self) -> list[int]:
+        """The partitions assigned now."""
         with self._lock:
             return sorted(self._parts)
 
@@ -74,6 +75,12 @@ class Watermarks:
             if part.next_offset is None or offset >= part.next_offset:
                 part.next_offset = offset + 1
             return part.generation
+
+    def taken_up_to(self, partition: int) -> int | None:
+        """One past the highest offset taken from `partition` under its current assignment (None: none yet)."""
+        with self._lock:
+            part = self._parts.get(partition)
+            return None if part is None else part.next_offset
 
     def is_current(self, partition: int, generation: int) -> bool:
         """Whether `partition` is still owned under `generation` (a buffered prompt may still start)."""

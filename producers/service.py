@@ -13,7 +13,7 @@ Three behaviours are pinned by tests against a real broker (tests/integration/te
 The parts (`producers._parts`) each own their state: intake (prompts, watermarks, credits), the lag
 gate (what was produced, the lag), the policy follower (versions, weights), the publisher, the group
 pipeline. This module keeps the lifecycle and the dispatch loop:
-``async for taken in intake: await slots.acquire(); await gate.wait_open(); spawn(group)``.
+``await slots.acquire(); await gate.wait_open(); taken = await anext(intake); spawn(group)``.
 
 Lifecycle: `run` until `stop` (SIGTERM/SIGINT with `run_sync`), ``exit_when_idle_s``, or a fatal error.
 Stopping halts intake, lets in-flight groups finish and publish up to ``drain_timeout_s``, flushes,
@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from infra import KafkaConfig
+from infra import KafkaConfig, LagReader
 from producers._parts import Parts, open_parts
 from producers.engines.base import Engine
 from producers.engines.custom import CustomEngine
@@ -172,10 +172,16 @@ class RolloutProducer:
         await asyncio.gather(dispatch, stopped, return_exceptions=True)
 
     async def _dispatch(self, parts: Parts) -> None:
+        """A slot, an open gate, then a prompt: a prompt leaves intake only when it can start, so intake
+        never runs ahead of generation by more than its queue (and a held prompt never waits on the gate)."""
         slots = asyncio.Semaphore(self.settings.concurrency)
-        async for taken in parts.intake:
+        while True:
             await slots.acquire()
             await parts.gate.wait_open()
+            try:
+                taken = await anext(parts.intake)
+            except StopAsyncIteration:
+                return
             self._spawn(parts, taken, slots)
 
     def _spawn(self, parts: Parts, taken: TakenPrompt, slots: asyncio.Semaphore) -> None:
@@ -236,9 +242,29 @@ class RolloutProducer:
             if intake.buffered or self._in_flight or not intake.settled():
                 continue
             if now - quiet_since >= idle_s:
+                if await asyncio.to_thread(self._prompts_left, intake.owned()):
+                    quiet_since = time.monotonic()  # prompts wait that intake did not get (yet): not idle
+                    continue
                 log.info("idle for %g s with everything published and committed: exiting", idle_s)
                 self._request_stop(f"idle for {idle_s:g} s")
                 return
+
+    def _prompts_left(self, partitions: list[int]) -> bool:
+        """Whether any of `partitions` of NS.prompts holds prompts past the intake group's committed offset,
+        read with a client of its own (intake's may be the one that is stuck). Blocks; off the loop. An
+        unreadable lag counts as prompts left: no exit on a guess."""
+        s = self.settings
+        try:
+            with LagReader(self.kafka) as reader:
+                lag = reader.group_lag(s.effective_intake_group, s.topics.prompts, timeout=5.0)
+        except RollstreamError as exc:
+            log.info("idle, but the lag of %s is unreadable (%s): not exiting yet", s.effective_intake_group, exc)
+            return True
+        waiting = {p.partition: p.lag for p in lag.partitions if p.partition in partitions and p.lag > 0}
+        if waiting:
+            log.warning("idle for the exit, but prompts wait on %s %s that intake did not receive: not exiting",
+                        s.topics.prompts, waiting)
+        return bool(waiting)
 
     # -- stopping --------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from infra import KafkaConfig
 from producers import CustomEngine, PolicyFollower, ProducerSettings, RolloutProducer, SamplingParams, load_reward
@@ -19,7 +19,7 @@ from producers._pipeline import GroupPipeline, GroupSettings
 from producers._watermarks import Watermarks
 from producers.engines.base import Completion, Generation
 from producers.gate import LagGate
-from producers.intake import TakenPrompt, commit_acknowledged
+from producers.intake import Intake, TakenPrompt, commit_acknowledged
 from producers.metrics import ProducerMetrics
 from producers.publisher import Publisher, PublishError
 from schemas import Prompt, ScoredGroup, decode
@@ -293,3 +293,57 @@ def test_intake_marks_only_accepted_partitions_committed(caplog: pytest.LogCaptu
     consumer.refuse.clear()
     assert commit_acknowledged(consumer, "t.prompts", "g", marks) == {}  # type: ignore[arg-type]
     assert consumer.commits[-1] == {1: 8} and marks.settled()
+
+
+# -- intake: a client that stopped serving its partitions is replaced -------------------------------------
+
+
+class _GroupConsumer:
+    """A stand-in for intake's consumer: committed offsets (or a timeout), end offsets, an assignment."""
+
+    def __init__(self, committed: dict[int, int], ends: dict[int, int], fail: bool = False) -> None:
+        self.committed_at, self.ends, self.fail = committed, ends, fail
+
+    def assignment(self) -> list[Any]:
+        return [SimpleNamespace(topic="t.prompts", partition=p, offset=-1001) for p in sorted(self.ends)]
+
+    def committed(self, partitions: list[Any], timeout: float) -> list[Any]:
+        if self.fail:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=self.committed_at.get(tp.partition,
+                                -1001)) for tp in partitions]
+
+    def get_watermark_offsets(self, tp: Any, timeout: float, cached: bool) -> tuple[int, int]:
+        return 0, self.ends[tp.partition]
+
+    def incremental_assign(self, partitions: list[Any]) -> None:
+        pass
+
+    def resume(self, partitions: list[Any]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("case,stuck", [("nothing-left", False), ("in-flight", False), ("prompts-wait", True),
+                                        ("coordinator-gone", True)])
+def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
+        case: str, stuck: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a broker stall a client can lose its coordinator for good (librdkafka#5511) and never fetch
+    again: prompts wait, nothing arrives. Intake must then drop its partitions as lost and rejoin; but a
+    quiet client with nothing left, or with everything taken and in flight, is healthy."""
+    import producers.intake as intake_module
+
+    metrics = ProducerMetrics()
+    intake = Intake(KafkaConfig(bootstrap_servers="127.0.0.1:1"), "t.prompts", "g", gate=_Gate(metrics),
+                    metrics=metrics, prefetch=4, session_timeout_s=1.0)
+    consumer = {"nothing-left": _GroupConsumer({0: 10}, {0: 10}), "in-flight": _GroupConsumer({0: 4}, {0: 10}),
+                "prompts-wait": _GroupConsumer({0: 4}, {0: 10}),
+                "coordinator-gone": _GroupConsumer({0: 10}, {0: 10}, fail=True)}[case]
+    intake._on_assign(consumer, consumer.assignment())  # type: ignore[arg-type]
+    if case == "in-flight":  # taken up to the end, not acknowledged yet: nothing waits
+        for offset in range(4, 10):
+            assert intake._marks.take(0, offset) is not None
+    assert not intake._stuck(consumer)  # type: ignore[arg-type]  # not quiet long enough yet
+    later = time.monotonic() + 60.0
+    monkeypatch.setattr(intake_module, "time", SimpleNamespace(monotonic=lambda: later))
+    assert intake._stuck(consumer) is stuck  # type: ignore[arg-type]
+    assert (intake.owned() == []) is stuck and intake.client_replacements == int(stuck)
