@@ -177,8 +177,16 @@ def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int],
     Raises:
         KafkaIOError: the coordinator did not answer (retriable), or refused for a partition.
     """
+    def lookup() -> list[TopicPartition]:
+        return consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
+
     try:
-        tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
+        # Bounded from outside too, as commits are: a client that lost its coordinator may not keep its timeout.
+        finished, answer = call_within(lookup, timeout + 1.0, "rollstream-committed")
+        if not finished or answer is None:
+            raise KafkaIOError(f"cannot read committed offsets on {topic}: no answer within {timeout:g} s; retrying "
+                               "may help", topic=topic, code="_TIMED_OUT", retriable=True)
+        tps = answer
     except KafkaException as exc:
         raise kafka_error(f"cannot read committed offsets on {topic}", exc, topic=topic) from exc
     for tp in tps:

@@ -80,6 +80,7 @@ def _stall(pids: tuple[int, ...]) -> threading.Timer:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_trainer_commits_again_after_broker_stalls(stallable: tuple[KafkaConfig, tuple[int, ...]]) -> None:
     config, pids = stallable
     names = TopicNames("stall-trainer")
@@ -102,7 +103,9 @@ def test_trainer_commits_again_after_broker_stalls(stallable: tuple[KafkaConfig,
                 assert replacements >= stall + 1, f"no fresh client during stall {stall + 1}: {errors[-3:]}"
                 taken += batch.group_ids
             while len(taken) < len(groups):  # the rest, after the stalls: nothing skipped, nothing twice
-                taken += consumer.take(N, timeout=30).group_ids
+                batch = consumer.take(N, timeout=30, commit=False)
+                _commit_until_done(consumer, batch, time.monotonic() + RECOVERY_BOUND_S)
+                taken += batch.group_ids
         assert sorted(taken) == sorted(g.group_id for g in groups)
         report = audit(config, names.namespace, "stall-trainer")
         assert report.ok, report.summary()
@@ -111,6 +114,7 @@ def test_trainer_commits_again_after_broker_stalls(stallable: tuple[KafkaConfig,
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_producer_publishes_and_commits_again_after_broker_stalls(
         stallable: tuple[KafkaConfig, tuple[int, ...]]) -> None:
     """The producer's clients (prompt intake: a group member that commits; the publisher; the lag gate)
