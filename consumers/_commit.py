@@ -1,5 +1,9 @@
 """Committing steps for one consumer group: each step's manifest on NS.steps first, then the offsets.
 
+A step's manifest is written once, at the latest when the step is committed: `record` writes it as
+soon as the step is taken (so that a restarted consumer can take the same batch again, see
+`consumers._resume`), and `commit` then writes only the manifests not recorded yet, before the offsets.
+
 `StepCommitter` owns the manifest producer and what the consumer knows of the group's committed
 offsets. Before each commit it checks those offsets did not move under it: one trainer per group id
 is the contract (partitions are assigned, not subscribed, so Kafka does not keep two consumers of a
@@ -11,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Producer
 
@@ -31,6 +36,7 @@ from schemas import RollstreamError, StepManifest, encode
 
 log = logging.getLogger(__name__)
 _RETRY_PAUSE_S = 0.2
+_T = TypeVar("_T")
 
 
 FRESH_CLIENT_AFTER = 2  # failed commit attempts in a row after which the Kafka client is replaced
@@ -57,6 +63,7 @@ class StepCommitter:
         self._committed: dict[int, int | None] = {}
         self._tried: dict[int, set[int]] = {}
         self._failed_attempts = 0  # commit attempts failed in a row, across calls
+        self._recorded: set[int] = set()  # id() of the uncommitted batches whose manifest is on NS.steps
 
     def start(self, config: KafkaConfig, consumer: Consumer, committed: Mapping[int, int | None]) -> None:
         """Remember the group's committed offsets as read at start, and open the manifest producer now
@@ -78,10 +85,31 @@ class StepCommitter:
         if producer is not None:
             producer.flush(self._timeout)
 
+    def record(self, batch: Batch, *, timeout: float | None = None) -> StepManifest:
+        """Write the manifest of `batch`, taken and not committed, to NS.steps (acknowledged), after
+        checking the group's offsets; return it. Does nothing without manifests. Blocks up to `timeout`.
+
+        Raises:
+            CommitError (retriable): the offsets check or the write failed.
+            GroupConflictError: another client committed for this group; nothing was written.
+        """
+        timeout = self._timeout if timeout is None else timeout
+        manifest = batch.manifest()
+        if self.manifests:
+            self._check_sole_committer(batch, timeout)
+            self._publish([manifest], batch, timeout)
+            self._recorded.add(id(batch))
+        return manifest
+
+    def forget_recorded(self) -> None:
+        """The uncommitted batches were dropped (`seek_to`): their manifests are superseded by the next."""
+        self._recorded.clear()
+
     def commit(self, batches: Sequence[Batch], *, timeout: float | None = None
                ) -> tuple[dict[int, int], list[StepManifest]]:
         """Commit `batches` (oldest first; the last is the one asked for): check the group's offsets,
-        write each manifest (acknowledged), then commit, per partition, one past the last offset.
+        write each manifest not `record`ed yet (acknowledged), then commit, per partition, one past
+        the last offset.
 
         Blocks until each is acknowledged (up to `timeout` s each; None: the committer's timeout).
         Returns the offsets committed and
@@ -96,17 +124,30 @@ class StepCommitter:
         timeout = self._timeout if timeout is None else timeout
         self._check_sole_committer(batch, timeout)
         manifests = [b.manifest() for b in batches]
-        if self.manifests:
-            self._publish(manifests, batch, timeout)
+        unwritten = [m for b, m in zip(batches, manifests, strict=True) if id(b) not in self._recorded]
+        if self.manifests and unwritten:
+            self._publish(unwritten, batch, timeout)
         offsets: dict[int, int] = {}
         for b in batches:
             offsets.update({r.partition: r.end for r in b.ranges})
+        self._commit_tracked(offsets, batch, timeout)
+        for b in batches:
+            self._recorded.discard(id(b))
+        return offsets, manifests
+
+    def rewind(self, offsets: Mapping[int, int], *, timeout: float | None = None) -> None:
+        """Commit `offsets` (a position the trainer went back to) without a manifest, after checking
+        the group's offsets. Blocks up to `timeout`. Raises what `commit` raises (``err.batch`` is None)."""
+        timeout = self._timeout if timeout is None else timeout
+        self._check_sole_committer(None, timeout)
+        self._commit_tracked(offsets, None, timeout)
+
+    def _commit_tracked(self, offsets: Mapping[int, int], batch: Batch | None, timeout: float) -> None:
         for p, o in offsets.items():
             self._tried.setdefault(p, set()).add(o)
         self._commit_offsets(offsets, batch, timeout)
         self._committed.update(offsets)
         self._tried.clear()
-        return offsets, manifests
 
     def commit_retrying(self, batches: Sequence[Batch], *, on_stuck: Callable[[CommitError], None]
                         ) -> tuple[dict[int, int], list[StepManifest]]:
@@ -114,11 +155,15 @@ class StepCommitter:
         `FRESH_CLIENT_AFTER` failed attempts in a row, also across calls, `on_stuck` is called to replace
         the client (see `RolloutConsumer.commit`). Raises what `commit` raises once the time is up;
         `GroupConflictError` at once."""
+        return self.retrying(lambda t: self.commit(batches, timeout=t), on_stuck=on_stuck)
+
+    def retrying(self, attempt: Callable[[float], _T], *, on_stuck: Callable[[CommitError], None]) -> _T:
+        """`attempt(timeout)` (a `record`, `commit` or `rewind`) retried as `commit_retrying` describes."""
         deadline = time.monotonic() + self._timeout
         share = max(1.0, self._timeout / (FRESH_CLIENT_AFTER + 1))
         while True:
             try:
-                result = self.commit(batches, timeout=max(0.5, min(share, deadline - time.monotonic())))
+                result = attempt(max(0.5, min(share, deadline - time.monotonic())))
             except GroupConflictError:
                 raise
             except CommitError as exc:
@@ -140,7 +185,7 @@ class StepCommitter:
             raise RollstreamError(f"the committer of group {self.group_id} was not started")
         return self._config, self._consumer
 
-    def _check_sole_committer(self, batch: Batch, timeout: float) -> None:
+    def _check_sole_committer(self, batch: Batch | None, timeout: float) -> None:
         """Raise GroupConflictError when the group's committed offsets moved under this consumer."""
         topic = self.names.rollouts
         try:
@@ -171,9 +216,10 @@ class StepCommitter:
             raise kafka_error(f"cannot read metadata of {self.names.steps}", exc, topic=self.names.steps) from exc
         return producer
 
-    def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch, timeout: float) -> None:
+    def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch | None, timeout: float) -> None:
         try:
             commit_offsets(self._started()[1], self.names.rollouts, offsets, timeout=timeout)
         except CommitFailed as exc:
-            raise CommitError(batch, f"cannot commit offsets {dict(offsets)} of step {batch.step} for group "
+            what = "the rewound position" if batch is None else f"step {batch.step}"
+            raise CommitError(batch, f"cannot commit offsets {dict(offsets)} of {what} for group "
                                      f"{self.group_id}: {exc}") from exc

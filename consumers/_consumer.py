@@ -9,8 +9,13 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
   time, so the Python-side buffer stays small; librdkafka's own fetch queue is bounded by
   ``queued.max.messages.kbytes``.
 - Every offset looked at gets one disposition (taken / filtered / duplicate / undecodable) in the
-  step's manifest. The manifest is written to NS.steps *before* the offsets are committed; offsets
-  committed are, per partition, one past the last offset of the step (the next record to read).
+  step's manifest. The manifest is written to NS.steps before `take` returns (with ``commit=False``
+  too) and *before* the offsets are committed; offsets committed are, per partition, one past the
+  last offset of the step (the next record to read).
+- The same batch after a crash: a step handed over and never committed is recorded by its manifest,
+  so a restarted consumer's first takes are those recorded steps again, each the same batch (group
+  ids, order, step number), for any partition count (`consumers._resume`). `seek_to_step(k)` goes
+  back to a trainer checkpoint's step k and takes the steps after it again the same way.
 - Partitions are assigned explicitly (no group membership, no session timeout): a trainer that does
   not call in for hours keeps its position and commits fine, under the group id.
 - A group id already taken (in an earlier step of this consumer group, also before a restart, or
@@ -41,6 +46,8 @@ from consumers._gather import Entry, Gathering
 from consumers._ledger import StepLedger
 from consumers._manifests import read_manifests
 from consumers._metrics import ConsumerMetrics
+from consumers._replay import read_taken
+from consumers._resume import chained, latest_by_step, position_after
 from consumers.filters import GroupFilter, default_filters
 from infra import (
     DEFAULT_TRAINER_GROUP,
@@ -55,7 +62,7 @@ from infra import (
     sized_to_topic,
     watermarks,
 )
-from schemas import RollstreamError, now_ms
+from schemas import RollstreamError, StepManifest, now_ms
 
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`consumers.DEFAULT_GROUP`)
@@ -106,6 +113,7 @@ class RolloutConsumer:
         self.manifests = manifests
         self.metrics = metrics if isinstance(metrics, ConsumerMetrics) else ConsumerMetrics(metrics)
         self._timeout = timeout
+        self._dedupe_epochs = dedupe_epochs
         self._ledger = StepLedger(dedupe_epochs=dedupe_epochs)
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
         self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout)
@@ -113,6 +121,7 @@ class RolloutConsumer:
         self._buffer: deque[Entry] = deque()
         self._position: dict[int, int] = {}
         self._pending: list[Batch] = []
+        self._redo: deque[StepManifest] = deque()  # recorded steps to take again first, in order
         self._next_step = 0
         self._last_committed_step: int | None = None
 
@@ -163,16 +172,19 @@ class RolloutConsumer:
         topic = self.names.rollouts
         partitions = partitions_of(consumer, topic, timeout=self._timeout)
         committed = committed_offsets(consumer, topic, partitions, timeout=self._timeout)
-        if self.manifests:
-            for manifest in read_manifests(self.config, self.names.steps, self.group_id, timeout=self._timeout):
-                self._ledger.add(manifest)
-            for orphan in self._ledger.drop_uncommitted(committed):
-                log.warning("group %s: step %d has a manifest but its offsets were never committed (crash "
-                            "between manifest and commit?); its groups will be taken again", self.group_id,
-                            orphan.step)
-            self._next_step = self._ledger.next_step
         self._position = {p: c if c is not None else watermarks(consumer, topic, p, timeout=self._timeout)[0]
                           for p, c in committed.items()}
+        if self.manifests:
+            manifests = read_manifests(self.config, self.names.steps, self.group_id, timeout=self._timeout)
+            for manifest in manifests:
+                self._ledger.add(manifest)
+            orphans = [o.step for o in self._ledger.drop_uncommitted(committed)]
+            self._next_step = self._ledger.next_step
+            self._redo = deque(chained(latest_by_step(manifests, orphans), self._position))
+            if orphans:
+                log.warning("group %s: steps %s were handed over but never committed (the trainer stopped before "
+                            "committing them); taking steps %s again first, as recorded", self.group_id, orphans,
+                            [m.step for m in self._redo])
         return committed
 
     # -- taking ----------------------------------------------------------------------------------
@@ -182,12 +194,17 @@ class RolloutConsumer:
         """Take exactly `n` groups that pass the filters and are not duplicates: one training step.
 
         Blocks until n groups are there, or up to `timeout` seconds (None: no limit; 0: only what is
-        already fetched or arrives at once). With ``commit=True`` the step's manifest is written to
-        NS.steps and then its offsets are committed before returning: per partition the offset of
-        the next record to read, exactly past this step. With ``commit=False`` nothing is written;
-        call `commit(batch)` after the optimizer step. Taking again before that continues *after*
-        the uncommitted batch (the position is in memory); if the process dies first, the next
-        consumer of the group gets the same records again. Not thread-safe.
+        already fetched or arrives at once). The step's manifest is written to NS.steps before
+        returning. With ``commit=True`` its offsets are then committed too: per partition the offset
+        of the next record to read, exactly past this step. With ``commit=False`` nothing is
+        committed; call `commit(batch)` after the optimizer step. Taking again before that continues
+        *after* the uncommitted batch (the position is in memory); if the process dies first, the
+        next consumer of the group takes the same batch again first (same groups, same order, same
+        step number). Not thread-safe.
+
+        A step recorded by an earlier consumer of the group and never committed (or one after the step
+        `seek_to_step` went back to) is returned again exactly as recorded, filters and staleness
+        included, when it took `n` groups; otherwise groups are taken afresh from there.
 
         Args:
             policy_version: set `policy_version` first (the staleness filter measures against it).
@@ -197,6 +214,7 @@ class RolloutConsumer:
                 (put back in order) for the next call. Nothing is committed.
             CommitError: the step was taken but writing its manifest or committing failed;
                 ``err.batch`` is the batch, still uncommitted: retry ``commit(err.batch)``.
+            GroupConflictError: another client committed for this group (two trainers on one group id).
             FilterError: a filter raised; nothing was taken.
             RollstreamError: the topic does not exist, the broker is unreachable, or `n` < 1.
         """
@@ -208,11 +226,15 @@ class RolloutConsumer:
             self.policy_version = policy_version
         started = time.monotonic()
         self._start()
-        gathering = self._gather(n, started, timeout)
-        batch = self._finish(gathering)
-        self._observe(batch, gathering, time.monotonic() - started)
+        batch = self._take_recorded(n) if self._redo else None
+        if batch is None:
+            gathering = self._gather(n, started, timeout)
+            batch = self._finish(gathering)
+            self._observe(batch, gathering.taken_bytes, time.monotonic() - started)
         if commit:
             self.commit(batch)
+        elif self.manifests:
+            self._committer.retrying(lambda t: self._committer.record(batch, timeout=t), on_stuck=self._replace_client)
         return batch
 
     def _gather(self, n: int, started: float, timeout: float | None) -> Gathering:
@@ -256,8 +278,42 @@ class RolloutConsumer:
         self._pending.append(batch)  # its group ids stay held in the ledger until it is committed
         return batch
 
-    def _observe(self, batch: Batch, gathering: Gathering, seconds: float) -> None:
-        self.metrics.observe_step(batch, seconds, gathering.taken_bytes, self.policy_version, self.estimated_lag())
+    def _take_recorded(self, n: int) -> Batch | None:
+        """The next recorded step again, as the same batch; None (and no more redo) when it took other
+        than `n` groups or its records cannot be read back."""
+        started = time.monotonic()
+        manifest = self._redo[0]
+        taken = sum(1 for d in manifest.dispositions if d.kind == "taken")
+        if taken != n:
+            log.warning("group %s: step %d was recorded with %d groups but take(%d) asks for %d; taking afresh "
+                        "from offsets %s instead of redoing steps %s", self.group_id, manifest.step, taken, n, n,
+                        self._position, [m.step for m in self._redo])
+            self._redo.clear()
+            return None
+        try:
+            records = read_taken(self.config, manifest, timeout=self._timeout)
+        except RollstreamError as exc:
+            log.warning("group %s: cannot take recorded step %d again (%s); taking afresh from offsets %s",
+                        self.group_id, manifest.step, exc, self._position)
+            self._redo.clear()
+            return None
+        self._redo.popleft()
+        self._position.update({r.partition: r.end for r in manifest.ranges})
+        self._buffer.clear()
+        self._client.use(self._client.current(), self._position)
+        groups = tuple(r.group for r in records if r.group is not None)
+        self._ledger.hold(g.group_id for g in groups)
+        batch = Batch(step=manifest.step, groups=groups, positions=tuple((r.partition, r.offset) for r in records),
+                      ranges=manifest.ranges, dispositions=manifest.dispositions, offsets=dict(self._position),
+                      consumer_group=self.group_id, topic=self.names.rollouts,
+                      policy_version=manifest.policy_version, created_at_ms=manifest.created_at_ms)
+        self._next_step = max(self._next_step, manifest.step + 1)
+        self._pending.append(batch)
+        self._observe(batch, sum(len(r.value) for r in records), time.monotonic() - started)
+        return batch
+
+    def _observe(self, batch: Batch, taken_bytes: int, seconds: float) -> None:
+        self.metrics.observe_step(batch, seconds, taken_bytes, self.policy_version, self.estimated_lag())
         counts = batch.counts()
         log.info("step %d: took %d groups in %.3f s (filtered %d, duplicate %d, undecodable %d) from %s "
                  "ranges %s; next offsets %s", batch.step, counts["taken"], seconds, counts["filtered"],
@@ -365,9 +421,7 @@ class RolloutConsumer:
                                       f"has partitions {sorted(self._position)} and offsets are >= 0")
         if next_step is None and self._pending:
             next_step = self._pending[0].step
-        self._pending.clear()
-        self._ledger.release()  # nothing is held any more: the uncommitted batches are dropped
-        self._buffer.clear()
+        self._drop_uncommitted()
         self._position.update({int(p): int(o) for p, o in offsets.items()})
         dropped = self._ledger.rewind(self._position)
         if next_step is not None:
@@ -375,6 +429,59 @@ class RolloutConsumer:
         self._client.use(self._client.current(), self._position)
         log.info("group %s moved to offsets %s (next step %d; forgot steps %s)", self.group_id, self._position,
                  self._next_step, dropped)
+
+    def _drop_uncommitted(self) -> None:
+        self._pending.clear()
+        self._committer.forget_recorded()
+        self._ledger.release()  # nothing is held any more: the uncommitted batches are dropped
+        self._buffer.clear()
+        self._redo.clear()
+
+    def seek_to_step(self, step: int) -> None:
+        """Continue exactly after step `step`: the resume point of a trainer checkpoint saved after it.
+
+        Reads the group's manifests from NS.steps, moves the position to where step `step` ended (on
+        every partition), rebuilds dedupe from the steps up to it (the groups taken after it can be
+        taken again), and commits that position at once, so lag and producers' backpressure see it.
+        The next takes are then the steps that followed `step` again, each the same batch as before
+        (same groups, same order, same step number), as long as they chain and take the same n; then
+        new groups. Their old manifests are superseded by the new ones, so the audit stays green.
+        Uncommitted batches and buffered records are dropped. Blocks until the manifests are read
+        and the position is committed. Not thread-safe.
+
+        Raises:
+            RollstreamError: the consumer has no manifests (``manifests=False``), or the group has no step
+                `step` (the message names the steps it has).
+            CommitError: the position could not be committed (retriable: call again).
+            GroupConflictError: another client committed for this group.
+        """
+        self._start()
+        if not self.manifests:
+            raise RollstreamError(f"seek_to_step({step}) needs the step manifests: create the consumer of group "
+                                  f"{self.group_id} with manifests=True")
+        history = StepLedger(keep_manifests=True)
+        for m in read_manifests(self.config, self.names.steps, self.group_id, timeout=self._timeout):
+            history.add(m)
+        effective = sorted(history.effective(), key=lambda m: m.step)
+        if not any(m.step == step for m in effective):
+            known = f"steps {effective[0].step}..{effective[-1].step}" if effective else "no steps yet"
+            raise RollstreamError(f"group {self.group_id} has no step {step} on {self.names.steps} ({known}); "
+                                  "was the checkpoint saved by a trainer of another group or namespace?")
+        upto = [m for m in effective if m.step <= step]
+        later = [m for m in effective if m.step > step]
+        position = position_after(upto, later, self._position)
+        self._committer.retrying(lambda t: self._committer.rewind(position, timeout=t), on_stuck=self._replace_client)
+        self._drop_uncommitted()
+        self._ledger = StepLedger(dedupe_epochs=self._dedupe_epochs)
+        for m in upto:
+            self._ledger.add(m)
+        self._position.update(position)
+        self._next_step = step + 1
+        self._last_committed_step = step
+        self._redo = deque(chained(later, self._position))
+        self._client.use(self._client.current(), self._position)
+        log.info("group %s resumed after step %d at offsets %s; taking steps %s again first, as recorded",
+                 self.group_id, step, self._position, [m.step for m in self._redo])
 
     def lag(self, timeout: float = 10.0) -> GroupLag:
         """The group's committed lag on NS.rollouts (`infra.LagReader`). Blocks up to about `timeout` s.

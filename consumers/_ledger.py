@@ -11,6 +11,9 @@ cannot disagree:
    checkpoint with `seek_to(..., next_step=K)`).
 2. A manifest supersedes every earlier manifest that reaches, on some partition, past where the new
    one starts (the trainer's position went back: `seek_to` an older checkpoint).
+   Rules 1 and 2 do not apply to a *rewrite*: a manifest identical in step, ranges and taken groups to
+   one already counted (a recorded step taken again as it was, see `consumers._resume`) supersedes
+   only that one, so the recorded steps after it stay and are taken again as they were too.
 3. After all manifests are read, a manifest whose ranges go past the group's committed offsets was
    never committed (crash between manifest and commit); it is pending, not effective, and its groups
    are not "taken" for dedupe: they will be taken again.
@@ -118,12 +121,13 @@ class StepLedger:
     def add(self, manifest: StepManifest) -> list[DroppedStep]:
         """Apply `manifest` (rules 1 and 2); return the steps it superseded."""
         starts = {r.partition: r.start for r in manifest.ranges}
-        superseded = [s for s in self._steps if s.step >= manifest.step or _overlaps(s, starts)]
-        self._remove(superseded)
+        bounds = {r.partition: (r.start, r.end) for r in manifest.ranges}
         taken = tuple(d.group_id for d in manifest.dispositions if d.kind == "taken" and d.group_id is not None)
+        twins = [s for s in self._steps if s.step == manifest.step and s.bounds == bounds and s.taken == taken]
+        superseded = twins or [s for s in self._steps if s.step >= manifest.step or _overlaps(s, starts)]
+        self._remove(superseded)
         epochs = [e for gid in taken if (e := epoch_of(gid)) is not None]
-        step = _Step(manifest.step, {r.partition: (r.start, r.end) for r in manifest.ranges}, taken,
-                     max(epochs, default=None), manifest if self._keep else None)
+        step = _Step(manifest.step, bounds, taken, max(epochs, default=None), manifest if self._keep else None)
         self._steps.append(step)
         for gid in taken:
             self._taken[gid] = step.step

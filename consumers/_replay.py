@@ -138,6 +138,18 @@ def replay_step(config: KafkaConfig, namespace: str, consumer_group: str, step: 
             group than the manifest says (the topic was recreated).
     """
     manifest = find_step(config, namespace, consumer_group, step, timeout=timeout)
+    return ReplayedStep(manifest, read_taken(config, manifest, timeout=timeout, progress=progress))
+
+
+def read_taken(config: KafkaConfig, manifest: StepManifest, *, timeout: float = 30.0,
+               progress: Progress | None = None) -> tuple[ReplayedRecord, ...]:
+    """The records `manifest` took, fetched by offset, in the manifest's order. Blocks until read.
+
+    Raises:
+        RollstreamError: a taken offset no longer exists (retention) or holds another group than the
+            manifest says (the topic was recreated); KafkaIOError when a read fails.
+    """
+    step = manifest.step
     wanted = {(d.partition, d.offset): d.group_id for d in manifest.dispositions if d.kind == "taken"}
     bounds = {r.partition: (r.start, r.end) for r in manifest.ranges}
     found: dict[tuple[int, int], ReplayedRecord] = {}
@@ -157,7 +169,7 @@ def replay_step(config: KafkaConfig, namespace: str, consumer_group: str, step: 
                                   f"{record.group.group_id if record.group else 'an undecodable record'}, but the "
                                   f"manifest says {group_id} (was the topic recreated?)")
         records.append(record)
-    return ReplayedStep(manifest, tuple(records))
+    return tuple(records)
 
 
 def group_to_json(record: ReplayedRecord, step: int | None = None) -> dict[str, Any]:

@@ -1,90 +1,116 @@
-"""Use rollstream as the rollout source of slime (THUDM's RL framework).
+"""Use rollstream as the rollout source of slime (THUDM's RL framework), in either of its training loops.
 
-Point slime at it with ``--rollout-function-path consumers.slime.generate_rollout``. Each call takes
-exactly ``args.rollout_batch_size`` groups from NS.rollouts and returns them as slime expects from a
-rollout function: a list of groups, each a list of slime ``Sample`` objects. When slime is installed
-its own ``slime.utils.types.Sample`` is built; otherwise `SlimeSample`, a stand-in with the same field
-names and meaning:
+Point slime at it with::
 
-- ``tokens``: prompt token ids followed by response token ids; ``response_length``: response tokens;
-- ``loss_mask``: ``[1] * response_length`` (every response token is model-generated);
-- ``rollout_log_probs``: one logprob per response token (None when the engine returned none);
-- ``reward``: the sample's reward; ``status``: COMPLETED / TRUNCATED / ABORTED from the finish reason,
-  FAILED for a failed group; ``weight_versions``: the policy versions, as strings (as SGLang reports);
-- ``prompt``, ``response``, ``label`` (``metadata["label"]``), ``group_index``, ``index``, and
-  ``metadata`` with group_id, prompt_id, epoch, partition and offset.
+    --rollout-function-path consumers.slime.generate_rollout
+    --data-source-path consumers.slime.RollstreamDataSource     # checkpoint save/load of the Kafka position
+    --num-rollout N                                             # a stream has no length to derive it from
 
-Settings come from ``args`` attributes, else environment variables:
-``rollstream_bootstrap_servers`` / ``ROLLSTREAM_BOOTSTRAP_SERVERS``, ``rollstream_namespace`` /
-``ROLLSTREAM_NAMESPACE``, ``rollstream_group`` / ``ROLLSTREAM_TRAINER_GROUP``,
-``rollstream_take_timeout`` / ``ROLLSTREAM_TAKE_TIMEOUT`` (seconds, default: wait),
-``rollstream_max_staleness`` / ``ROLLSTREAM_MAX_STALENESS`` (the policy version is slime's
-``rollout_id``), ``rollstream_dynamic_sampling`` / ``ROLLSTREAM_DYNAMIC_SAMPLING`` (default on),
-``rollstream_commit`` / ``ROLLSTREAM_COMMIT``: ``next`` (default) commits a rollout's batch when slime
-asks for the next one, i.e. once it has been handed on; ``take`` commits at once.
+and tell the adapter which loop calls it: ``args.rollstream_slime_loop`` / ``ROLLSTREAM_SLIME_LOOP`` =
+``sync`` (slime's ``train.py``) or ``async`` (``train_async.py``). Each rollout call takes exactly
+``args.rollout_batch_size`` groups from NS.rollouts (one rollstream step) and returns them as slime
+``Sample`` groups, in slime's ``RolloutFnTrainOutput`` with rollstream's metrics when slime is importable.
 
-Groups whose size differs from ``args.n_samples_per_prompt`` are skipped (reason ``group_size``),
-because slime reshapes rewards by that number. The consumer lives on ``args`` (one per slime rollout
-manager); it is not shared through module state.
+When a batch is committed (read at slime 624b824, 2026-08; file:line there):
+
+- ``train.py`` generates rollout k (train.py:53), trains it (:69), saves a checkpoint (:71-80), updates the
+  weights (:85), and only then asks for rollout k+1: with ``sync``, batch k is committed when k+1 is asked for.
+- ``train_async.py`` asks for rollout k+1 right after it received k (:39-40), *before* it trains k (:53):
+  committing k then would lose it if the trainer died in step k. With ``async``, batch k is committed when
+  rollout k+2 is asked for (train k has returned by then).
+- In both loops slime checkpoints after training k (``RolloutManager.save(k)``, train.py:79-80,
+  train_async.py:63-64): `RollstreamDataSource.save` commits through batch k there and stores its step number.
+- Unset, the adapter commits as with ``async``, which never commits a batch before it was trained in either
+  loop (under ``train.py`` it commits one call later than needed). When the calls contradict the setting
+  (a save or an eval of k arriving after rollout k+1 was handed over is ``train_async.py``'s order, one
+  arriving before it is ``train.py``'s), `generate_rollout` / `RollstreamDataSource.save` raise.
+
+Resume: slime restores checkpoint k and calls ``data_source.load(k)`` (ray/placement_group.py:221-222);
+`RollstreamDataSource.load` moves the consumer to the end of k's step (`RolloutConsumer.seek_to_step`), so
+the next rollout continues exactly after it, whatever was committed later, with the same batches as before.
+
+Staleness (``rollstream_max_staleness``) is measured against the weight version slime's engines serve, which
+counts ``update_weights`` calls, not rollouts: slime's weight updater starts at 0 and adds 1 before each push
+(backends/megatron_utils/update_weight/update_weight_from_distributed.py:47, :108), the first push being
+before the loop (train.py:27, train_async.py:26), and starts over after a resume. So for rollout r of a run
+that started at ``args.start_rollout_id`` S: ``1 + (r - S)`` under ``train.py``; under ``train_async.py``
+(and when unset) 1 plus the updates done after steps S..r-2 (every ``args.update_weights_interval``-th).
+Producers on SGLang stamp each sample with the ``weight_version`` the engine reports, so both count alike.
+
+Eval calls (``evaluation=True``; slime's ``--eval-function-path`` defaults to the rollout function,
+utils/arguments.py:1968-1969) are delegated to ``rollstream_eval_function_path`` /
+``ROLLSTREAM_EVAL_FUNCTION_PATH`` (default slime's own ``slime.rollout.sglang_rollout.generate_rollout``, which
+evaluates ``--eval-prompt-data`` on slime's engines); rollstream serves training rollouts only.
+
+Other settings, from ``args`` attributes, else environment variables: ``rollstream_bootstrap_servers`` /
+``ROLLSTREAM_BOOTSTRAP_SERVERS``, ``rollstream_namespace`` / ``ROLLSTREAM_NAMESPACE``, ``rollstream_group`` /
+``ROLLSTREAM_TRAINER_GROUP``, ``rollstream_take_timeout`` / ``ROLLSTREAM_TAKE_TIMEOUT`` (seconds, default:
+wait), ``rollstream_max_staleness`` / ``ROLLSTREAM_MAX_STALENESS``, ``rollstream_dynamic_sampling`` /
+``ROLLSTREAM_DYNAMIC_SAMPLING`` (default on). Groups whose size differs from ``args.n_samples_per_prompt``
+are skipped (reason ``group_size``): slime reshapes rewards by that number.
+
+Samples are slime's ``slime.utils.types.Sample``: ``tokens`` = prompt then response token ids,
+``response_length``, ``loss_mask`` = ``[1] * response_length``, ``rollout_log_probs`` (one per response
+token, None when the engine returned none), ``reward``, ``status``
+(COMPLETED / TRUNCATED / ABORTED from the finish reason, FAILED for a failed group), ``weight_versions``
+(strings, as SGLang reports them), ``prompt``, ``response``, ``label`` (``metadata["label"]``),
+``group_index``, ``index``, and ``metadata`` with group_id, prompt_id, epoch, partition, offset, producer_id.
+
+The adapter's state (the consumer, the batches handed over) lives on ``args`` (one per slime rollout
+manager, which calls it from one thread); nothing is kept in module state.
 """
 
 from __future__ import annotations
 
-import enum
+import importlib
+import json
+import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from consumers._batch import Batch
 from consumers._consumer import DEFAULT_GROUP, RolloutConsumer
-from consumers.filters import FilterContext, default_filters
+from consumers.filters import FilterContext, default_filters, staleness_of
 from schemas import RollstreamError, ScoredGroup
 
+log = logging.getLogger(__name__)
 _STATE_ATTR = "_rollstream_slime_rollout"
 _STATUS_BY_FINISH = {"stop": "completed", "length": "truncated", "abort": "aborted"}
-
-
-@dataclass
-class SlimeSample:
-    """Stand-in for ``slime.utils.types.Sample`` when slime is not installed: same field names and meaning."""
-
-    class Status(enum.Enum):
-        PENDING = "pending"
-        COMPLETED = "completed"
-        TRUNCATED = "truncated"
-        ABORTED = "aborted"
-        FAILED = "failed"
-
-    group_index: int | None = None
-    index: int | None = None
-    prompt: str = ""
-    tokens: list[int] = field(default_factory=list)
-    response: str = ""
-    response_length: int = 0
-    label: str | None = None
-    reward: float | None = None
-    loss_mask: list[int] | None = None
-    weight_versions: list[str] = field(default_factory=list)
-    rollout_log_probs: list[float] | None = None
-    remove_sample: bool = False
-    status: SlimeSample.Status = Status.PENDING
-    metadata: dict[str, Any] = field(default_factory=dict)
+LOOPS = ("sync", "async")
+DEFAULT_EVAL_FUNCTION = "slime.rollout.sglang_rollout.generate_rollout"
 
 
 def sample_class() -> type:
-    """slime's own Sample class when slime is importable, else `SlimeSample`."""
+    """slime's own ``slime.utils.types.Sample``.
+
+    Raises:
+        RollstreamError: slime is not importable (the adapter runs inside slime's rollout manager).
+    """
     try:
         from slime.utils.types import Sample  # type: ignore[import-not-found]
-    except ImportError:
-        return SlimeSample
+    except ImportError as exc:
+        raise RollstreamError(f"consumers.slime runs inside slime, which is not importable here ({exc}); install "
+                              "slime (github.com/THUDM/slime) in this environment") from exc
     return Sample
+
+
+def train_output_class() -> type | None:
+    """slime's ``RolloutFnTrainOutput`` (slime/rollout/base_types.py), or None in a slime too old to have it
+    (a plain list of groups is what its rollout manager took then)."""
+    try:
+        from slime.rollout.base_types import RolloutFnTrainOutput  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return RolloutFnTrainOutput
 
 
 def to_slime_group(group: ScoredGroup, group_index: int, position: tuple[int, int] = (-1, -1),
                    sample_cls: type | None = None) -> list[Any]:
     """The samples of one group as slime Samples (see the module docstring for each field)."""
-    cls: Any = sample_cls or sample_class()  # slime's Sample or ours: both have a nested Status enum
+    cls: Any = sample_cls or sample_class()
     prompt = group.prompt_tokens.tolist()
     out = []
     for j, s in enumerate(group.samples):
@@ -122,70 +148,277 @@ def _group_size_filter(expected: int | None) -> Callable[[ScoredGroup, FilterCon
     return group_size
 
 
-@dataclass
-class _SlimeRollout:
-    consumer: RolloutConsumer
-    commit_mode: str
-    timeout: float | None
-    uses_staleness: bool
-    previous: Batch | None = None
+@dataclass(frozen=True)
+class SlimeSettings:
+    """The adapter's settings, read from slime's ``args`` (``rollstream_*`` attributes) or the environment."""
+
+    bootstrap_servers: str | None
+    namespace: str
+    group: str
+    take_timeout: float | None
+    max_staleness: int | None
+    dynamic_sampling: bool
+    loop: str | None
+    eval_function_path: str
+
+    @classmethod
+    def from_args(cls, args: Any) -> SlimeSettings:
+        """Raises RollstreamError for a setting that is not valid, naming the values that are."""
+        loop = _setting(args, "rollstream_slime_loop", "ROLLSTREAM_SLIME_LOOP")
+        if loop is not None and str(loop) not in LOOPS:
+            raise RollstreamError(f"rollstream_slime_loop={loop!r}: use 'sync' (slime's train.py) or 'async' "
+                                  "(train_async.py)")
+        if _setting(args, "rollstream_commit", "ROLLSTREAM_COMMIT") is not None:
+            raise RollstreamError("rollstream_commit is gone: commits follow slime's loop now; set "
+                                  "rollstream_slime_loop (ROLLSTREAM_SLIME_LOOP) to 'sync' or 'async' instead")
+        timeout = _setting(args, "rollstream_take_timeout", "ROLLSTREAM_TAKE_TIMEOUT")
+        staleness = _setting(args, "rollstream_max_staleness", "ROLLSTREAM_MAX_STALENESS")
+        return cls(
+            bootstrap_servers=_setting(args, "rollstream_bootstrap_servers", "ROLLSTREAM_BOOTSTRAP_SERVERS"),
+            namespace=str(_setting(args, "rollstream_namespace", "ROLLSTREAM_NAMESPACE", "rollstream")),
+            group=str(_setting(args, "rollstream_group", "ROLLSTREAM_TRAINER_GROUP", DEFAULT_GROUP)),
+            take_timeout=None if timeout is None else float(timeout),
+            max_staleness=None if staleness is None else int(staleness),
+            dynamic_sampling=_flag(_setting(args, "rollstream_dynamic_sampling", "ROLLSTREAM_DYNAMIC_SAMPLING", True)),
+            loop=None if loop is None else str(loop),
+            eval_function_path=str(_setting(args, "rollstream_eval_function_path", "ROLLSTREAM_EVAL_FUNCTION_PATH",
+                                            DEFAULT_EVAL_FUNCTION)))
 
 
-def _create(args: Any) -> _SlimeRollout:
-    commit_mode = str(_setting(args, "rollstream_commit", "ROLLSTREAM_COMMIT", "next"))
-    if commit_mode not in ("next", "take"):
-        raise RollstreamError(f"rollstream_commit={commit_mode!r}: use 'next' (commit when the next rollout "
-                              "is requested) or 'take' (commit at once)")
-    max_staleness = _setting(args, "rollstream_max_staleness", "ROLLSTREAM_MAX_STALENESS")
-    timeout = _setting(args, "rollstream_take_timeout", "ROLLSTREAM_TAKE_TIMEOUT")
-    n_samples = getattr(args, "n_samples_per_prompt", None)
-    filters = (*default_filters(dynamic_sampling=_flag(_setting(args, "rollstream_dynamic_sampling",
-                                                                 "ROLLSTREAM_DYNAMIC_SAMPLING", True))),
-               _group_size_filter(int(n_samples) if n_samples else None))
-    consumer = RolloutConsumer(
-        _setting(args, "rollstream_bootstrap_servers", "ROLLSTREAM_BOOTSTRAP_SERVERS"),
-        str(_setting(args, "rollstream_group", "ROLLSTREAM_TRAINER_GROUP", DEFAULT_GROUP)),
-        str(_setting(args, "rollstream_namespace", "ROLLSTREAM_NAMESPACE", "rollstream")),
-        filters=filters, max_staleness=None if max_staleness is None else int(max_staleness))
-    return _SlimeRollout(consumer, commit_mode, None if timeout is None else float(timeout), max_staleness is not None)
+class SlimeRollout:
+    """The consumer of one slime rollout manager and the batches it handed over, by rollout id.
+
+    Not thread-safe (slime's RolloutManager calls it from one thread). See the module docstring for
+    the commit rule and the weight versions.
+    """
+
+    def __init__(self, args: Any, settings: SlimeSettings, consumer: RolloutConsumer | None = None) -> None:
+        self.settings = settings
+        n_samples = getattr(args, "n_samples_per_prompt", None)
+        filters = (*default_filters(dynamic_sampling=settings.dynamic_sampling),
+                   _group_size_filter(int(n_samples) if n_samples else None))
+        self.consumer = consumer or RolloutConsumer(settings.bootstrap_servers, settings.group, settings.namespace,
+                                                    filters=filters, max_staleness=settings.max_staleness)
+        self.start: int | None = getattr(args, "start_rollout_id", None)
+        self.update_interval = int(getattr(args, "update_weights_interval", None) or 1)
+        self.every_step = bool(getattr(args, "release_train", False))
+        self.num_rollout: int | None = getattr(args, "num_rollout", None)
+        self.handed: dict[int, Batch] = {}  # rollout id -> batch handed over and not committed, oldest first
+        self.steps: dict[int, int] = {}  # rollout id -> its rollstream step number
+        self.last: int | None = None  # the newest rollout id handed over
+
+    # -- rollouts --------------------------------------------------------------------------------
+
+    def rollout(self, rollout_id: int, n: int) -> tuple[Batch, int]:
+        """Commit what slime has trained by now, then take rollout `rollout_id`'s batch; return it and the
+        weight version it was measured against. Blocks until n groups are there (or the take timeout)."""
+        if self.last is not None and rollout_id <= self.last:
+            raise RollstreamError(f"slime asked for rollout {rollout_id} after rollout {self.last}: rollout ids "
+                                  "must increase (is a second trainer using this args object?)")
+        if self.start is None:
+            self.start = rollout_id
+        self.commit_through(rollout_id - (1 if self.settings.loop == "sync" else 2))
+        version = self.weight_version(rollout_id)
+        batch = self.consumer.take(n, timeout=self.settings.take_timeout, commit=False, policy_version=version)
+        self.handed[rollout_id] = batch
+        self.steps[rollout_id] = batch.step
+        self.last = rollout_id
+        return batch, version
+
+    def weight_version(self, rollout_id: int) -> int:
+        """The weight version slime's engines serve when rollout `rollout_id` is asked for."""
+        start = self.start if self.start is not None else rollout_id
+        if self.settings.loop == "sync":
+            return 1 + max(0, rollout_id - start)
+        trained = range(start, rollout_id - 1)  # steps whose weight update is done when rollout_id is asked for
+        return 1 + sum(1 for k in trained if self.every_step or (k + 1) % self.update_interval == 0)
+
+    def commit_through(self, rollout_id: int) -> None:
+        """Commit the batches of rollouts up to `rollout_id` (trained by now). Blocks until committed.
+        Raises CommitError (retriable) when the broker does not acknowledge in time."""
+        done = [r for r in self.handed if r <= rollout_id]
+        if not done:
+            return
+        self.consumer.commit(self.handed[max(done)])  # a prefix: every earlier batch too
+        for r in done:
+            del self.handed[r]
+
+    def check_order(self, what: str, rollout_id: int) -> None:
+        """A save or an eval of `rollout_id` came: raise when its place in the calls contradicts the loop."""
+        if self.last is None or (self.num_rollout is not None and rollout_id + 1 >= self.num_rollout):
+            return
+        seen = "async" if self.last > rollout_id else "sync" if self.last == rollout_id else None
+        if seen is None or self.settings.loop in (None, seen):
+            if self.settings.loop is None and seen is not None:
+                log.debug("slime's calls follow %s", "train_async.py" if seen == "async" else "train.py")
+            return
+        if seen == "async":
+            order = (f"slime's {what} of rollout {rollout_id} came after rollout {self.last} was handed over, which is "
+                     "train_async.py's order (it asks for rollout k+1 before it trains k)")
+        else:
+            order = (f"slime's {what} of rollout {rollout_id} came before rollout {rollout_id + 1} was asked for, "
+                     "which is train.py's order")
+        raise RollstreamError(f"{order}, but rollstream_slime_loop={self.settings.loop}; set rollstream_slime_loop="
+                              f"{seen} (ROLLSTREAM_SLIME_LOOP) so that a batch is committed only after it was trained")
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def trained(self, rollout_id: int) -> int:
+        """slime saved a checkpoint after training `rollout_id`: commit through it; return its step number."""
+        self.check_order("checkpoint save", rollout_id)
+        step = self.steps.get(rollout_id)
+        if step is None:
+            raise RollstreamError(f"slime saved a checkpoint of rollout {rollout_id}, which this rollout source did "
+                                  f"not hand over (it handed {sorted(self.steps) or 'none'})")
+        self.commit_through(rollout_id)
+        return step
+
+    def resume(self, rollout_id: int, step: int) -> None:
+        """slime restored the checkpoint of `rollout_id` (rollstream `step`): continue exactly after it."""
+        self.consumer.seek_to_step(step)
+        self.handed.clear()
+        self.steps = {rollout_id: step}
+        self.last = rollout_id
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
-def generate_rollout(args: Any, rollout_id: int, data_buffer: Any = None, evaluation: bool = False) -> list[list[Any]]:
+def _state(args: Any) -> SlimeRollout:
+    state: SlimeRollout | None = getattr(args, _STATE_ATTR, None)
+    if state is None:
+        state = SlimeRollout(args, SlimeSettings.from_args(args))
+        setattr(args, _STATE_ATTR, state)
+    return state
+
+
+def _metrics(batch: Batch, version: int, consumer: RolloutConsumer) -> dict[str, float]:
+    counts = batch.counts()
+    stale = [s for g in batch.groups if (s := staleness_of(g, version)) is not None]
+    return {"rollstream/step": batch.step, "rollstream/weight_version": version,
+            "rollstream/lag": consumer.estimated_lag(), "rollstream/filtered": counts["filtered"],
+            "rollstream/duplicate": counts["duplicate"], "rollstream/undecodable": counts["undecodable"],
+            "rollstream/staleness_mean": sum(stale) / len(stale) if stale else 0.0,
+            "rollstream/staleness_max": max(stale, default=0)}
+
+
+def _load_function(path: str) -> Callable[..., Any]:
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise RollstreamError(f"cannot load the eval function {path!r} ({exc}); rollstream serves training rollouts "
+                              "only: point rollstream_eval_function_path (ROLLSTREAM_EVAL_FUNCTION_PATH) or slime's "
+                              "--eval-function-path at an eval rollout function") from exc
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any = None, evaluation: bool = False) -> Any:
     """slime's rollout function: exactly ``args.rollout_batch_size`` groups of slime Samples.
 
-    Blocks until that many groups passed the filters (or ``rollstream_take_timeout`` s). Commits the
-    previous call's batch first (``rollstream_commit=next``) or this batch before returning (``take``).
-    `data_buffer` is not used: prompts reach the producers through NS.prompts.
+    Blocks until that many groups passed the filters (or ``rollstream_take_timeout`` s). First commits
+    the batches slime has trained by now (see the module docstring); this batch is committed later.
+    Returns slime's ``RolloutFnTrainOutput(samples, metrics)`` when importable, else the list of groups.
+    ``evaluation=True`` calls the eval function (``rollstream_eval_function_path``) and returns its
+    output. `data_source` is not read: prompts reach the producers through NS.prompts.
 
     Raises:
         TakeTimeout: not enough groups in time (nothing lost; the next call continues).
-        RollstreamError: ``evaluation=True`` (use slime's own eval function via --eval-function-path),
-            or a setting is invalid.
+        CommitError: an earlier batch could not be committed (retriable; nothing lost).
+        RollstreamError: a setting is invalid, or the calls contradict ``rollstream_slime_loop``.
     """
+    state = _state(args)
     if evaluation:
-        raise RollstreamError("rollstream serves training rollouts only; point slime's --eval-function-path "
-                              "at slime's own rollout function for evaluation")
-    state: _SlimeRollout | None = getattr(args, _STATE_ATTR, None)
-    if state is None:
-        state = _create(args)
-        setattr(args, _STATE_ATTR, state)
-    if state.previous is not None:
-        state.consumer.commit(state.previous)
-        state.previous = None
-    batch = state.consumer.take(int(args.rollout_batch_size), timeout=state.timeout,
-                                commit=state.commit_mode == "take",
-                                policy_version=rollout_id if state.uses_staleness else None)
-    if state.commit_mode == "next":
-        state.previous = batch
+        state.check_order("eval", rollout_id)
+        return _load_function(state.settings.eval_function_path)(args, rollout_id, data_source, evaluation=True)
+    batch, version = state.rollout(rollout_id, int(args.rollout_batch_size))
     cls = sample_class()
     first = rollout_id * len(batch.groups)
-    return [to_slime_group(g, first + i, pos, cls) for i, (g, pos) in enumerate(zip(batch.groups, batch.positions,
-                                                                                        strict=True))]
+    samples = [to_slime_group(g, first + i, pos, cls)
+               for i, (g, pos) in enumerate(zip(batch.groups, batch.positions, strict=True))]
+    output = train_output_class()
+    return samples if output is None else output(samples=samples, metrics=_metrics(batch, version, state.consumer))
+
+
+class RollstreamDataSource:
+    """slime's data source (``--data-source-path consumers.slime.RollstreamDataSource``): checkpoints the
+    Kafka position with slime's checkpoints. slime calls ``save(k)`` after training rollout k and ``load(k)``
+    when it restores checkpoint k (both only with slime's default ``rollout_global_dataset``).
+
+    The state file is ``{args.save}/rollout/rollstream_state_{k}.json``: the rollstream step of rollout k,
+    the consumer group and the namespace.
+    """
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+
+    def save(self, rollout_id: int) -> None:
+        """Commit through rollout `rollout_id`'s batch, then write the state file (fsynced) when
+        ``args.save`` is set. Blocks until both are done.
+
+        Raises:
+            CommitError: the commit was not acknowledged in time (retriable).
+            RollstreamError: the calls contradict ``rollstream_slime_loop``, or `rollout_id` was not handed over.
+        """
+        state = _state(self.args)
+        step = state.trained(rollout_id)
+        if getattr(self.args, "save", None) is None:
+            return
+        path = self._path(self.args.save, rollout_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"rollout_id": rollout_id, "step": step, "group": state.settings.group,
+                       "namespace": state.settings.namespace}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        log.info("rollout %d (rollstream step %d) checkpointed in %s", rollout_id, step, path)
+
+    def load(self, rollout_id: int | None = None) -> None:
+        """Continue exactly after rollout `rollout_id`'s step, read from its state file under ``args.load``.
+
+        Does nothing without ``args.load`` or the file (a fresh start: slime calls ``load(-1)``); then the
+        consumer continues from the group's committed position. Blocks until the position is committed.
+
+        Raises:
+            RollstreamError: the file names another consumer group or namespace than this adapter's.
+        """
+        load = getattr(self.args, "load", None)
+        if load is None or rollout_id is None:
+            return
+        path = self._path(load, rollout_id)
+        if not path.exists():
+            log.info("no rollstream state for rollout %d at %s: continuing from the group's committed offsets",
+                     rollout_id, path)
+            return
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        state = _state(self.args)
+        mine = (state.settings.group, state.settings.namespace)
+        if (saved["group"], saved["namespace"]) != mine:
+            raise RollstreamError(f"{path} was saved by group {saved['group']} in namespace {saved['namespace']}, "
+                                  f"but this run uses group {mine[0]} in namespace {mine[1]}: set rollstream_group "
+                                  "and rollstream_namespace as in the run that saved it")
+        state.resume(rollout_id, int(saved["step"]))
+
+    def get_samples(self, num_samples: int) -> list[list[Any]]:
+        raise RollstreamError("RollstreamDataSource feeds consumers.slime.generate_rollout only; set "
+                              "--rollout-function-path consumers.slime.generate_rollout")
+
+    def add_samples(self, samples: list[list[Any]]) -> None:
+        raise RollstreamError("RollstreamDataSource takes no samples back: aborted or partial groups are requeued "
+                              "by the producers, not by slime")
+
+    def __len__(self) -> int:
+        raise RollstreamError("rollstream is a stream and has no length: pass --num-rollout to slime")
+
+    @staticmethod
+    def _path(root: str, rollout_id: int) -> Path:
+        return Path(root) / "rollout" / f"rollstream_state_{rollout_id}.json"
 
 
 def close(args: Any) -> None:
     """Close the consumer kept on `args` (uncommitted batches come back to the next run)."""
-    state: _SlimeRollout | None = getattr(args, _STATE_ATTR, None)
+    state: SlimeRollout | None = getattr(args, _STATE_ATTR, None)
     if state is not None:
-        state.consumer.close()
+        state.close()
         setattr(args, _STATE_ATTR, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -100,3 +101,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "integration" in Path(str(item.fspath)).parts:
             item.add_marker(pytest.mark.integration)
+
+
+STANDINS = Path(__file__).resolve().parent / "standins"
+
+
+@pytest.fixture
+def slime_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """slime's stand-in (tests/standins/slime, field for field as upstream) importable as `slime`."""
+    monkeypatch.syspath_prepend(str(STANDINS))
+    yield
+    for name in [m for m in sys.modules if m == "slime" or m.startswith("slime.")]:
+        del sys.modules[name]  # the next test sees no slime again

@@ -138,8 +138,8 @@ def test_the_consumer_sizes_itself_from_the_topic_not_its_default(kafka_config, 
     assert np.array_equal(batch.groups[0].samples[0].tokens, tokens)
 
 
-def test_a_second_trainer_on_the_same_group_is_stopped_at_its_first_commit(kafka_config, namespace_factory,
-                                                                           group_id) -> None:
+def test_a_second_trainer_on_the_same_group_is_stopped_before_it_writes_anything(kafka_config, namespace_factory,
+                                                                                 group_id) -> None:
     from consumers import GroupConflictError
 
     names = namespace_factory(partitions=1)
@@ -147,10 +147,13 @@ def test_a_second_trainer_on_the_same_group_is_stopped_at_its_first_commit(kafka
     with consumer(kafka_config, names, group_id) as first, consumer(kafka_config, names, group_id) as second:
         first.position(), second.position()  # both started: both read committed = nothing
         assert first.take(2, timeout=30).group_ids == [g.group_id for g in groups[:2]]
-        twin = second.take(2, timeout=30, commit=False)  # the same two groups: that is the hazard
+        # The same two groups: that is the hazard. Caught when the step would be recorded, before its manifest.
         with pytest.raises(GroupConflictError, match="partition 0 is at 2, expected None") as err:
-            second.commit(twin)
-        assert err.value.batch is twin and not err.value.retriable
+            second.take(2, timeout=30, commit=False)
+        twin = err.value.batch
+        assert twin.group_ids == [g.group_id for g in groups[:2]] and not err.value.retriable
+        with pytest.raises(GroupConflictError, match="partition 0 is at 2, expected None"):
+            second.commit(twin)  # and at the commit too
         assert committed(kafka_config, names, group_id) == {0: 2}  # the second wrote nothing
         assert first.take(2, timeout=30).group_ids == [g.group_id for g in groups[2:4]]  # the first goes on
     with consumer(kafka_config, names, group_id) as after:  # a fresh consumer reads the offsets afresh

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from consumers import Batch, grpo_advantages
-from consumers.slime import SlimeSample, to_slime_group
+from consumers.slime import to_slime_group
 from schemas import RollstreamError, Sample, ScoredGroup
 from tests.records import make_group
 
@@ -50,13 +50,15 @@ def test_tensors_refuse_unscored_samples() -> None:
         batch_of(make_group("a", rewards=(1.0, None))).to_tensors()
 
 
-def test_slime_samples_follow_slime_field_semantics() -> None:
+def test_slime_samples_follow_slime_field_semantics(slime_path) -> None:
+    from slime.utils.types import Sample as SlimeSample  # the stand-in of slime/utils/types.py (tests/standins)
+
     group = ScoredGroup(group_id="q#2", prompt_id="q", epoch=2, prompt_tokens=[7, 8], prompt="Q?", started_at_ms=0,
                         finished_at_ms=1, metadata={"label": "42"}, samples=[
                             Sample(tokens=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3], text="abc", reward=1.0,
                                    finish_reason="stop", weight_versions=(4, 5)),
                             Sample(tokens=[9], text="z", reward=0.0, finish_reason="length")])
-    first, second = to_slime_group(group, group_index=6, position=(2, 40), sample_cls=SlimeSample)
+    first, second = to_slime_group(group, group_index=6, position=(2, 40))
     assert first.tokens == [7, 8, 1, 2, 3] and first.response_length == 3 and first.response == "abc"
     assert first.loss_mask == [1, 1, 1] and first.rollout_log_probs == pytest.approx([-0.1, -0.2, -0.3])
     assert first.reward == 1.0 and first.weight_versions == ["4", "5"] and first.label == "42"
@@ -67,7 +69,7 @@ def test_slime_samples_follow_slime_field_semantics() -> None:
                               "producer_id": ""}
     assert first.remove_sample is False
     failed = make_group("f", status="failed")
-    assert {s.status for s in to_slime_group(failed, 0, sample_cls=SlimeSample)} == {SlimeSample.Status.FAILED}
+    assert {s.status for s in to_slime_group(failed, 0)} == {SlimeSample.Status.FAILED}
 
 
 def test_tensors_match_a_row_by_row_reference_on_random_groups() -> None:
@@ -94,3 +96,10 @@ def test_tensors_match_a_row_by_row_reference_on_random_groups() -> None:
         assert t.loss_mask[b].tolist() == [0] * p + [1] * r + [0] * (width - p - r)
         lp = s.logprobs.tolist() if s.logprobs is not None else [0.0] * r
         assert t.rollout_logprobs[b].tolist() == pytest.approx([0.0] * p + lp + [0.0] * (width - p - r))
+
+
+def test_the_slime_adapter_says_slime_is_missing() -> None:
+    from consumers.slime import sample_class
+
+    with pytest.raises(RollstreamError, match="install slime"):
+        sample_class()

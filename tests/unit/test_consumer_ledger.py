@@ -110,3 +110,27 @@ def test_parse_time_accepts_iso_and_relative() -> None:
     assert parse_time("2025-01-31T12:00:00+00:00") == 1_738_324_800_000
     with pytest.raises(RollstreamError, match="ISO 8601"):
         parse_time("yesterday")
+
+
+def test_a_rewrite_of_a_step_supersedes_only_its_twin() -> None:
+    """A recorded step taken again as it was (after seek_to_step) keeps the recorded steps after it."""
+    ledger = StepLedger(keep_manifests=True)
+    for m in (manifest(0, {0: (0, 2)}), manifest(1, {0: (2, 4)}), manifest(2, {0: (4, 6)})):
+        ledger.add(m)
+    assert [s.step for s in ledger.add(manifest(1, {0: (2, 4)}))] == [1]  # the same step again: only its twin
+    assert sorted(m.step for m in ledger.effective()) == [0, 1, 2]
+    assert sorted(s.step for s in ledger.add(manifest(1, {0: (2, 5)}))) == [1, 2]  # a different step 1: both go
+    assert sorted(m.step for m in ledger.effective()) == [0, 1]
+
+
+def test_recorded_steps_chain_from_a_position_and_stop_at_the_first_that_does_not() -> None:
+    from consumers._resume import chained, latest_by_step, position_after
+
+    steps = [manifest(3, {0: (5, 7), 1: (2, 3)}), manifest(4, {1: (3, 6)}), manifest(5, {0: (6, 9)})]
+    assert [m.step for m in chained(steps, {0: 5, 1: 2})] == [3, 4]  # step 5 starts before step 3's end on 0
+    assert [m.step for m in chained(list(reversed(steps[:2])), {0: 5, 1: 2})] == [3, 4]  # by step number
+    assert chained(steps, {0: 6, 1: 2}) == []  # the first is behind the position already
+    first, again = manifest(1, {0: (0, 2)}), manifest(1, {0: (0, 3)})
+    assert latest_by_step([first, again, manifest(2, {0: (3, 4)})], [1]) == [again]
+    assert position_after([manifest(0, {0: (0, 4)})], [manifest(1, {1: (7, 9)})], {0: 9, 1: 9, 2: 3}) == {
+        0: 4, 1: 7, 2: 3}

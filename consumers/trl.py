@@ -1,0 +1,541 @@
+"""rollstream as the rollout worker of TRL's experimental `AsyncGRPOTrainer` (TRL 1.16).
+
+    worker = RollstreamRolloutWorker(args, TRLWorkerSettings(namespace="rollstream", group="trl-run-1"))
+    trainer = AsyncGRPOTrainer(model=..., args=args, train_dataset=..., rollout_worker=worker,
+                               weight_transfer=..., callbacks=[worker.commit_callback()])
+
+Contract (pinned by tests/integration/test_trl_worker.py; paths under TRL's ``experimental/async_grpo/``):
+
+- **One step's groups per step.** With ``token_budget <= 0`` TRL batches a fixed count (async_grpo_trainer.py
+  :1443-1448): a micro-batch is ``per_device_train_batch_size x num_processes`` samples and a step is
+  ``gradient_accumulation_steps`` of them (transformers 5.24 trainer.py:1878-1881), the ``samples_per_step``
+  of :1248-1252. The worker takes
+  ``samples_per_step / num_generations`` groups per step; a token budget (a variable count) is refused.
+- **Commit after the optimizer step.** TRL reads the queue in order, so its step k trains the k-th batch
+  handed over. `commit_callback()` commits it in ``on_step_end`` (after ``optimizer.step()``) and waits for
+  the acknowledgement: a checkpoint saved after step k has it committed, and a crash before that gives the
+  step's groups (same ids, same order) to the next run.
+- **Nothing dropped silently.** Groups TRL cannot train are skipped at take time with a recorded reason:
+  wrong size (``group_size``), no logprobs (``logprobs_missing``: TRL's loss needs one per trained token,
+  async_rollout_worker.py:152-153), an empty response (``empty_response``: TRL trains only rows with a trained
+  token, :194), and rollstream's default filters. TRL itself drops samples over ``max_staleness`` versions
+  old as it reads them (async_grpo_trainer.py:366-372), which would shorten a step and shift every later
+  commit: so staleness is filtered at take time ``prefetch_steps`` versions tighter (a batch is read at most
+  that many versions after its take), and a step is not committed if TRL dropped a sample anyway.
+
+Threading: one thread, ``rollstream-trl``, owns the `RolloutConsumer` (not thread-safe) and the
+`PolicyAnnouncer`. It keeps ``prefetch_steps`` batches handed over ahead (at least 2: accelerate's
+`DataLoaderDispatcher` reads the first micro-batch of step k+1 before step k trains, accelerate 1.15
+data_loader.py:919) and takes in slices of ``poll_interval_s`` so it serves the trainer in between. The
+trainer's thread only enqueues requests: a commit carries a future the callback waits on (bounded);
+`update_model_version` an announcement.
+
+What it does not do: move weights. Versions are announced on NS.control; producers load weights
+themselves (a policy directory, ``weights_path``, or their engine's own sync).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from hashlib import blake2b
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from consumers._batch import Batch, grpo_advantages
+from consumers._consumer import DEFAULT_GROUP, RolloutConsumer
+from consumers._errors import TakeTimeout
+from consumers.filters import FilterContext, default_filters, reason_label
+from infra import KafkaConfig, PolicyAnnouncer, TopicNames
+from schemas import PolicyVersion, RollstreamError, ScoredGroup
+
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
+else:
+    try:
+        from transformers import TrainerCallback
+    except ImportError:  # `import consumers.trl` works without TRL; commit_callback() then says what is missing
+        TrainerCallback = object
+
+log = logging.getLogger(__name__)
+Metrics = dict[str, float | tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class TRLWorkerSettings:
+    """Where the worker takes groups and how long it waits.
+
+    Attributes:
+        bootstrap_servers: Kafka address (None: ``ROLLSTREAM_BOOTSTRAP_SERVERS``, else 127.0.0.1:9092).
+        namespace: topic namespace (NS.rollouts, NS.steps, NS.control).
+        group: the trainer's consumer group (offsets, step manifests, the producers' lag gate).
+        take_timeout_s: fail when one step's groups do not arrive within this time (None: wait;
+            TRL's ``heartbeat_stale_after_s`` still aborts a trainer left waiting, via `check_health`).
+        max_staleness: skip groups more than this many versions old at take time (None: TRL's
+            ``max_staleness`` minus `prefetch_steps`, the most that TRL never drops).
+        prefetch_steps: batches handed to TRL ahead of its optimizer steps (>= 2, see the module doc).
+        dynamic_sampling: skip groups whose rewards are all equal (zero advantage), as rollstream does.
+        weights_path: announced with each version, ``{version}`` filled in (None: announce no path).
+        commit_timeout_s: how long the commit callback waits for the commit acknowledgement.
+        kafka_timeout_s: the consumer's broker timeout (start, commit retries).
+        poll_interval_s: the longest the worker thread is busy before it serves the trainer again.
+    """
+
+    bootstrap_servers: str | None = None
+    namespace: str = "rollstream"
+    group: str = DEFAULT_GROUP
+    take_timeout_s: float | None = None
+    max_staleness: int | None = None
+    prefetch_steps: int = 2
+    dynamic_sampling: bool = True
+    weights_path: str | None = None
+    commit_timeout_s: float = 120.0
+    kafka_timeout_s: float = 30.0
+    poll_interval_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not self.namespace or not self.group:
+            raise RollstreamError(f"namespace={self.namespace!r} and group={self.group!r} must be non-empty")
+        if self.prefetch_steps < 2:
+            raise RollstreamError(f"prefetch_steps={self.prefetch_steps}: use 2 or more; TRL reads the first "
+                                  "micro-batch of the next step before it trains the current one")
+        for name in ("take_timeout_s", "commit_timeout_s", "kafka_timeout_s", "poll_interval_s"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise RollstreamError(f"{name}={value}: give a positive number of seconds")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise RollstreamError(f"max_staleness={self.max_staleness} must be >= 0 (or None)")
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one TRL optimizer step drains, derived from its `AsyncGRPOConfig` (see the module doc)."""
+
+    samples_per_step: int
+    num_generations: int
+    max_staleness: int  # rollstream's limit at take time
+    trl_max_staleness: int  # TRL's, past which it drops a sample it reads
+
+    @property
+    def groups_per_step(self) -> int:
+        return self.samples_per_step // self.num_generations
+
+
+def step_shape(args: Any, settings: TRLWorkerSettings) -> StepShape:
+    """The step shape of TRL config `args`. Raises RollstreamError for a config rollstream cannot serve."""
+    budget = args.token_budget
+    if budget is None or budget > 0:
+        raise RollstreamError(f"AsyncGRPOConfig(token_budget={budget}): set token_budget=0. rollstream hands TRL "
+                              "exactly the groups of one step, which needs TRL's fixed-count batching")
+    samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    n = args.num_generations
+    if samples % n:
+        raise RollstreamError(f"a TRL step drains per_device_train_batch_size x gradient_accumulation_steps x "
+                              f"world_size = {samples} samples, not a multiple of num_generations={n}; make it one")
+    bound = args.max_staleness - settings.prefetch_steps
+    if bound < 0 or (settings.max_staleness is not None and settings.max_staleness > bound):
+        raise RollstreamError(f"TRL drops samples more than max_staleness={args.max_staleness} versions old and "
+                              f"reads a batch up to prefetch_steps={settings.prefetch_steps} versions after it was "
+                              f"taken: rollstream's max_staleness must be <= {max(bound, 0)} (got "
+                              f"{settings.max_staleness}); raise TRL's max_staleness or lower rollstream's")
+    chosen = bound if settings.max_staleness is None else settings.max_staleness
+    return StepShape(samples, n, chosen, args.max_staleness)
+
+
+def trl_group_id(group_id: str) -> int:
+    """TRL's integer `group_id` for a rollstream group id: stable across runs and processes (63 bits)."""
+    return int.from_bytes(blake2b(group_id.encode(), digest_size=8).digest(), "big") >> 1
+
+
+def _trainable_filter(num_generations: int) -> Callable[[ScoredGroup, FilterContext], str | None]:
+    def trl_trainable(group: ScoredGroup, context: FilterContext) -> str | None:
+        if len(group.samples) != num_generations:
+            return f"group_size: {len(group.samples)} samples, TRL expects num_generations={num_generations}"
+        if any(s.logprobs is None for s in group.samples):
+            return "logprobs_missing: TRL's loss needs the engine's logprob of every response token"
+        if any(len(s.tokens) == 0 for s in group.samples):
+            return "empty_response: a sample without response tokens has nothing to train"
+        return None
+    return trl_trainable
+
+
+def to_rollout_samples(group: ScoredGroup, *, model_version: int, eps: float = 1e-6) -> list[Any]:
+    """TRL `RolloutSample`s of one group, one per sample, as TRL's own worker builds a single turn.
+
+    Mirrors `_SampleBuilder.append_turn` (async_rollout_worker.py:127-138) and `_score_group`
+    (:1110-1123): ``input_ids`` = prompt + response tokens (int64), ``completion_mask`` 0 on the
+    prompt and 1 on the response, ``old_log_probs`` zero on the prompt and the engine's logprob at
+    each response token's own position. ``advantage`` is `grpo_advantages` (rollstream's group
+    normalisation: unbiased std, `eps`; TRL's worker uses the population std and 1e-8);
+    ``metrics`` carry ``reward`` and ``reward_std`` (population std, as TRL logs it). ``group_id`` is
+    `trl_group_id`. Needs TRL. Raises RollstreamError for a sample without reward or logprobs.
+    """
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    scores = [r for r in group.rewards if r is not None]
+    logprobs = [s.logprobs for s in group.samples if s.logprobs is not None]
+    if not scores or len(scores) != len(logprobs) or len(scores) != len(group.samples):
+        raise RollstreamError(f"group {group.group_id}: TRL needs a reward and logprobs for every sample")
+    reward_std = float(np.std(scores))
+    prompt = group.prompt_tokens.astype(np.int64)
+    gid = trl_group_id(group.group_id)
+    out = []
+    for sample, lp, reward, advantage in zip(group.samples, logprobs, scores, grpo_advantages(scores, eps),
+                                             strict=True):
+        out.append(RolloutSample(
+            prompt=[{"role": "user", "content": group.prompt}],
+            completion=[{"role": "assistant", "content": sample.text}],
+            input_ids=np.concatenate([prompt, sample.tokens.astype(np.int64)]),
+            completion_mask=np.concatenate([np.zeros(len(prompt), np.int64), np.ones(len(sample.tokens), np.int64)]),
+            old_log_probs=np.concatenate([np.zeros(len(prompt), np.float32), lp.astype(np.float32)]),
+            advantage=float(advantage), model_version=int(model_version), group_id=gid,
+            metrics={"reward": reward, "reward_std": reward_std},
+        ))
+    return out
+
+
+class _HandOver(queue.Queue[Any]):
+    """The rollout buffer: counts what TRL drained and mirrors TRL's stale drop (async_grpo_trainer.py:366-372).
+
+    Unbounded on purpose: the worker never puts more than `prefetch_steps` batches in it. `_get` runs
+    under the queue's mutex, in the trainer's thread, right before TRL reads its model version (the
+    same value `update_model_version` gave us, set in that thread).
+    """
+
+    def __init__(self, version: Callable[[], int], max_staleness: int) -> None:
+        super().__init__()
+        self._version = version
+        self._max_staleness = max_staleness
+        self.drained = 0
+        self.dropped: list[str] = []
+
+    def _get(self) -> Any:
+        sample = super()._get()
+        self.drained += 1
+        staleness = self._version() - sample.model_version
+        if staleness > self._max_staleness:
+            self.dropped.append(f"group {sample.group_id} (staleness {staleness})")
+        return sample
+
+    def counts(self) -> tuple[int, list[str]]:
+        with self.mutex:
+            return self.drained, list(self.dropped)
+
+
+@dataclass(frozen=True)
+class _Handed:
+    batch: Batch
+    through: int  # samples handed to TRL up to and including this batch
+
+
+class _Pipeline:
+    """What the worker thread owns: the consumer, the announcer, the batches handed to TRL (oldest first)."""
+
+    def __init__(self, worker: RollstreamRolloutWorker) -> None:
+        s, shape = worker.settings, worker.shape
+        self._worker, self._settings, self._shape = worker, s, shape
+        filters = (*default_filters(dynamic_sampling=s.dynamic_sampling), _trainable_filter(shape.num_generations))
+        self.consumer = RolloutConsumer(config=worker.kafka, group_id=s.group, namespace=s.namespace,
+                                        filters=filters, max_staleness=shape.max_staleness, timeout=s.kafka_timeout_s)
+        self.announcer = PolicyAnnouncer(worker.kafka, TopicNames(s.namespace))
+        self.handed: deque[_Handed] = deque()
+        self._samples = 0
+        self._waiting_since: float | None = None
+        self._logged_wait = 0.0
+
+    @property
+    def full(self) -> bool:
+        return len(self.handed) >= self._settings.prefetch_steps
+
+    def take_slice(self, version: int) -> bool:
+        """Try for one step's groups for at most one poll interval; True when a batch was handed over."""
+        n, started = self._shape.groups_per_step, time.monotonic()
+        self._waiting_since = self._waiting_since or started
+        try:
+            batch = self.consumer.take(n, timeout=self._settings.poll_interval_s, commit=False, policy_version=version)
+        except TakeTimeout as exc:
+            self._note_wait(exc.gathered)
+            return False
+        samples: list[Any] = []
+        for g in batch.groups:  # a group's TRL version: its oldest weight version, else the one it was taken at
+            oldest = g.oldest_weight_version
+            samples += to_rollout_samples(g, model_version=version if oldest is None else oldest)
+        if len(samples) != self._shape.samples_per_step:
+            raise RollstreamError(f"step {batch.step}: {len(samples)} samples, a TRL step needs "
+                                  f"{self._shape.samples_per_step}")
+        for sample in samples:
+            sample.enqueued_at = time.time()
+            self._worker.rollout_buffer.put_nowait(sample)
+        self._samples += len(samples)
+        self.handed.append(_Handed(batch, self._samples))
+        self._worker._push(_take_metrics(batch, version, self.consumer.estimated_lag(),
+                                         time.monotonic() - self._waiting_since))
+        log.info("step %d handed to TRL: %d groups, %d samples at policy version %d (%d handed ahead)",
+                 batch.step, len(batch.groups), len(samples), version, len(self.handed))
+        self._waiting_since, self._logged_wait = None, 0.0
+        return True
+
+    def _note_wait(self, gathered: int) -> None:
+        waited = time.monotonic() - (self._waiting_since or time.monotonic())
+        limit = self._settings.take_timeout_s
+        if limit is not None and waited >= limit:
+            raise TakeTimeout(self._shape.groups_per_step, gathered, limit)
+        if waited - self._logged_wait >= 30.0:
+            self._logged_wait = waited
+            log.info("waiting %.0f s for %d groups on %s (gathered %d); are producers running? `rollstream lag "
+                     "--group %s`", waited, self._shape.groups_per_step, self.consumer.names.rollouts, gathered,
+                     self._settings.group)
+
+    def commit_oldest(self, trl_step: int) -> int:
+        """Commit the oldest handed-over batch, which TRL's optimizer step `trl_step` just trained."""
+        if not self.handed:
+            raise RollstreamError(f"TRL finished step {trl_step} but no rollstream batch was handed over")
+        handed = self.handed[0]
+        drained, dropped = self._worker.rollout_buffer.counts()
+        if dropped:
+            raise RollstreamError(f"TRL dropped {len(dropped)} sample(s) as stale ({dropped[0]}, max_staleness="
+                                  f"{self._shape.trl_max_staleness}), so step "
+                                  f"{handed.batch.step} was not trained whole; nothing committed. Lower "
+                                  "TRLWorkerSettings.max_staleness or raise TRL's max_staleness")
+        if drained < handed.through:
+            raise RollstreamError(f"TRL finished step {trl_step} after reading {drained} samples, fewer than the "
+                                  f"{handed.through} handed over through rollstream step {handed.batch.step}: its "
+                                  f"steps are not {self._shape.samples_per_step} samples; nothing committed")
+        started = time.monotonic()
+        self.consumer.commit(handed.batch)
+        self.handed.popleft()
+        self._worker._push({"rollstream/commit_s": time.monotonic() - started})
+        log.info("TRL step %d trained rollstream step %d: committed", trl_step, handed.batch.step)
+        return handed.batch.step
+
+    def announce(self, version: int) -> None:
+        path = self._settings.weights_path
+        self.announcer.announce(PolicyVersion(version, path.format(version=version) if path else None,
+                                              metadata={"trainer": "trl.AsyncGRPOTrainer"}),
+                                timeout=self._settings.kafka_timeout_s)
+
+    def close(self) -> None:
+        self.announcer.close()
+        self.consumer.close()  # batches handed over and not committed come back to the next run
+
+
+def _take_metrics(batch: Batch, version: int, lag: int, waited_s: float) -> Metrics:
+    """One take, in the shape TRL's `log()` drains (async_grpo_trainer.py:1698-1707; see `_reduce_metric`)."""
+    counts = batch.counts()
+    out: Metrics = {"rollstream/lag": float(lag), "rollstream/take_s": waited_s,
+                    "rollstream/groups_taken_total": float(counts["taken"]),
+                    "rollstream/filtered_total": float(counts["filtered"]),
+                    "rollstream/duplicate_total": float(counts["duplicate"]),
+                    "rollstream/undecodable_total": float(counts["undecodable"])}
+    reasons = Counter(reason_label(d.reason or "") for d in batch.dispositions if d.kind == "filtered")
+    out.update({f"rollstream/filtered_{label}_total": float(k) for label, k in reasons.items()})
+    lags = [version - v for g in batch.groups if (v := g.oldest_weight_version) is not None]
+    if lags:
+        out["rollstream/staleness_mean"] = sum(lags) / len(lags)
+        out["rollstream/staleness_max"] = float(max(lags))
+    return out
+
+
+@dataclass(frozen=True)
+class _Commit:
+    trl_step: int
+    done: Future[int]
+
+
+class RollstreamRolloutWorker:
+    """TRL's `RolloutWorkerProtocol` (async_grpo_trainer.py:115-152) fed by rollstream.
+
+    Creating one makes no network call. The trainer calls `start` on train begin, reads
+    `rollout_buffer`, calls `update_model_version` after each weight sync, `check_health` while it
+    waits, and `stop` at the end. Add `commit_callback()` to the trainer's callbacks, or nothing is
+    ever committed. Use it on the main process only (TRL calls it there). See the module docstring.
+
+    Args:
+        args: the trainer's `AsyncGRPOConfig` (batch sizes, num_generations, token_budget, max_staleness).
+        settings: where to take groups (default `TRLWorkerSettings()`).
+        kafka: full client configuration (security settings); wins over ``settings.bootstrap_servers``.
+
+    Raises:
+        RollstreamError: a TRL config rollstream cannot serve (see `step_shape`).
+    """
+
+    def __init__(self, args: Any, settings: TRLWorkerSettings | None = None, *,
+                 kafka: KafkaConfig | None = None) -> None:
+        self.settings = settings or TRLWorkerSettings()
+        self.shape = step_shape(args, self.settings)
+        self.kafka = kafka or KafkaConfig.load(self.settings.bootstrap_servers,
+                                               client_id=f"rollstream-trl-{self.settings.group}")
+        self._version = 0  # TRL's model version; written by the trainer's thread only
+        self.rollout_buffer = _HandOver(lambda: self._version, self.shape.trl_max_staleness)
+        self.metrics_queue: queue.Queue[Metrics] = queue.Queue(maxsize=4096)
+        self._commands: queue.Queue[_Commit | int] = queue.Queue()  # int: a version to announce
+        self._lock = threading.Lock()  # orders "enqueue a commit" against "the thread has ended"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ended = False
+        self._error: BaseException | None = None
+        self._full = False
+        self._last_progress = time.monotonic()
+
+    # -- RolloutWorkerProtocol (called by the trainer's thread) ----------------------------------
+
+    def start(self) -> None:
+        """Start the worker thread, which connects and begins taking groups. Returns at once."""
+        if self._thread is not None:
+            log.warning("RollstreamRolloutWorker.start() called twice; ignoring")
+            return
+        self._last_progress = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="rollstream-trl", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread: announce what is queued, close the consumer. Batches handed over and not
+        committed are not committed (the next run takes them again first). Blocks up to
+        ``commit_timeout_s``. Idempotent."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.settings.commit_timeout_s)
+            if self._thread.is_alive():
+                log.warning("the rollstream-trl thread did not end within %.0f s", self.settings.commit_timeout_s)
+
+    def update_model_version(self, model_version: int) -> None:
+        """Remember TRL's policy version (staleness is measured against it) and have the worker thread
+        announce it on NS.control, so producers stamp it. Never blocks. Does not move weights:
+        producers load them themselves (``settings.weights_path`` is announced with the version)."""
+        self._version = int(model_version)
+        self._commands.put(int(model_version))
+
+    def check_health(self, stale_after_s: float) -> None:
+        """Raise the worker thread's error if it died; raise RollstreamError if it is not running, or
+        handed nothing over for `stale_after_s` s, or every handed-over sample was read but TRL has
+        not finished a step (its steps are not the size rollstream gives). Never blocks."""
+        if self._error is not None:
+            raise self._error
+        if self._thread is None or not self._thread.is_alive():
+            raise RollstreamError("the rollstream worker thread is not running (start() not called, or stopped)")
+        if self._full and self.rollout_buffer.qsize() == 0:
+            raise RollstreamError(f"TRL read all {self.settings.prefetch_steps} batches handed over without finishing "
+                                  f"a step; a step should drain {self.shape.samples_per_step} samples")
+        idle = time.monotonic() - self._last_progress
+        if idle > stale_after_s:
+            raise RollstreamError(f"rollstream handed TRL nothing for {idle:.0f} s (> {stale_after_s:g} s) while "
+                                  f"waiting for {self.shape.groups_per_step} groups in namespace "
+                                  f"{self.settings.namespace}; are producers running? `rollstream lag --group "
+                                  f"{self.settings.group}`")
+
+    # -- commits ----------------------------------------------------------------------------------
+
+    def commit_callback(self) -> TrainerCallback:
+        """A `transformers.TrainerCallback` that commits each step's groups in ``on_step_end``."""
+        if TrainerCallback is object:
+            raise RollstreamError("the TRL worker needs transformers and TRL: pip install 'trl>=1.16'")
+        return RollstreamCommitCallback(self)
+
+    def commit_step(self, trl_step: int) -> int:
+        """Commit the oldest batch handed to TRL (what its optimizer step `trl_step` trained); return its
+        rollstream step. Blocks until the step's manifest and offsets are acknowledged, at most
+        ``commit_timeout_s``. Thread-safe (the worker thread does the commit).
+
+        Raises:
+            RollstreamError: the worker failed or stopped (its error, e.g. CommitError), or no answer in time.
+        """
+        done: Future[int] = Future()
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            if self._ended or self._thread is None:
+                raise RollstreamError(f"cannot commit TRL step {trl_step}: the rollstream worker is not running")
+            self._commands.put(_Commit(trl_step, done))
+        try:
+            return done.result(self.settings.commit_timeout_s)
+        except FutureTimeout:
+            raise RollstreamError(f"TRL step {trl_step} was not committed within {self.settings.commit_timeout_s:g} "
+                                  "s; its groups come back to the next run") from None
+
+    # -- the worker thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        pipeline: _Pipeline | None = None
+        try:
+            pipeline = _Pipeline(self)
+            while not self._stop.is_set():
+                self._full = pipeline.full
+                if self._serve(pipeline, wait=self._full) or self._full:
+                    continue
+                if pipeline.take_slice(self._version):
+                    self._last_progress = time.monotonic()
+            self._serve(pipeline, wait=False)  # the last announcements
+        except BaseException as exc:
+            log.exception("the rollstream TRL worker failed")
+            self._error = exc
+        finally:
+            self._end()
+            if pipeline is not None:
+                pipeline.close()
+
+    def _serve(self, pipeline: _Pipeline, *, wait: bool) -> bool:
+        """Handle the trainer's queued requests (waiting up to a poll interval when `wait`); True if any."""
+        try:
+            command = self._commands.get(timeout=self.settings.poll_interval_s) if wait else self._commands.get_nowait()
+        except queue.Empty:
+            return False
+        while True:
+            if isinstance(command, _Commit):
+                try:
+                    command.done.set_result(pipeline.commit_oldest(command.trl_step))
+                except BaseException as exc:
+                    command.done.set_exception(exc)
+                    raise
+                self._last_progress = time.monotonic()
+            else:
+                pipeline.announce(command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _end(self) -> None:
+        with self._lock:
+            self._ended = True
+        error = self._error or RollstreamError("the rollstream worker stopped before committing this step")
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Commit):
+                command.done.set_exception(error)
+
+    def _push(self, metrics: Metrics) -> None:
+        try:
+            self.metrics_queue.put_nowait(metrics)
+        except queue.Full:
+            pass  # TRL drains it in log(); never block the worker on a trainer that does not log
+
+
+class RollstreamCommitCallback(TrainerCallback):
+    """Commits the step TRL just trained, in ``on_step_end`` (after ``optimizer.step()``), on the main
+    process only. Put it before callbacks that save checkpoints. Raises what `commit_step` raises,
+    which stops training: the step's groups then come back to the next run. On train begin it checks
+    that the trainer's own config has the step shape the worker was built for (else RollstreamError)."""
+
+    def __init__(self, worker: RollstreamRolloutWorker) -> None:
+        self._worker = worker
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        shape = step_shape(args, self._worker.settings)
+        if shape != self._worker.shape:
+            raise RollstreamError(f"the trainer's config gives {shape}, but its rollstream worker was built for "
+                                  f"{self._worker.shape}: build RollstreamRolloutWorker with the trainer's args")
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            self._worker.commit_step(state.global_step)
