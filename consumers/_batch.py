@@ -68,9 +68,11 @@ class Batch:
 
         Each row is ``prompt_tokens + response tokens``. See `TensorBatch` for every field. GRPO
         advantages are ``(reward - group mean) / (group std + eps)``, std unbiased (as torch's
-        default); a group of one sample has std 0. Rollout logprobs sit at the positions of the
-        response tokens they belong to (zeros elsewhere and where the engine returned none); a
-        next-token loss that predicts position t from t-1 shifts them by one itself.
+        default); a group of one sample has std 0. Rollout logprobs and token versions sit at the
+        positions of the response tokens they belong to (0 and -1 elsewhere, and where the engine
+        returned none); a next-token loss that predicts position t from t-1 shifts them by one itself.
+        The loss mask is 1 on the response tokens the policy generated: a sample's `loss_mask` (0 on
+        tool and environment tokens of a multi-turn rollout) applies inside the response.
 
         Raises:
             RollstreamError: a sample has no reward (keep the `reward_missing` filter on), or the
@@ -86,10 +88,14 @@ class TensorBatch:
     Attributes:
         input_ids: [B, L] long, prompt + response, right-padded with `pad_id`.
         attention_mask: [B, L] long, 1 on real tokens.
-        loss_mask: [B, L] float, 1 on response tokens only.
+        loss_mask: [B, L] float, 1 on the response tokens to train: the response mask times each
+            sample's `loss_mask` (tool and environment tokens 0); 0 on prompt and padding.
         rewards: [B] float.
         advantages: [B] float, GRPO group-normalised.
         rollout_logprobs: [B, L] float, the engine's logprob of each response token at its position.
+        token_versions: [B, L] long, the policy version that generated each response token, at its
+            position as in `rollout_logprobs` (`Sample.token_versions`: from its version spans, else its
+            one weight version); -1 on prompt and padding, and where the version is unknown.
         prompt_lengths, response_lengths: [B] long.
         group_index: [B] long, index into `Batch.groups` of each row.
     """
@@ -100,6 +106,7 @@ class TensorBatch:
     rewards: torch.Tensor
     advantages: torch.Tensor
     rollout_logprobs: torch.Tensor
+    token_versions: torch.Tensor
     prompt_lengths: torch.Tensor
     response_lengths: torch.Tensor
     group_index: torch.Tensor = field(repr=False)
@@ -144,21 +151,28 @@ def tensors_of(groups: Sequence[ScoredGroup], *, pad_id: int = 0, eps: float = 1
     attention = torch.zeros((len(rows), width), dtype=torch.long)
     loss_mask = torch.zeros((len(rows), width), dtype=float_dtype)
     logprobs = torch.zeros((len(rows), width), dtype=float_dtype)
+    versions = torch.full((len(rows), width), -1, dtype=torch.long)
     prompt_lengths, response_lengths = [], []
     for b, (_, group, sample) in enumerate(rows):
         p, r = len(group.prompt_tokens), len(sample.tokens)
         input_ids[b, :p] = torch.from_numpy(group.prompt_tokens.astype("int64"))
         input_ids[b, p:p + r] = torch.from_numpy(sample.tokens.astype("int64"))
         attention[b, :p + r] = 1
-        loss_mask[b, p:p + r] = 1
+        if sample.loss_mask is None:
+            loss_mask[b, p:p + r] = 1
+        else:  # astype copies: torch wants a writable array, and decoded masks view the record's bytes
+            loss_mask[b, p:p + r] = torch.from_numpy(sample.loss_mask.astype("float32"))
         if sample.logprobs is not None:
             logprobs[b, p:p + r] = torch.from_numpy(sample.logprobs.astype("float32"))
+        if sample.weight_versions:
+            versions[b, p:p + r] = torch.from_numpy(sample.token_versions().astype("int64"))
         prompt_lengths.append(p)
         response_lengths.append(r)
     out = TensorBatch(
         input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask,
         rewards=torch.tensor(rewards, dtype=float_dtype), advantages=torch.tensor(advantages, dtype=float_dtype),
-        rollout_logprobs=logprobs, prompt_lengths=torch.tensor(prompt_lengths, dtype=torch.long),
+        rollout_logprobs=logprobs, token_versions=versions,
+        prompt_lengths=torch.tensor(prompt_lengths, dtype=torch.long),
         response_lengths=torch.tensor(response_lengths, dtype=torch.long),
         group_index=torch.tensor([gi for gi, _, _ in rows], dtype=torch.long),
     )

@@ -184,9 +184,12 @@ def group_to_json(record: ReplayedRecord, step: int | None = None) -> dict[str, 
             "error": g.error, "producer_id": g.producer_id, "started_at_ms": g.started_at_ms,
             "finished_at_ms": g.finished_at_ms, "prompt": g.prompt, "prompt_tokens": g.prompt_tokens.tolist(),
             "metadata": dict(g.metadata), "rewards": g.rewards,
+            "sampling": None if g.sampling is None else vars(g.sampling),
             "samples": [{"tokens": s.tokens.tolist(), "logprobs": None if s.logprobs is None else s.logprobs.tolist(),
                          "text": s.text, "reward": s.reward, "finish_reason": s.finish_reason,
-                         "weight_versions": list(s.weight_versions)} for s in g.samples]}
+                         "weight_versions": list(s.weight_versions),
+                         "loss_mask": None if s.loss_mask is None else s.loss_mask.tolist(),
+                         "version_spans": [vars(v) for v in s.version_spans]} for s in g.samples]}
 
 
 def parse_time(text: str, *, now: float | None = None) -> int:

@@ -50,11 +50,14 @@ wait), ``rollstream_max_staleness`` / ``ROLLSTREAM_MAX_STALENESS``, ``rollstream
 are skipped (reason ``group_size``): slime reshapes rewards by that number.
 
 Samples are slime's ``slime.utils.types.Sample``: ``tokens`` = prompt then response token ids,
-``response_length``, ``loss_mask`` = ``[1] * response_length``, ``rollout_log_probs`` (one per response
-token, None when the engine returned none), ``reward``, ``status``
-(COMPLETED / TRUNCATED / ABORTED from the finish reason, FAILED for a failed group), ``weight_versions``
-(strings, as SGLang reports them), ``prompt``, ``response``, ``label`` (``metadata["label"]``),
-``group_index``, ``index``, and ``metadata`` with group_id, prompt_id, epoch, partition, offset, producer_id.
+``response_length``, ``loss_mask`` (one per response token: the sample's loss mask, 0 on the tool and
+environment tokens of a multi-turn rollout, as slime's examples/search-r1/generate_with_search.py marks its
+observations; ``[1] * response_length`` when it has none), ``rollout_log_probs`` (one per response token,
+None when the engine returned none), ``reward``, ``status`` (COMPLETED / TRUNCATED / ABORTED from the finish
+reason, FAILED for a failed group), ``weight_versions`` (strings, as SGLang reports them: one per distinct
+policy version that generated the sample, oldest first, so a partial rollout continued on new weights lists
+both), ``prompt``, ``response``, ``label`` (``metadata["label"]``), ``group_index``, ``index``, and
+``metadata`` with group_id, prompt_id, epoch, partition, offset, producer_id.
 
 The adapter's state (the consumer, the batches handed over) lives on ``args`` (one per slime rollout
 manager, which calls it from one thread); nothing is kept in module state.
@@ -119,7 +122,8 @@ def to_slime_group(group: ScoredGroup, group_index: int, position: tuple[int, in
         out.append(cls(
             group_index=group_index, index=group_index * len(group.samples) + j, prompt=group.prompt,
             tokens=prompt + response, response=s.text, response_length=len(response),
-            label=group.metadata.get("label"), reward=s.reward, loss_mask=[1] * len(response),
+            label=group.metadata.get("label"), reward=s.reward,
+            loss_mask=[1] * len(response) if s.loss_mask is None else s.loss_mask.tolist(),
             weight_versions=[str(v) for v in s.weight_versions],
             rollout_log_probs=None if s.logprobs is None else s.logprobs.tolist(),
             status=cls.Status(status),

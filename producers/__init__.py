@@ -13,6 +13,7 @@ from producers.engines import (
     SamplingParams,
     SGLangEngine,
     SGLangHTTPEngine,
+    SGLangSyncEngine,
     build_tiny_model,
     make_engine,
 )
@@ -27,6 +28,7 @@ from producers.settings import ProducerSettings
 __all__ = [
     "Completion", "CustomEngine", "DEFAULT_REQUEST_TIMEOUT_S", "Engine", "EngineError", "Generation", "HFEngine",
     "PolicyFollower", "ProducerSettings", "ProducerStats", "PromptFileError", "PublishError", "RetryPolicy",
-    "Reward", "RewardError", "RolloutProducer", "SGLangEngine", "SGLangHTTPEngine", "SamplingParams",
+    "Reward", "RewardError", "RolloutProducer", "SGLangEngine", "SGLangHTTPEngine", "SGLangSyncEngine",
+    "SamplingParams",
     "build_tiny_model", "load_prompts", "load_reward", "make_engine",
 ]

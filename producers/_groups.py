@@ -2,7 +2,7 @@
 
 A group's stages (`producers._pipeline`) end in an `Outcome`: ok, or failed with its error (the prompt
 did not decode, the engine gave up, the reward raised). `record_of` turns a taken prompt and its outcome
-into the record in one of three shapes, and `encode_within` tries them in order until one encodes within
+into the record in one of four shapes, and `encode_within` tries them in order until one encodes within
 the topic's limit, so every prompt is accounted by exactly one record:
 
 1. ``full``: the outcome as it is: an ok group with its scored samples, or a failed one with the samples
@@ -12,6 +12,10 @@ the topic's limit, so every prompt is accounted by exactly one record:
 4. ``bare``: failed, without the prompt's metadata either, and a short error: what a poison prompt (its
    metadata alone beyond the limit) is accounted by, so it never stops its partition. This last shape
    is returned whatever its size: the broker is the final judge.
+
+Every record of a decoded prompt carries the producer's sampling parameters (`sampling_of`): the trainer
+recomputes logprobs at that temperature. A sample carries its completion's loss mask (tool and
+environment tokens 0) and version spans; without spans, the one version `producers.policy` stamped.
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from producers.engines.base import Generation
+import numpy as np
+
+from producers.engines.base import Completion, Generation, SamplingParams
 from producers.intake import TakenPrompt
 from schemas import (
     InvalidRecordError,
     Prompt,
     Sample,
     Samples,
+    Sampling,
     ScoredGroup,
     encode,
     float32_array,
@@ -64,9 +71,20 @@ class Outcome:
         return self.error is None
 
 
+def sampling_of(params: SamplingParams) -> Sampling:
+    """The sampling parameters to record: what the engine receives (`SamplingParams.to_dict`, so a
+    ``top_k`` passed through ``extra`` counts). Raises InvalidRecordError when out of range."""
+    sent = params.to_dict()
+    try:
+        return Sampling(temperature=float(sent["temperature"]), top_p=float(sent["top_p"]),
+                        top_k=int(sent.get("top_k", -1)))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRecordError(f"sampling parameters {sent} do not fit the record: {exc}") from exc
+
+
 def record_of(taken: TakenPrompt, outcome: Outcome, shape: Shape, *, producer_id: str,
-              prompts_topic: str) -> ScoredGroup:
-    """The record for `taken` in `shape` (see the module docstring).
+              prompts_topic: str, sampling: Sampling | None = None) -> ScoredGroup:
+    """The record for `taken` in `shape` (see the module docstring), with `sampling` recorded.
 
     Raises:
         InvalidRecordError: the generation does not fit the schema (e.g. a token id beyond int32).
@@ -84,11 +102,11 @@ def record_of(taken: TakenPrompt, outcome: Outcome, shape: Shape, *, producer_id
         prompt_tokens=int32_array(generation.prompt_tokens if generation else (), "prompt_tokens"),
         samples=Samples(_samples(generation, outcome) if generation else ()), started_at_ms=taken.taken_at_ms,
         finished_at_ms=now_ms(), producer_id=producer_id, status="failed" if failed else "ok",
-        error=error if failed else None, metadata={} if shape == "bare" else prompt.metadata)
+        error=error if failed else None, metadata={} if shape == "bare" else prompt.metadata, sampling=sampling)
 
 
 def encode_within(taken: TakenPrompt, outcome: Outcome, limit: int, *, producer_id: str, prompts_topic: str,
-                  shapes: Sequence[Shape] = SHAPES) -> tuple[ScoredGroup, bytes]:
+                  shapes: Sequence[Shape] = SHAPES, sampling: Sampling | None = None) -> tuple[ScoredGroup, bytes]:
     """The first of `shapes` of `taken`'s record that builds, encodes and fits `limit` bytes, with its bytes.
 
     Each fallback carries why the shape before it could not be used. The last shape is returned whatever
@@ -96,7 +114,8 @@ def encode_within(taken: TakenPrompt, outcome: Outcome, limit: int, *, producer_
     """
     for shape in shapes:
         try:
-            group = record_of(taken, outcome, shape, producer_id=producer_id, prompts_topic=prompts_topic)
+            group = record_of(taken, outcome, shape, producer_id=producer_id, prompts_topic=prompts_topic,
+                              sampling=sampling)
             # nbytes (the packed tokens alone) is a lower bound of the record's size: beyond the limit,
             # encoding is not worth it. The last shape is always encoded.
             last = shape == shapes[-1]
@@ -124,10 +143,15 @@ def oversize_error(size: int, limit: int) -> str:
 def _samples(generation: Generation, outcome: Outcome) -> list[Sample]:
     rewards = outcome.rewards if outcome.rewards is not None else [None] * len(generation.completions)
     versions = outcome.versions or [0] * len(generation.completions)
-    return [Sample(tokens=int32_array(c.tokens, "tokens"), text=c.text, logprobs=float32_array(c.logprobs, "logprobs"),
-                   reward=r, finish_reason=c.finish_reason,
-                   weight_versions=(v,))
-            for c, r, v in zip(generation.completions, rewards, versions, strict=True)]
+    return [_sample(c, r, v) for c, r, v in zip(generation.completions, rewards, versions, strict=True)]
+
+
+def _sample(c: Completion, reward: float | None, version: int) -> Sample:
+    """`c` as a sample: its version spans when the engine gave them (they name every version), else `version`."""
+    return Sample(tokens=int32_array(c.tokens, "tokens"), text=c.text, logprobs=float32_array(c.logprobs, "logprobs"),
+                  reward=reward, finish_reason=c.finish_reason, weight_versions=() if c.version_spans else (version,),
+                  loss_mask=None if c.loss_mask is None else np.asarray(c.loss_mask),
+                  version_spans=tuple(c.version_spans))
 
 
 def _undecodable(taken: TakenPrompt, prompts_topic: str, producer_id: str) -> ScoredGroup:

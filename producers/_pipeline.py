@@ -14,10 +14,10 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from producers._groups import SHAPES, Outcome, Shape, encode_within, oversize_error
+from producers._groups import SHAPES, Outcome, Shape, encode_within, oversize_error, sampling_of
 from producers.engines.base import Engine, EngineError, Generation, SamplingParams
 from producers.gate import LagGate
 from producers.intake import TakenPrompt
@@ -25,7 +25,7 @@ from producers.metrics import ProducerMetrics
 from producers.policy import PolicyFollower
 from producers.publisher import Publisher, PublishError
 from producers.rewards import Reward, RewardError
-from schemas import ScoredGroup
+from schemas import ConfigError, InvalidRecordError, Sampling, ScoredGroup
 
 log = logging.getLogger(__name__)
 _ENCODE_OFF_LOOP_BYTES = 1 << 20
@@ -33,7 +33,8 @@ _ENCODE_OFF_LOOP_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class GroupSettings:
-    """What every group of one producer shares."""
+    """What every group of one producer shares. `recorded_sampling` (derived from `sampling`) is what every
+    record carries. Raises ConfigError when the sampling parameters do not fit a record."""
 
     n_samples: int
     sampling: SamplingParams
@@ -43,6 +44,13 @@ class GroupSettings:
     producer_id: str
     prompts_topic: str
     max_message_bytes: int
+    recorded_sampling: Sampling = field(init=False)
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "recorded_sampling", sampling_of(self.sampling))
+        except InvalidRecordError as exc:
+            raise ConfigError(str(exc)) from exc
 
 
 class GroupPipeline:
@@ -169,7 +177,7 @@ class GroupPipeline:
                       shapes: Sequence[Shape] = SHAPES) -> tuple[ScoredGroup, bytes]:
         s = self.settings
         encode = functools.partial(encode_within, taken, outcome, s.max_message_bytes, producer_id=s.producer_id,
-                                   prompts_topic=s.prompts_topic, shapes=shapes)
+                                   prompts_topic=s.prompts_topic, shapes=shapes, sampling=s.recorded_sampling)
         generation = outcome.generation
         tokens = sum(len(c.tokens) for c in generation.completions) if generation is not None else 0
         if tokens * 8 > _ENCODE_OFF_LOOP_BYTES:  # int32 tokens + float32 logprobs: a big record, encode off-loop

@@ -1,17 +1,23 @@
 """The producer's policy follower: which policy version generated a sample, and loading announced weights.
 
 It follows NS.control (`infra.ControlWatcher`, its own thread) for the versions the trainer announces.
-Where the engine owns its weights (`ReloadableEngine`, e.g. `HFEngine`), it loads each newer announced
-version that names a ``weights_path``: one load at a time, and only the newest version announced while a
-load ran (the ones in between are skipped: nobody wants to generate with them any more). A failed load
-is logged and the engine keeps serving its current weights; the next announcement tries again.
+Where the engine owns its weights (`ReloadableEngine`: `HFEngine`, the in-process `SGLangEngine`, and
+`SGLangSyncEngine`, SGLang servers the producer updates with ``--sglang-sync-weights``), it loads each
+newer announced version that names a ``weights_path``: one load at a time, and only the newest version
+announced while a load ran (the ones in between are skipped: nobody wants to generate with them any
+more). A failed load is logged, counted (``rollstream_producer_weight_reloads{result="failed"}``) and the
+engine keeps serving its current weights (a server that failed keeps reporting its old version); the next
+announcement tries again.
 
-A sample's policy version, in order of precedence (`stamp`):
-1. the version the engine reports for the completion: SGLang's ``meta_info.weight_version``, the loaded
-   version of a `ReloadableEngine`, a custom generate function's ``weight_version``;
-2. else the newest version announced on NS.control *when the generation started* (`version_at_start`,
-   read before generating): a version announced during the generation may not be serving yet, and the
-   older number is the safe one, since staleness is measured from it;
+A sample's policy version, the one its staleness counts from, in order of precedence (`stamp`):
+1. the oldest version the engine reports for the completion's tokens: the first of its version spans
+   (SGLang's ``meta_info.weight_versions``, a continued partial rollout's segments), else its
+   ``policy_version`` (SGLang's ``meta_info.weight_version``, the loaded version of a `ReloadableEngine`,
+   a custom generate function's ``weight_version``);
+2. else, when the engine knows no version (SGLang's ``"default"``: nothing was loaded with a version),
+   the newest version announced on NS.control *when the generation started* (`version_at_start`, read
+   before generating): a version announced during the generation may not be serving yet, and the older
+   number is the safe one, since staleness is measured from it;
 3. else 0 (nothing announced yet).
 """
 
@@ -28,6 +34,13 @@ from producers.metrics import ProducerMetrics
 from schemas import PolicyVersion
 
 log = logging.getLogger(__name__)
+
+
+def stamp_version(completion: Completion, version_at_start: int) -> int:
+    """One completion's policy version (see the module docstring)."""
+    if completion.version_spans:
+        return min(span.version for span in completion.version_spans)
+    return version_at_start if completion.policy_version is None else completion.policy_version
 
 
 class PolicyFollower:
@@ -67,8 +80,9 @@ class PolicyFollower:
         return 0 if announced is None else announced
 
     def stamp(self, completions: Sequence[Completion], version_at_start: int) -> list[int]:
-        """The policy version of each completion, by the precedence in the module docstring."""
-        return [version_at_start if c.policy_version is None else c.policy_version for c in completions]
+        """The policy version of each completion (the oldest of its tokens), by the precedence in the
+        module docstring."""
+        return [stamp_version(c, version_at_start) for c in completions]
 
     async def close(self) -> None:
         """Stop following; a load in progress is cancelled (the engine keeps what it serves). Idempotent."""

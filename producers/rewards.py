@@ -2,9 +2,11 @@
 
 A reward function is ``f(prompt: dict, completion: dict) -> float``; `prompt` is a `Prompt.to_dict()`
 (id, prompt, label, metadata, epoch), `completion` a `Completion.to_dict()` (text, tokens, logprobs,
-finish_reason, weight_version). A user's sync function runs in a worker thread (a slow verifier must
-not stall the event loop); async functions are awaited. Whatever a reward raises, or a result that is
-not a finite number, becomes a `RewardError`, and the producer publishes the group as failed.
+finish_reason, weight_version, and the custom generate contract's loss_mask and weight_versions, so a
+multi-turn reward can tell the policy's tokens from a tool's). A user's sync function runs in a worker
+thread (a slow verifier must not stall the event loop); async functions are awaited. Whatever a reward
+raises, or a result that is not a finite number, becomes a `RewardError`, and the producer publishes the
+group as failed.
 
 Built-ins compare against the prompt's ``label`` (a prompt without one is an error, not a zero):
 ``math`` extracts the completion's answer (the last ``\\boxed{...}``, else a GSM8K ``#### x`` line, else

@@ -10,6 +10,7 @@ from typing import Any
 
 from infra import DEFAULT_TRAINER_GROUP, TopicNames
 from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, EngineError, SamplingParams
+from producers.engines.sglang_http import PARTIAL_ROLLOUTS, PartialRollouts
 from schemas import ConfigError
 
 
@@ -42,6 +43,11 @@ class ProducerSettings:
         metrics_port: serve Prometheus metrics on this port (None: no server; 0: any free port).
         summary_interval_s: period of the one-line log summary (0: never).
         watch_control: follow NS.control for the current policy version.
+        partial_rollouts: what an SGLang engine does with a sample a weight update aborted: ``continue`` it
+            on the new weights from prompt + partial output (its tokens then carry both versions), or
+            ``restart`` it from scratch. For the engine built from these settings (`make_engine`).
+        sglang_sync_weights: the producer updates its SGLang servers to each announced version with a
+            ``weights_path`` (pause, ``/update_weights_from_disk``, continue); False: the trainer does.
         producer_overrides, intake_overrides: extra librdkafka properties for the rollout producer
             and the prompt consumer; rollstream's guarantees still win (see `KafkaConfig`).
     """
@@ -69,6 +75,8 @@ class ProducerSettings:
     metrics_port: int | None = None
     summary_interval_s: float = 30.0
     watch_control: bool = True
+    partial_rollouts: PartialRollouts = "continue"
+    sglang_sync_weights: bool = False
     producer_overrides: Mapping[str, Any] = field(default_factory=dict)
     intake_overrides: Mapping[str, Any] = field(default_factory=dict)
 
@@ -93,6 +101,8 @@ class ProducerSettings:
             raise ConfigError(f"metrics_port={self.metrics_port} is not a TCP port")
         if not self.trainer_group:
             raise ConfigError("trainer_group must not be empty")
+        if self.partial_rollouts not in PARTIAL_ROLLOUTS:
+            raise ConfigError(f"partial_rollouts={self.partial_rollouts!r}: use continue or restart")
         for name in ("sampling_extra", "producer_overrides", "intake_overrides"):
             object.__setattr__(self, name, dict(getattr(self, name)))
         self.sampling()  # validates the sampling parameters

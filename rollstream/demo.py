@@ -197,7 +197,7 @@ def _producer_specs(setup: _Setup) -> list[ProducerSpec]:
 
 def _train(setup: _Setup, fleet: ProducerFleet) -> tuple[list[StepRow], TakenStep | None]:
     """The trainer loop: take -> optimizer step -> save -> announce -> commit, `steps` times."""
-    from rollstream.trainer import GRPOLearner, LearnerConfig
+    from rollstream.trainer import GRPOLearner, LearnerConfig, logprob_temperatures
 
     o, r = setup.options, DEMO_RECIPE
     trainer = GRPOLearner(setup.base_model, LearnerConfig(lr=r.lr, clip_eps=r.clip_eps,
@@ -215,7 +215,7 @@ def _train(setup: _Setup, fleet: ProducerFleet) -> tuple[list[StepRow], TakenSte
             lag = consumer.estimated_lag()  # right after the take, as the consumer's lag gauge
             t1 = time.monotonic()
             tensors = batch.to_tensors(pad_id=PAD_ID)
-            stats = trainer.step(tensors)
+            stats = trainer.step(tensors, temperature=logprob_temperatures(batch.groups))
             t2 = time.monotonic()
             saved = trainer.save(o.out / "weights" / f"v{trainer.version}")
             announcer.announce(PolicyVersion(trainer.version, str(saved), metadata={"step": str(batch.step)}))

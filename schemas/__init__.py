@@ -13,6 +13,7 @@ from schemas.codec import Codec, decode, default_codec, encode, fingerprint
 from schemas.policy_dir import VERSION_FILE, read_policy_version, write_policy_version
 from schemas.records import (
     FINISH_REASONS,
+    GREEDY_BELOW,
     ChatMessage,
     OffsetDisposition,
     PartitionRange,
@@ -20,16 +21,19 @@ from schemas.records import (
     Prompt,
     Sample,
     Samples,
+    Sampling,
     ScoredGroup,
     StepManifest,
+    VersionSpan,
+    logprob_temperature,
     make_group_id,
     now_ms,
 )
 
 __all__ = [
-    "FINISH_REASONS", "VERSION_FILE", "ChatMessage", "Codec", "ConfigError", "DecodeError", "InvalidRecordError",
-    "OffsetDisposition", "PartitionRange", "PolicyVersion", "Prompt", "RollstreamError", "Sample", "Samples",
-    "SchemaError", "ScoredGroup", "StepManifest", "UnknownSchemaError", "decode", "default_codec", "encode",
-    "fingerprint", "float32_array", "int32_array", "make_group_id", "now_ms", "read_policy_version",
-    "write_policy_version",
+    "FINISH_REASONS", "GREEDY_BELOW", "VERSION_FILE", "ChatMessage", "Codec", "ConfigError", "DecodeError",
+    "InvalidRecordError", "OffsetDisposition", "PartitionRange", "PolicyVersion", "Prompt", "RollstreamError",
+    "Sample", "Samples", "Sampling", "SchemaError", "ScoredGroup", "StepManifest", "UnknownSchemaError",
+    "VersionSpan", "decode", "default_codec", "encode", "fingerprint", "float32_array", "int32_array",
+    "logprob_temperature", "make_group_id", "now_ms", "read_policy_version", "write_policy_version",
 ]

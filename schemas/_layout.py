@@ -2,7 +2,7 @@
 ``avro/`` and reads back. Only this module knows it; records know nothing of the wire, and `_upgrade`
 turns data of older schemas into this layout, so nothing here knows an older one.
 
-A ScoredGroup (schema v3) stores its samples column by column, a StepManifest (v2) its dispositions:
+A ScoredGroup (schema v4) stores its samples column by column, a StepManifest (v2) its dispositions:
 each column holds one entry per row, packed little-endian (the ``doc`` of each field says how). Strings
 of many rows are stored back to back with their lengths (`join_strings`).
 
@@ -14,6 +14,7 @@ codes in range) is checked on decode, so building the samples later cannot fail.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from schemas._errors import DecodeError
-from schemas._packing import FLOAT32_LE, INT32_LE, pack_values, unpack, unpack_values
+from schemas._packing import FLOAT32_LE, INT32_LE, UINT8, pack_values, unpack, unpack_values
 from schemas.records import (
     DISPOSITION_KINDS,
     FINISH_REASONS,
@@ -31,12 +32,15 @@ from schemas.records import (
     Prompt,
     Sample,
     Samples,
+    Sampling,
     ScoredGroup,
     StepManifest,
+    VersionSpan,
 )
 
 _KIND_CODES = {kind: code for code, kind in enumerate(DISPOSITION_KINDS)}
 _FINISH_CODES = {reason: code for code, reason in enumerate(FINISH_REASONS)}
+_NO_MASKS = np.frombuffer(b"", UINT8)  # the masks of a record that has none: empty and read-only, so shared
 
 
 def join_strings(values: Sequence[str | None]) -> tuple[str, list[int]]:
@@ -70,12 +74,18 @@ def as_read(datum: Mapping[str, Any]) -> dict[str, Any]:
             for k, v in datum.items()}
 
 
+def unmasked_columns(n: int) -> dict[str, bytes]:
+    """The loss-mask and version-span columns of `n` samples that carry neither (what older schemas lacked)."""
+    return {"has_loss_mask": bytes(n), "loss_masks": b"", "version_span_counts": bytes(4 * n), "version_spans": b""}
+
+
 @dataclass(slots=True, eq=False)
 class SampleColumns:
-    """A group's samples column by column, as schema v3 stores them (see scored_group.avsc).
+    """A group's samples column by column, as schema v4 stores them (see scored_group.avsc).
 
-    Tokens and logprobs are held in parts: one per sample when built from `Sample` objects (encoding
-    writes them back to back without joining them first), one view of the record when decoded.
+    Tokens, logprobs and loss masks are held in parts: one per sample when built from `Sample` objects
+    (encoding writes them back to back without joining them first), one view of the record when decoded.
+    `spans` holds every version span as a flat (version, start, end, ...) sequence.
     """
 
     lengths: Sequence[int]
@@ -84,10 +94,14 @@ class SampleColumns:
     has_logprobs: bytes
     version_counts: Sequence[int]
     versions: Sequence[int]
+    has_loss_mask: bytes
+    span_counts: Sequence[int]
+    spans: Sequence[int]
     text_lengths: Sequence[int]
     text: str
     token_parts: tuple[np.ndarray, ...]
     logprob_parts: tuple[np.ndarray, ...]
+    mask_parts: tuple[np.ndarray, ...]
 
     @classmethod
     def of(cls, samples: Sequence[Sample]) -> SampleColumns:
@@ -97,13 +111,18 @@ class SampleColumns:
                    has_logprobs=bytes(s.logprobs is not None for s in samples),
                    version_counts=[len(s.weight_versions) for s in samples],
                    versions=[v for s in samples for v in s.weight_versions],
+                   has_loss_mask=bytes(s.loss_mask is not None for s in samples),
+                   span_counts=[len(s.version_spans) for s in samples],
+                   spans=[x for s in samples for span in s.version_spans for x in (span.version, span.start, span.end)],
                    text_lengths=text_lengths, text=text,
                    token_parts=tuple(s.tokens for s in samples),
-                   logprob_parts=tuple(s.logprobs for s in samples if s.logprobs is not None))
+                   logprob_parts=tuple(s.logprobs for s in samples if s.logprobs is not None),
+                   mask_parts=tuple(s.loss_mask for s in samples if s.loss_mask is not None))
 
     @classmethod
     def decoded(cls, d: Mapping[str, Any]) -> SampleColumns:
-        """Columns of a decoded v3 datum; tokens and logprobs become views of the record's bytes (no copy).
+        """Columns of a decoded v4 datum; tokens, logprobs and loss masks become views of the record's
+        bytes (no copy).
 
         Raises DecodeError when the columns disagree (counts, lengths, codes), which Avro cannot check.
         """
@@ -131,9 +150,12 @@ class SampleColumns:
                               f"and text lengths {text_lengths}")
         if sum(length for length, has in zip(lengths, has_logprobs, strict=True) if has) != len(logprobs):
             raise DecodeError(f"{len(logprobs)} logprobs do not match the samples that have them")
+        has_mask, masks = d["has_loss_mask"], _masks_of(d, lengths)
+        span_counts, spans = _spans_of(d, lengths, counts, versions)
         return cls(lengths=lengths, rewards=[None if r != r else r for r in rewards], finish_codes=finish,
-                   has_logprobs=has_logprobs, version_counts=counts, versions=versions,
-                   text_lengths=text_lengths, text=text, token_parts=(tokens,), logprob_parts=(logprobs,))
+                   has_logprobs=has_logprobs, version_counts=counts, versions=versions, has_loss_mask=has_mask,
+                   span_counts=span_counts, spans=spans, text_lengths=text_lengths, text=text,
+                   token_parts=(tokens,), logprob_parts=(logprobs,), mask_parts=(masks,))
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -147,11 +169,15 @@ class SampleColumns:
         return _joined(self.logprob_parts, FLOAT32_LE)
 
     @property
+    def loss_masks(self) -> np.ndarray:
+        return _joined(self.mask_parts, UINT8)
+
+    @property
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.token_parts) + sum(p.nbytes for p in self.logprob_parts)
 
     def datum(self) -> dict[str, Any]:
-        """The sample fields of a v3 ScoredGroup datum."""
+        """The sample fields of a v4 ScoredGroup datum."""
         return {
             "response_lengths": pack_values(self.lengths, "i"),
             "rewards": pack_values([math.nan if r is None else r for r in self.rewards], "d"),
@@ -159,34 +185,121 @@ class SampleColumns:
             "has_logprobs": self.has_logprobs,
             "weight_version_counts": pack_values(self.version_counts, "i"),
             "weight_versions": pack_values(self.versions, "q"),
+            "has_loss_mask": self.has_loss_mask,
+            "version_span_counts": pack_values(self.span_counts, "i"),
+            "version_spans": pack_values(self.spans, "q"),
             "text_lengths": pack_values(self.text_lengths, "i"),
             "texts": self.text,
             "tokens": self.token_parts,  # contiguous arrays: the codec writes their bytes back to back
             "logprobs": self.logprob_parts,
+            "loss_masks": self.mask_parts,
         }
 
     def samples(self) -> tuple[Sample, ...]:
         """One `Sample` per row; its arrays are views of the columns."""
-        tokens, all_logprobs = self.tokens, self.logprobs
+        tokens, all_logprobs, all_masks, has_mask = self.tokens, self.logprobs, self.loss_masks, self.has_loss_mask
         texts = split_strings(self.text, self.text_lengths)
+        spans = self._sample_spans()
         decoded = Sample._decoded  # bound once: one call per sample
         out = []
-        token_at = logprob_at = version_at = 0
+        token_at = logprob_at = mask_at = version_at = 0
         for i, n in enumerate(self.lengths):
-            logprobs = None
+            logprobs = mask = None
             if self.has_logprobs[i]:
                 logprobs = all_logprobs[logprob_at:logprob_at + n]
                 logprob_at += n
+            if has_mask[i]:
+                mask = all_masks[mask_at:mask_at + n]
+                mask_at += n
             count = self.version_counts[i]
             out.append(decoded(tokens[token_at:token_at + n], texts[i] or "", logprobs, self.rewards[i],
                                FINISH_REASONS[self.finish_codes[i]],
-                               tuple(self.versions[version_at:version_at + count])))
+                               tuple(self.versions[version_at:version_at + count]), mask, spans[i] if spans else ()))
             token_at, version_at = token_at + n, version_at + count
         return tuple(out)
 
+    def _sample_spans(self) -> list[tuple[VersionSpan, ...]]:
+        """The version spans of each sample, or [] when no sample has any (most records)."""
+        if not self.spans:
+            return []
+        flat, span = self.spans, VersionSpan._decoded  # bound once: one call per span
+        every = [span(flat[k], flat[k + 1], flat[k + 2]) for k in range(0, len(flat), 3)]
+        out, at = [], 0
+        for count in self.span_counts:
+            out.append(tuple(every[at:at + count]))
+            at += count
+        return out
+
+
+def _masks_of(d: Mapping[str, Any], lengths: Sequence[int]) -> np.ndarray:
+    """The loss masks of a decoded datum, a view of its bytes. Raises DecodeError when they disagree with the
+    samples. Most records carry none: then two cheap tests are all the work."""
+    has_mask, packed = d["has_loss_mask"], d["loss_masks"]
+    if len(has_mask) != len(lengths):
+        raise DecodeError(f"columns disagree on the number of samples: {len(lengths)} lengths, {len(has_mask)} loss "
+                          "mask flags")
+    if not packed and not any(has_mask):
+        return _NO_MASKS
+    masks = unpack(packed, UINT8, "loss_masks")
+    _check_masks(lengths, has_mask, masks)
+    return masks
+
+
+def _spans_of(d: Mapping[str, Any], lengths: Sequence[int], version_counts: Sequence[int],
+              versions: Sequence[int]) -> tuple[Sequence[int], Sequence[int]]:
+    """The version span counts and the flat spans of a decoded datum. Raises DecodeError when they disagree
+    with the samples. Most records carry none: then two cheap tests are all the work."""
+    packed_counts, packed = d["version_span_counts"], d["version_spans"]
+    if len(packed_counts) != 4 * len(lengths):
+        raise DecodeError(f"columns disagree on the number of samples: {len(lengths)} lengths, "
+                          f"{len(packed_counts)} bytes of version span counts (4 per sample)")
+    if not packed and not any(packed_counts):
+        return (0,) * len(lengths), ()
+    span_counts = unpack_values(packed_counts, "i", "version_span_counts")
+    spans = unpack_values(packed, "q", "version_spans")
+    _check_spans(lengths, version_counts, versions, span_counts, spans)
+    return span_counts, spans
+
+
+def _check_masks(lengths: Sequence[int], has_mask: bytes, masks: np.ndarray) -> None:
+    """Raises DecodeError unless `masks` holds one 0/1 per response token of each sample flagged in `has_mask`."""
+    if max(has_mask, default=0) > 1:
+        raise DecodeError(f"bad loss mask flags {list(has_mask)}: one 0 or 1 per sample")
+    expected = sum(length for length, has in zip(lengths, has_mask, strict=True) if has)
+    if masks.size != expected:
+        raise DecodeError(f"{masks.size} loss mask entries do not match the {expected} response tokens of the samples "
+                          f"that have one (lengths {list(lengths)}, flags {list(has_mask)})")
+    if masks.size and masks.max() > 1:
+        raise DecodeError(f"loss mask entries must be 0 or 1, found {int(masks.max())}")
+
+
+def _check_spans(lengths: Sequence[int], version_counts: Sequence[int], versions: Sequence[int],
+                 span_counts: Sequence[int], spans: Sequence[int]) -> None:
+    """Raises DecodeError unless each sample's spans cover its response back to back and name exactly its
+    weight versions (distinct, oldest first), as `Sample` requires."""
+    if min(span_counts, default=0) < 0 or 3 * sum(span_counts) != len(spans):
+        raise DecodeError(f"{len(spans)} version span numbers do not match the span counts {list(span_counts)} "
+                          "(three per span: version, start, end)")
+    at = version_at = 0
+    for i, count in enumerate(span_counts):
+        n_versions = version_counts[i]
+        if count:
+            end = at + 3 * count
+            starts, ends = spans[at + 1:end:3], spans[at + 2:end:3]
+            back_to_back = not starts[0] and ends[-1] == lengths[i] and starts[1:] == ends[:-1]
+            if not (back_to_back and all(map(operator.lt, starts, ends))):  # and no span empty
+                raise DecodeError(f"sample {i}: version spans {spans[at:end]} (version, start, end) do not cover its "
+                                  f"{lengths[i]} response tokens back to back")
+            own_versions = versions[version_at:version_at + n_versions]
+            if tuple(dict.fromkeys(spans[at:end:3])) != own_versions:
+                raise DecodeError(f"sample {i}: version spans name versions {tuple(dict.fromkeys(spans[at:end:3]))}, "
+                                  f"its weight versions are {own_versions}")
+            at = end
+        version_at += n_versions
+
 
 def samples_datum(samples: Sequence[Sample]) -> dict[str, Any]:
-    """The sample fields of a v3 ScoredGroup datum for `samples`, as the codec reads them back."""
+    """The sample fields of a v4 ScoredGroup datum for `samples`, as the codec reads them back."""
     return as_read(SampleColumns.of(samples).datum())
 
 
@@ -208,13 +321,15 @@ def _group_datum(group: ScoredGroup) -> dict[str, Any]:
         "finished_at_ms": group.finished_at_ms,
         "prompt": group.prompt,
         "metadata": dict(group.metadata),
+        "sampling": None if group.sampling is None else vars(group.sampling),
         **columns.datum(),
         "prompt_tokens": group.prompt_tokens,  # a contiguous array: the codec writes its bytes
     }
 
 
 def _group_from_datum(d: Mapping[str, Any]) -> ScoredGroup:
-    """A group from a decoded v3 datum. Raises DecodeError where fields disagree (Avro cannot check that)."""
+    """A group from a decoded v4 datum. Raises DecodeError where fields disagree (Avro cannot check that),
+    InvalidRecordError for sampling parameters out of range (the codec reports both as DecodeError)."""
     if d["status"] == "FAILED" and not d["error"]:
         raise DecodeError(f"failed group {d['group_id']!r} carries no error")
     return ScoredGroup._decoded(
@@ -230,6 +345,7 @@ def _group_from_datum(d: Mapping[str, Any]) -> ScoredGroup:
         status=d["status"].lower(),
         error=d["error"],
         metadata=d["metadata"],
+        sampling=None if (sampling := d["sampling"]) is None else Sampling(**sampling),
     )
 
 

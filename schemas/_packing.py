@@ -15,6 +15,7 @@ from schemas._errors import DecodeError, InvalidRecordError
 
 INT32_LE = np.dtype("<i4")
 FLOAT32_LE = np.dtype("<f4")
+UINT8 = np.dtype("u1")  # loss masks: one 0/1 byte per token
 
 
 def pack(values: Sequence[int] | Sequence[float] | np.ndarray, dtype: np.dtype, field: str) -> bytes:

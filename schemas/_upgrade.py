@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from schemas._layout import dispositions_datum, samples_datum
+from schemas._layout import dispositions_datum, samples_datum, unmasked_columns
 from schemas._packing import FLOAT32_LE, INT32_LE, unpack
 from schemas.records import OffsetDisposition, Sample
 
@@ -33,9 +33,17 @@ def scored_group_v1(d: Mapping[str, Any]) -> Datum:
 
 def scored_group_v2(d: Mapping[str, Any]) -> Datum:
     """Version 2 stored one record per sample (packed tokens and logprobs each); version 3 stores the
-    samples column by column."""
+    samples column by column. The columns are built from `Sample` objects by the current layout, so only
+    what version 3 lacked at the group level is added here (as `scored_group_v3` does)."""
     samples = [_sample_v2(s) for s in d["samples"]]
-    return {**{k: v for k, v in d.items() if k != "samples"}, **samples_datum(samples)}
+    return {**{k: v for k, v in d.items() if k != "samples"}, **samples_datum(samples), "sampling": None}
+
+
+def scored_group_v3(d: Mapping[str, Any]) -> Datum:
+    """Version 3 had no loss masks, version spans or sampling parameters: every token is trained, no span
+    is known (the samples keep their weight versions) and the sampling is not recorded. Cheap on purpose:
+    no `Sample` is built, the packed columns pass through as they are (views of the record's bytes)."""
+    return {**d, **unmasked_columns(len(d["finish_reasons"])), "sampling": None}
 
 
 def _sample_v2(s: Mapping[str, Any]) -> Sample:
@@ -55,6 +63,7 @@ def step_manifest_v1(d: Mapping[str, Any]) -> Datum:
 UPGRADERS: dict[str, Callable[[Mapping[str, Any]], Datum]] = {
     "scored_group.v1.avsc": scored_group_v1,
     "scored_group.v2.avsc": scored_group_v2,
+    "scored_group.v3.avsc": scored_group_v3,
     "step_manifest.v1.avsc": step_manifest_v1,
 }
 """The upgrader of each file in ``avro/history/``, by file name."""

@@ -8,8 +8,8 @@ schema is read with it; one written with an older schema is read with that older
 its upgrader (`_upgrade`), which turns it into a datum of the current layout. So evolution lives in
 one place, and what builds records from a datum (`_layout`) knows only the current layout.
 
-Trailing ``bytes`` fields of a current schema (ScoredGroup's packed token columns) do not go through
-fastavro: the codec writes and reads the fields before them with fastavro and the trailing ones itself
+Trailing ``bytes`` fields of a schema (ScoredGroup's packed token columns, of old versions too) do not go
+through fastavro: the codec writes and reads the fields before them with fastavro and the trailing ones itself
 (a varint length, then the bytes). Encoding copies them once; decoding hands them to the layout as
 memoryviews of the record's bytes, so decoded token arrays are views, not copies.
 
@@ -56,8 +56,8 @@ class _WriterSchema:
     """A schema records may be written with, and how to read them.
 
     `upgrade`: for an older schema, its upgrader to the current layout (None for a current schema).
-    `head`, `tail`: for a current schema that ends in ``bytes`` fields, the leading part fastavro reads
-    and writes, and the trailing fields the codec handles in place (None and () otherwise).
+    `head`, `tail`: for a schema that ends in ``bytes`` fields, the leading part fastavro reads and
+    writes, and the trailing fields the codec handles in place (None and () otherwise).
     """
 
     name: str
@@ -115,8 +115,9 @@ class Codec:
                 raise SchemaError(f"old schema {path} has no upgrader: add one for {path.name!r} "
                                   "to schemas/_upgrade.py")
             parsed = _load(path)
+            head, tail = _split_tail(json.loads(path.read_text()))  # old columns are read in place too
             self._writers.setdefault(fingerprint(parsed), _WriterSchema(parsed["name"], parsed, path,
-                                                                        upgrade=upgrade))
+                                                                        upgrade=upgrade, head=head, tail=tail))
 
     def schema(self, record_type: type[R]) -> dict[str, Any]:
         """The current (reader and writer) parsed schema of `record_type`."""

@@ -13,10 +13,11 @@ from producers.engines.custom import CustomEngine
 from producers.engines.factory import make_engine
 from producers.engines.hf import HFEngine
 from producers.engines.sglang_engine import SGLangEngine
-from producers.engines.sglang_http import RetryPolicy, SGLangHTTPEngine
+from producers.engines.sglang_http import RetryPolicy, SGLangHTTPEngine, SGLangSyncEngine, WeightSync
 from producers.engines.tiny_model import build_tiny_model
 
 __all__ = [
     "Completion", "CustomEngine", "DEFAULT_REQUEST_TIMEOUT_S", "Engine", "EngineError", "Generation", "HFEngine",
-    "RetryPolicy", "SGLangEngine", "SGLangHTTPEngine", "SamplingParams", "build_tiny_model", "make_engine",
+    "RetryPolicy", "SGLangEngine", "SGLangHTTPEngine", "SGLangSyncEngine", "SamplingParams", "WeightSync",
+    "build_tiny_model", "make_engine",
 ]

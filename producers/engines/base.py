@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from schemas import FINISH_REASONS, RollstreamError
+from schemas import FINISH_REASONS, RollstreamError, VersionSpan
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # one generation attempt may legitimately take minutes
 
@@ -36,7 +36,10 @@ class Completion:
         finish_reason: ``stop`` (end of sequence or a stop string), ``length`` (max_new_tokens) or
             ``abort`` (the engine gave up on the request, e.g. during a weight update).
         policy_version: the policy version the engine reports for this response, if it knows one (the
-            ``weight_version`` of a custom generate function's dict and of SGLang's ``meta_info``).
+            ``weight_version`` of a custom generate function's dict and of SGLang's ``meta_info``: the newest).
+        loss_mask: one 0/1 per response token (0: a tool or environment token, not trained), or None (all 1).
+        version_spans: which policy version generated which response tokens, oldest first, back to back
+            (SGLang's ``meta_info.weight_versions``; a continued partial rollout has several), or empty.
     """
 
     text: str
@@ -44,6 +47,8 @@ class Completion:
     logprobs: Sequence[float] | np.ndarray | None = None
     finish_reason: str = "stop"
     policy_version: int | None = None
+    loss_mask: Sequence[int] | np.ndarray | None = None
+    version_spans: Sequence[VersionSpan] = ()
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:
@@ -52,11 +57,15 @@ class Completion:
             raise EngineError(f"completion has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs")
 
     def to_dict(self) -> dict[str, Any]:
-        """The dict a reward function receives: text, tokens, logprobs (lists), finish_reason, weight_version
-        (the completion-dict contract's name for the policy version)."""
+        """The dict a reward function receives, in the completion-dict contract's names: text, tokens,
+        logprobs (lists), finish_reason, weight_version (the policy version), loss_mask (0/1 per token, or
+        None) and weight_versions (the version spans as ``{"version", "start", "end"}`` dicts; [] when none)."""
         return {"text": self.text, "tokens": np.asarray(self.tokens).tolist(),
                 "logprobs": None if self.logprobs is None else np.asarray(self.logprobs, dtype=float).tolist(),
-                "finish_reason": self.finish_reason, "weight_version": self.policy_version}
+                "finish_reason": self.finish_reason, "weight_version": self.policy_version,
+                "loss_mask": None if self.loss_mask is None else np.asarray(self.loss_mask).astype(int).tolist(),
+                "weight_versions": [{"version": s.version, "start": s.start, "end": s.end}
+                                    for s in self.version_spans]}
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     extra: Mapping[str, Any] = field(default_factory=dict)
+    top_k: int = -1  # -1: off
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -84,12 +94,15 @@ class SamplingParams:
             raise EngineError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise EngineError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k != -1 and self.top_k < 1:
+            raise EngineError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
         object.__setattr__(self, "extra", dict(self.extra))
 
     def to_dict(self) -> dict[str, Any]:
         """The dict form (a fresh copy): SGLang's ``sampling_params``, and a custom generate's argument."""
+        top_k = {} if self.top_k == -1 else {"top_k": self.top_k}
         return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
-                "top_p": self.top_p, **self.extra}
+                "top_p": self.top_p, **top_k, **self.extra}
 
 
 @runtime_checkable

@@ -1,23 +1,42 @@
 """A user's generate function as an engine (``--generate MODULE:FUNC``).
 
-The function is ``async def f(prompt: dict, n: int, sampling_params: dict) -> list[dict]`` (DESIGN.md):
-each dict has ``text``, ``tokens`` (list[int]), optional ``logprobs`` (list[float]), ``finish_reason``
-(stop | length | abort) and optional ``weight_version`` (int). A plain (sync) function is accepted too
-and runs in a worker thread so it cannot block the event loop. A result with ``finish_reason=abort``
-raises a retriable `EngineError`: the producer retries the prompt rather than ship an aborted sample.
+The function is ``async def f(prompt: dict, n: int, sampling_params: dict) -> list[dict]`` returning `n`
+completion dicts. Each dict has (README, "Plug-ins"):
+
+- ``text`` (str) and ``tokens`` (list[int]): the response, without the prompt;
+- ``logprobs`` (list[float], optional): one per response token under the generating policy; it may hold
+  0.0 where ``loss_mask`` is 0 (tokens the policy did not generate have no logprob);
+- ``finish_reason``: ``stop`` | ``length`` | ``abort``;
+- ``loss_mask`` (list of 0/1, optional): one per response token, 0 for tool or environment tokens of a
+  multi-turn rollout (they are not trained); absent: every token is the policy's;
+- ``weight_version`` (int, optional): the policy version that generated the response (the newest one);
+- ``weight_versions`` (optional): spans ``{"version": int, "start": int, "end": int}`` over the response
+  tokens, oldest first, back to back from 0 to ``len(tokens)`` (a response continued on newer weights has
+  several); with both, ``weight_version`` must be the last span's version;
+- ``prompt_tokens`` (list[int], optional) and ``prompt_text`` (str, optional): the prompt as the policy saw
+  it, the same in every dict of one call; the trainer's rows are ``prompt_tokens + tokens``.
+
+`producers.multiturn` builds such dicts for multi-turn rollouts. MODULE:FUNC may also name a class: it
+is instantiated without arguments and its instances are the generate function (``async __call__``); an
+instance's ``async start()`` and ``async close()``, when it has them, bracket the producer's run (for a
+generate function that owns a model or a client). A plain (sync) function is accepted too and runs in a
+worker thread so it cannot block the event loop. A result with ``finish_reason=abort`` raises a retriable
+`EngineError`: the producer retries the prompt rather than ship an aborted sample. A malformed result
+raises a non-retriable `EngineError` naming the completion, the field and the lengths.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from producers._plugins import load_callable
 from producers.engines.base import Completion, EngineError, Generation, SamplingParams
+from schemas import ConfigError, InvalidRecordError, Sample, VersionSpan
 
 
 class CustomEngine:
@@ -27,19 +46,43 @@ class CustomEngine:
 
     def __init__(self, fn: Callable[..., Any], *, label: str | None = None) -> None:
         self._fn = fn
-        self._label: str = label or str(getattr(fn, "__qualname__", repr(fn)))
-        self._is_async = inspect.iscoroutinefunction(fn)
+        self._label: str = label or str(getattr(fn, "__qualname__", type(fn).__qualname__))
+        # An instance with ``async def __call__`` is async too (iscoroutinefunction says no to the instance).
+        self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
     @classmethod
     def from_spec(cls, spec: str) -> CustomEngine:
-        """Build from ``MODULE:FUNC``. Raises ConfigError when the module or function is missing."""
-        return cls(load_callable(spec, "--generate"), label=spec)
+        """Build from ``MODULE:FUNC`` (or ``MODULE:CLASS``, instantiated without arguments).
+
+        Raises:
+            ConfigError: the module or function is missing, or the class cannot be instantiated.
+        """
+        target = load_callable(spec, "--generate")
+        if not inspect.isclass(target):
+            return cls(target, label=spec)
+        try:
+            instance = target()
+        except Exception as exc:
+            raise ConfigError(f"--generate {spec!r}: {target.__name__}() raised {type(exc).__name__}: {exc}") from exc
+        if not callable(instance):
+            raise ConfigError(f"--generate {spec!r}: {target.__name__} instances are not callable; give the class "
+                              "an async __call__(prompt, n, sampling_params)")
+        return cls(instance, label=spec)
 
     async def start(self) -> None:
-        return None
+        """Await the generate object's own ``start()`` if it has one. Raises what it raises."""
+        await self._lifecycle("start")
 
     async def close(self) -> None:
-        return None
+        """Await the generate object's own ``close()`` if it has one."""
+        await self._lifecycle("close")
+
+    async def _lifecycle(self, method: str) -> None:
+        hook = None if inspect.isfunction(self._fn) else getattr(self._fn, method, None)
+        if callable(hook):
+            result = hook()
+            if inspect.isawaitable(result):
+                await result
 
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
         """Call the function once for `n` completions and validate what it returns.
@@ -63,7 +106,8 @@ class CustomEngine:
         completions = self._validate(result, n)
         if any(c.finish_reason == "abort" for c in completions):
             raise EngineError(f"{self._label} returned an aborted completion", retriable=True)
-        return Generation(completions=completions)
+        prompt_text, prompt_tokens = _prompt_of(result, self._label)
+        return Generation(completions=completions, prompt_text=prompt_text, prompt_tokens=prompt_tokens)
 
     def _validate(self, result: Any, n: int) -> list[Completion]:
         if not isinstance(result, list | tuple):
@@ -75,9 +119,10 @@ class CustomEngine:
 
 
 def completion_from_dict(item: Any, label: str, index: int) -> Completion:
-    """Validate one completion dict of the custom-generate contract (errors name the field).
+    """Validate one completion dict of the custom-generate contract (errors name the field and lengths).
 
-    ``tokens`` and ``logprobs`` may be lists or 1-D numpy arrays (checked vectorised, not per element).
+    ``tokens``, ``logprobs`` and ``loss_mask`` may be lists or 1-D numpy arrays (checked vectorised, not
+    per element). Raises EngineError (not retriable).
     """
     where = f"{label} completion {index}"
     if not isinstance(item, Mapping):
@@ -89,14 +134,90 @@ def completion_from_dict(item: Any, label: str, index: int) -> Completion:
     logprobs = item.get("logprobs")
     if logprobs is not None:
         logprobs = _array(logprobs, "iuf", f"{where}: 'logprobs' must be a list of floats or absent")
-    version = item.get("weight_version")
-    if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
-        raise EngineError(f"{where}: 'weight_version' must be an int or absent", retriable=False)
+    mask = item.get("loss_mask")
+    if mask is not None:
+        mask = _array(mask, "iub", f"{where}: 'loss_mask' must be a list of 0/1 ints or absent")
+    version = _int_or_none(item.get("weight_version"), f"{where}: 'weight_version' must be an int or absent")
+    spans = _spans(item.get("weight_versions"), where)
+    if spans and version is not None and version != spans[-1].version:
+        raise EngineError(f"{where}: 'weight_version' {version} is not the newest of 'weight_versions' "
+                          f"({spans[-1].version}); give the newest, or leave it out", retriable=False)
+    _check_against_tokens(tokens, mask, spans, where)
     try:
         return Completion(text=text, tokens=tokens, logprobs=logprobs,
-                          finish_reason=item.get("finish_reason", "stop"), policy_version=version)
+                          finish_reason=item.get("finish_reason", "stop"),
+                          policy_version=spans[-1].version if spans else version, loss_mask=mask,
+                          version_spans=spans)
     except EngineError as exc:
         raise EngineError(f"{where}: {exc}", retriable=False) from exc
+
+
+def _check_against_tokens(tokens: np.ndarray, mask: np.ndarray | None, spans: tuple[VersionSpan, ...],
+                          where: str) -> None:
+    """The mask and the spans checked as the record will check them (`Sample` states the rules once)."""
+    try:
+        if mask is not None:
+            Sample(tokens=tokens, loss_mask=mask)
+    except InvalidRecordError as exc:
+        raise EngineError(f"{where}: {exc}", retriable=False) from exc
+    try:
+        if spans:
+            Sample(tokens=tokens, version_spans=spans)
+    except InvalidRecordError as exc:
+        raise EngineError(f"{where}: 'weight_versions': {exc}", retriable=False) from exc
+
+
+def _spans(value: Any, where: str) -> tuple[VersionSpan, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise EngineError(f"{where}: 'weight_versions' must be a list of {{\"version\", \"start\", \"end\"}} "
+                          f"dicts, got {type(value).__name__}", retriable=False)
+    spans = tuple(_span(span, f"{where}: 'weight_versions' entry {i}") for i, span in enumerate(value))
+    versions = [s.version for s in spans]
+    if versions != sorted(versions):
+        raise EngineError(f"{where}: 'weight_versions' must be oldest first, got versions {versions}",
+                          retriable=False)
+    return spans
+
+
+def _span(span: Any, where: str) -> VersionSpan:
+    message = f"{where} must be a dict of int 'version', 'start', 'end', got {span!r}"
+    if not isinstance(span, Mapping):
+        raise EngineError(message, retriable=False)
+    version, start, end = (_int_or_none(span.get(k), message) for k in ("version", "start", "end"))
+    if version is None or start is None or end is None:
+        raise EngineError(message, retriable=False)
+    try:
+        return VersionSpan(version, start, end)
+    except InvalidRecordError as exc:
+        raise EngineError(f"{where}: {exc}", retriable=False) from exc
+
+
+def _prompt_of(items: Sequence[Mapping[str, Any]], label: str) -> tuple[str, tuple[int, ...]]:
+    """The ``prompt_text`` and ``prompt_tokens`` the dicts carry (the same in each), or ("", ())."""
+    texts, token_lists = set(), set()
+    for i, item in enumerate(items):
+        text = item.get("prompt_text", "")
+        if not isinstance(text, str):
+            raise EngineError(f"{label} completion {i}: 'prompt_text' must be a string or absent", retriable=False)
+        tokens = _array(item.get("prompt_tokens", ()), "iu",
+                        f"{label} completion {i}: 'prompt_tokens' must be a list of ints or absent")
+        texts.add(text)
+        token_lists.add(tuple(tokens.tolist()))
+    if len(texts) > 1 or len(token_lists) > 1:
+        raise EngineError(f"{label}: the completions of one call carry {len(texts)} different 'prompt_text' and "
+                          f"{len(token_lists)} different 'prompt_tokens'; they share one prompt: give the same "
+                          "in each, or leave them out", retriable=False)
+    return next(iter(texts), ""), next(iter(token_lists), ())
+
+
+def _int_or_none(value: Any, message: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise EngineError(message, retriable=False)
+    return int(value)
 
 
 def _array(values: Any, kinds: str, message: str) -> np.ndarray:

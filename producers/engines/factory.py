@@ -10,7 +10,7 @@ from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Engine
 from producers.engines.custom import CustomEngine
 from producers.engines.hf import HFEngine
 from producers.engines.sglang_engine import SGLangEngine
-from producers.engines.sglang_http import SGLangHTTPEngine
+from producers.engines.sglang_http import PartialRollouts, SGLangHTTPEngine, SGLangSyncEngine
 from schemas import ConfigError
 
 EngineKind = Literal["sglang", "hf"]
@@ -19,27 +19,36 @@ _USAGE = "choose one of: --engine sglang --sglang-url URL, --engine hf --model D
 
 def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = (), model: Path | str | None = None,
                 tokenizer: Path | str | None = None, generate: str | None = None,
-                request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> Engine:
+                request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, partial_rollouts: PartialRollouts = "continue",
+                sglang_sync_weights: bool = False) -> Engine:
     """The engine the flags describe. No I/O (the engine loads in its `start`).
 
     - ``generate``: a custom generate function ``MODULE:FUNC`` (no ``kind``).
     - ``sglang`` + ``sglang_urls``: SGLang over HTTP; `tokenizer` (default `model`) makes it send token
-      ids with the chat template applied, else the server tokenizes the text.
-    - ``sglang`` + ``model`` and no URL: SGLang in-process (``sglang.Engine``, GPU).
+      ids with the chat template applied, else the server tokenizes the text. The trainer updates the
+      servers' weights, unless `sglang_sync_weights`: then the producer does (`SGLangSyncEngine`).
+    - ``sglang`` + ``model`` and no URL: SGLang in-process (``sglang.Engine``, GPU); it loads announced
+      weights itself.
     - ``hf`` + ``model``: transformers on CPU.
+    `partial_rollouts` (SGLang): ``continue`` a sample aborted by a weight update, or ``restart`` it.
     Raises:
         ConfigError: a contradictory or incomplete combination (the message lists the valid ones), or a
             ``--generate`` path that does not import.
     """
+    if sglang_sync_weights and not (kind == "sglang" and sglang_urls):
+        raise ConfigError("--sglang-sync-weights is for --engine sglang --sglang-url URL (the producer updates "
+                          "those servers); in-process SGLang and --engine hf load announced weights anyway")
     if generate is not None:
         if kind is not None or sglang_urls:
             raise ConfigError(f"--generate replaces --engine/--sglang-url; {_USAGE}")
         return CustomEngine.from_spec(generate)
     if kind == "sglang":
         if sglang_urls:
-            return SGLangHTTPEngine(list(sglang_urls), tokenizer=tokenizer or model, timeout_s=request_timeout_s)
+            http = SGLangSyncEngine if sglang_sync_weights else SGLangHTTPEngine
+            return http(list(sglang_urls), tokenizer=tokenizer or model, timeout_s=request_timeout_s,
+                        partial_rollouts=partial_rollouts)
         if model is not None:
-            return SGLangEngine(model, tokenizer=tokenizer)
+            return SGLangEngine(model, tokenizer=tokenizer, partial_rollouts=partial_rollouts)
         raise ConfigError(f"--engine sglang needs --sglang-url URL (a server or router), or --model DIR to run "
                           f"SGLang in-process; {_USAGE}")
     if kind == "hf":

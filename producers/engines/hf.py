@@ -1,10 +1,22 @@
 """Hugging Face transformers on CPU: the embedded engine for the demo and tests (``--engine hf --model DIR``).
 
-The `n` samples of a prompt are generated as one batch (the prompt repeated `n` times) with sampling,
-and per-token logprobs come from ``compute_transition_scores`` over the scores of the sampling
-distribution. Generation runs in one dedicated worker thread (``rollstream-hf``): torch already uses
-every core for one batch, and the event loop never waits on it. The response keeps the EOS token
-(with its logprob) and drops the padding after it.
+The `n` samples of a prompt are generated as one batch (the prompt repeated `n` times). Sampling follows
+the producer's `SamplingParams` alone (temperature, top_p, top_k; temperature below 1e-6 is greedy): of the
+model directory's ``generation_config`` only the EOS, pad and BOS ids are kept, so no repetition penalty
+or other processor it may name changes the distribution behind the producer's back.
+
+Logprobs are what SGLang ships (``python/sglang/srt/layers/sampler.py``, top-p independent since
+sgl-project/sglang#5961): ``log_softmax(logits / T)`` of the sampled token, from the raw logits
+(``generate(output_logits=True)``), before top-k/top-p truncation and renormalisation, so a trainer that
+divides its logits by T recomputes them. Greedy uses T=1, as SGLang does: its ``SamplingParams`` turns a
+temperature below ``_SAMPLING_EPS`` (1e-6) into temperature 1.0 with top_k 1
+(``python/sglang/srt/sampling/sampling_params.py``), and its all-greedy path takes ``log_softmax(logits)``.
+
+Generation stops on every EOS id of the generation config (``eos_token_id`` may be a list) and the
+tokenizer's; the response keeps the first EOS token (with its logprob) and drops what follows it.
+Generation runs in one dedicated worker thread (``rollstream-hf``): torch already uses every core for
+one batch, and the event loop never waits on it. `generate_tokens` is the token-in/token-out call
+multi-turn rollouts use (`producers.multiturn`): it continues token ids as given, never re-encoding text.
 
 Weight updates (`reload`): the new state dict is read from disk in another thread while the old
 weights keep serving, then copied into the model *in the worker thread, between two generations*, so
@@ -20,15 +32,16 @@ import concurrent.futures
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from producers.engines._tokenize import PromptEncoder, load_tokenizer
 from producers.engines.base import Completion, EngineError, Generation, SamplingParams
-from schemas import ConfigError, read_policy_version
+from schemas import GREEDY_BELOW, ConfigError, logprob_temperature, read_policy_version
 
 log = logging.getLogger(__name__)
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens")  # what --engine hf honours
 
 
 class HFEngine:
@@ -54,6 +67,8 @@ class HFEngine:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._model: Any = None
         self._encoder: PromptEncoder | None = None
+        self._eos_ids: tuple[int, ...] = ()
+        self._pad_id: int | None = None
 
     async def start(self) -> None:
         """Load tokenizer and model in the worker thread. Idempotent.
@@ -84,9 +99,37 @@ class HFEngine:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--model {self._model_dir}: cannot load a causal LM: {exc}") from exc
         model.to(self._device).eval()
+        self._eos_ids, self._pad_id = _own_generation_config(model, tokenizer)
         if self._policy_version is None:
             self._policy_version = read_policy_version(self._model_dir)
         return model, tokenizer
+
+    @property
+    def tokenizer(self) -> Any:
+        """The loaded tokenizer (read-only, so thread-safe to encode and decode with).
+
+        Raises:
+            EngineError (not retriable): read before `start`.
+        """
+        if self._encoder is None:
+            raise EngineError("HFEngine.tokenizer read before start()", retriable=False)
+        return self._encoder.tokenizer
+
+    def encode_prompt(self, prompt: Mapping[str, Any]) -> tuple[str, list[int]]:
+        """The prompt as `generate` sends it (chat template applied where the tokenizer has one) and its
+        token ids. Blocks briefly (tokenising); thread-safe, so call it through ``asyncio.to_thread``.
+
+        Raises:
+            EngineError (not retriable): called before `start`, or chat messages without a chat template.
+        """
+        if self._encoder is None:
+            raise EngineError("HFEngine.encode_prompt called before start()", retriable=False)
+        return self._encoder.encode(prompt)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """Every token id that ends a generation (generation config and tokenizer); empty before `start`."""
+        return self._eos_ids
 
     @property
     def policy_version(self) -> int | None:
@@ -153,39 +196,87 @@ class HFEngine:
         Raises:
             EngineError: the model raised (e.g. out of memory); retriable.
         """
-        if self._model is None or self._executor is None:
-            raise EngineError("HFEngine.generate called before start()", retriable=False)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._generate_blocking, dict(prompt), n, sampling)
+        return await loop.run_in_executor(self._running(), self._generate_blocking, dict(prompt), n, sampling)
+
+    async def generate_tokens(self, input_ids: Sequence[int], n: int, sampling: SamplingParams) -> list[Completion]:
+        """Token in, token out: `n` completions continuing `input_ids` exactly as given (no chat template, no
+        re-encoding), in one batch on the worker thread. Never blocks the loop.
+
+        Raises:
+            EngineError: `input_ids` is empty (not retriable), or the model raised (retriable).
+        """
+        if not input_ids:
+            raise EngineError("generate_tokens needs at least one input token", retriable=False)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._running(), self._sample_blocking, list(input_ids), n, sampling)
+
+    def _running(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._model is None or self._executor is None:
+            raise EngineError("HFEngine used before start()", retriable=False)
+        return self._executor
 
     def _generate_blocking(self, prompt: dict[str, Any], n: int, sampling: SamplingParams) -> Generation:
-        import torch
-
         if self._encoder is None:
             raise EngineError("HFEngine is closed", retriable=False)
         text, ids = self._encoder.encode(prompt)
-        tokenizer = self._encoder.tokenizer
+        return Generation(completions=self._sample_blocking(ids, n, sampling), prompt_text=text, prompt_tokens=ids)
+
+    def _sample_blocking(self, ids: list[int], n: int, sampling: SamplingParams) -> list[Completion]:
+        import torch
+
+        if self._model is None or self._encoder is None:
+            raise EngineError("HFEngine is closed", retriable=False)
+        sent = {k: v for k, v in sampling.to_dict().items() if k in _SAMPLING_KEYS}
         inputs = torch.tensor([ids] * n, device=self._device)
         try:
             with torch.no_grad():
                 out = self._model.generate(inputs, attention_mask=torch.ones_like(inputs),
-                                           **_generate_kwargs(sampling, tokenizer))
-                scores = self._model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+                                           **_generate_kwargs(sent, self._pad_id))
+                new = out.sequences[:, len(ids):]
+                logprobs = sampled_logprobs(out.logits, new, logprob_temperature(float(sent["temperature"])))
         except (RuntimeError, ValueError) as exc:
             raise EngineError(f"transformers generate failed: {type(exc).__name__}: {exc}", retriable=True) from exc
-        completions = [self._completion(out.sequences[i, len(ids):].tolist(), scores[i].tolist(), tokenizer)
-                       for i in range(n)]
-        return Generation(completions=completions, prompt_text=text, prompt_tokens=ids)
+        return [self._completion(new[i].tolist(), logprobs[i].tolist()) for i in range(n)]
 
-    def _completion(self, tokens: list[int], logprobs: list[float], tokenizer: Any) -> Completion:
-        eos = tokenizer.eos_token_id
+    def _completion(self, tokens: list[int], logprobs: list[float]) -> Completion:
         finish = "length"
-        if eos is not None and eos in tokens:
-            cut = tokens.index(eos) + 1
-            tokens, logprobs, finish = tokens[:cut], logprobs[:cut], "stop"
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        cut = next((i for i, t in enumerate(tokens) if t in self._eos_ids), None)
+        if cut is not None:
+            tokens, logprobs, finish = tokens[:cut + 1], logprobs[:cut + 1], "stop"
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return Completion(text=text, tokens=tokens, logprobs=logprobs, finish_reason=finish,
                           policy_version=self._policy_version)
+
+
+def sampled_logprobs(step_logits: Sequence[Any], tokens: Any, temperature: float) -> Any:
+    """[n, steps]: ``log_softmax(logits / temperature)`` of each sampled token, one step at a time (never a
+    [n, steps, vocab] tensor). `step_logits` are ``generate(output_logits=True)``'s raw logits, [n, vocab]
+    per step; `tokens` [n, steps] the tokens sampled."""
+    import torch
+
+    return torch.stack([(logits.float() / temperature).log_softmax(-1).gather(-1, tokens[:, t:t + 1]).squeeze(-1)
+                        for t, logits in enumerate(step_logits)], dim=1)
+
+
+def _own_generation_config(model: Any, tokenizer: Any) -> tuple[tuple[int, ...], int | None]:
+    """Keep only the EOS, pad and BOS ids of the model's generation config (see the module docstring);
+    returns (every EOS id, the pad id)."""
+    from transformers import GenerationConfig
+
+    config = model.generation_config
+    configured = config.eos_token_id
+    eos = [*(configured if isinstance(configured, list) else [configured]), tokenizer.eos_token_id]
+    eos_ids = tuple(dict.fromkeys(int(t) for t in eos if t is not None))
+    pad = next((t for t in (tokenizer.pad_token_id, config.pad_token_id, *eos_ids) if t is not None), None)
+    ignored = sorted(set(config.to_diff_dict()) - {"eos_token_id", "pad_token_id", "bos_token_id",
+                                                   "transformers_version", "do_sample", *_SAMPLING_KEYS})
+    if ignored:
+        log.info("generation_config settings %s ignored: --engine hf samples with the producer's sampling "
+                 "parameters only", ", ".join(ignored))
+    model.generation_config = GenerationConfig(eos_token_id=list(eos_ids) or None, pad_token_id=pad,
+                                               bos_token_id=config.bos_token_id)
+    return eos_ids, pad
 
 
 def _read_state_dict(weights_path: Path) -> dict[str, Any]:
@@ -207,13 +298,14 @@ def _read_state_dict(weights_path: Path) -> dict[str, Any]:
                           f"model.safetensors.index.json): {exc}", retriable=True) from exc
 
 
-def _generate_kwargs(sampling: SamplingParams, tokenizer: Any) -> dict[str, Any]:
-    greedy = sampling.temperature == 0
-    kwargs: dict[str, Any] = {
-        "max_new_tokens": sampling.max_new_tokens, "do_sample": not greedy, "top_k": 0,
-        "output_scores": True, "return_dict_in_generate": True,
-        "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-    }
+def _generate_kwargs(sent: Mapping[str, Any], pad_id: int | None) -> dict[str, Any]:
+    """``generate`` arguments for the sampling parameters `sent` (SamplingParams.to_dict's, so an ``extra``
+    override counts as it does for SGLang)."""
+    greedy = float(sent["temperature"]) < GREEDY_BELOW
+    top_k = int(sent.get("top_k", -1))
+    kwargs: dict[str, Any] = {"max_new_tokens": int(sent["max_new_tokens"]), "do_sample": not greedy,
+                              "output_logits": True, "return_dict_in_generate": True, "pad_token_id": pad_id}
     if not greedy:
-        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p)
+        kwargs.update(temperature=float(sent["temperature"]), top_p=float(sent["top_p"]),
+                      top_k=0 if top_k == -1 else top_k)  # transformers: top_k 0 is off
     return kwargs

@@ -1,7 +1,18 @@
 """SGLang in-process (``sglang.Engine``), for a producer that owns its GPU (``pip install 'rollstream[sglang]'``).
 
 ``sglang`` is imported lazily in `start`, so nothing else in rollstream needs it. Requests and
-responses have the same shape as over HTTP (`_sglang_format`); aborted samples are re-issued.
+responses have the same shape as over HTTP (`_sglang_format`); aborted samples are continued from their
+partial output (or restarted, ``partial_rollouts="restart"``).
+
+Nobody but this producer can reach an in-process engine, so it is a `ReloadableEngine`: each newer
+version announced on NS.control with a ``weights_path`` is loaded the way SGLang's server does it
+around a weight update (http_server.py ``/pause_generation``, ``/update_weights_from_disk``,
+``/continue_generation``): the engine's tokenizer manager pauses generation (mode ``abort``: samples in
+flight return their partial output and are continued once the new weights serve), loads the weights
+with ``weight_version`` set, and continues. Those are the coroutines that ``sglang.Engine``'s own sync
+``update_weights_from_disk(model_path, load_format=None)`` wraps (python/sglang/srt/entrypoints/engine.py
+at sgl-project/sglang 001067ff): that method runs its own event loop, cannot be called from the loop the
+generations run on, and takes no weight version, so the coroutines are awaited here directly.
 """
 
 from __future__ import annotations
@@ -13,13 +24,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from producers.engines._sglang_format import parse_completion, request_payload
+from producers.engines._sglang_format import (
+    PARTIAL_ROLLOUTS,
+    PartialRollout,
+    PartialRollouts,
+    parse_completion,
+    request_payload,
+)
 from producers.engines._tokenize import PromptEncoder, load_tokenizer
 from producers.engines.base import Completion, EngineError, Generation, SamplingParams
 from producers.engines.sglang_http import gather_or_cancel
-from schemas import ConfigError
+from schemas import ConfigError, read_policy_version
 
 log = logging.getLogger(__name__)
+_IO_STRUCT = "sglang.srt.managers.io_struct"
 
 
 class SGLangEngine:
@@ -28,18 +46,31 @@ class SGLangEngine:
     Args:
         model_path: a model directory SGLang can load.
         tokenizer: tokenizer directory (default: `model_path`) for chat templates and ``input_ids``.
-        abort_attempts: how often an aborted sample is re-issued before the prompt fails.
+        abort_attempts: how often an aborted sample without output is re-issued before the prompt fails.
+        max_continuations: how often an aborted sample is continued from its partial output.
+        partial_rollouts: ``continue`` an aborted sample from its partial output, or ``restart`` it.
+        policy_version: the version of the weights in `model_path` (None: the version recorded in the
+            directory, if any); passed to SGLang as its ``weight_version``.
+        update_timeout_s: how long loading new weights may take.
         engine_kwargs: passed to ``sglang.Engine`` (``tp_size``, ``mem_fraction_static``, ...).
     """
 
     name = "sglang-engine"
 
     def __init__(self, model_path: str | Path, *, tokenizer: str | Path | None = None, chat_template: bool = True,
-                 abort_attempts: int = 20, engine_kwargs: Mapping[str, Any] | None = None) -> None:
+                 abort_attempts: int = 20, max_continuations: int = 4, partial_rollouts: PartialRollouts = "continue",
+                 policy_version: int | None = None, update_timeout_s: float = 600.0,
+                 engine_kwargs: Mapping[str, Any] | None = None) -> None:
+        if partial_rollouts not in PARTIAL_ROLLOUTS:
+            raise ConfigError(f"--partial-rollouts {partial_rollouts!r}: use continue or restart")
         self._model_path = str(model_path)
         self._tokenizer_path = str(tokenizer or model_path)
         self._chat_template = chat_template
         self._abort_attempts = abort_attempts
+        self._max_continuations = max_continuations
+        self._partial: PartialRollouts = partial_rollouts
+        self._version = policy_version
+        self._update_timeout_s = update_timeout_s
         self._kwargs = dict(engine_kwargs or {})
         self._engine: Any = None
         self._encoder: PromptEncoder | None = None
@@ -59,12 +90,22 @@ class SGLangEngine:
                               "installed: pip install 'rollstream[sglang]' (GPU only)") from exc
         tokenizer = await asyncio.to_thread(load_tokenizer, self._tokenizer_path)
         self._encoder = PromptEncoder(tokenizer, chat_template=self._chat_template)
-        self._engine = await asyncio.to_thread(lambda: sglang.Engine(model_path=self._model_path, **self._kwargs))
+        if self._version is None:
+            self._version = read_policy_version(self._model_path)
+        kwargs = dict(self._kwargs)
+        if self._version is not None:
+            kwargs.setdefault("weight_version", str(self._version))  # SGLang then reports it per sample
+        self._engine = await asyncio.to_thread(lambda: sglang.Engine(model_path=self._model_path, **kwargs))
 
     async def close(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:
             await asyncio.to_thread(engine.shutdown)
+
+    @property
+    def policy_version(self) -> int | None:
+        """The policy version of the weights serving now (None when unknown)."""
+        return self._version
 
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
         """`n` concurrent ``async_generate`` calls. Raises EngineError when one fails or keeps aborting."""
@@ -76,16 +117,55 @@ class SGLangEngine:
         return Generation(completions=completions, prompt_text=text, prompt_tokens=ids)
 
     async def _sample(self, payload: Mapping[str, Any]) -> Completion:
-        for _ in range(self._abort_attempts + 1):
+        rollout = PartialRollout(payload, mode=self._partial, max_continuations=self._max_continuations,
+                                 abort_attempts=self._abort_attempts)
+        while True:
+            request = rollout.payload()
             try:
-                out = await self._engine.async_generate(input_ids=payload["input_ids"],
-                                                        sampling_params=payload["sampling_params"],
+                out = await self._engine.async_generate(input_ids=request["input_ids"],
+                                                        sampling_params=request["sampling_params"],
                                                         return_logprob=True)
             except Exception as exc:
                 raise EngineError(f"sglang.Engine.async_generate raised {type(exc).__name__}: {exc}",
                                   retriable=True) from exc
-            completion = parse_completion(out)
-            if completion.finish_reason != "abort":
-                return completion
-            log.info("in-process sglang aborted a sample; re-issuing it")
-        raise EngineError(f"sample aborted {self._abort_attempts + 1} times; giving up", retriable=False)
+            done = rollout.add(parse_completion(out), " by in-process sglang")
+            if done is not None:
+                return done
+            log.info("in-process sglang aborted a sample; issuing it again (%d continuations so far)",
+                     rollout.continuations)
+
+    async def reload(self, weights_path: str, version: int) -> bool:
+        """Load `weights_path` as `version`: pause (samples in flight are aborted and continued afterwards),
+        update with ``weight_version=str(version)``, continue. The old weights keep serving if it fails.
+
+        Returns False when `version` is not newer than the one serving. One reload at a time (the
+        producer's `PolicyFollower` calls it so).
+        Raises:
+            EngineError: the engine is not started, this SGLang has no pause/continue, or the update failed
+                or took longer than `update_timeout_s` (SGLang's message).
+        """
+        if self._engine is None:
+            raise EngineError("SGLangEngine.reload called before start()", retriable=False)
+        if self._version is not None and version <= self._version:
+            return False
+        io = await asyncio.to_thread(importlib.import_module, _IO_STRUCT)
+        manager = self._engine.tokenizer_manager
+        if not hasattr(io, "PauseGenerationReqInput"):
+            raise EngineError("this SGLang has no PauseGenerationReqInput: upgrade SGLang to reload weights "
+                              "in-process", retriable=False)
+        await manager.pause_generation(io.PauseGenerationReqInput(mode="abort"))
+        try:
+            request = io.UpdateWeightFromDiskReqInput(model_path=str(weights_path), weight_version=str(version))
+            result = await asyncio.wait_for(manager.update_weights_from_disk(request, None), self._update_timeout_s)
+        except TimeoutError:
+            raise EngineError(f"loading {weights_path} took longer than {self._update_timeout_s:g} s",
+                              retriable=True) from None
+        finally:
+            await manager.continue_generation(io.ContinueGenerationReqInput())
+        success, message = bool(result[0]), str(result[1])  # (success, message[, num_paused_requests])
+        if not success:
+            raise EngineError(f"sglang could not load {weights_path} as version {version}: {message}",
+                              retriable=True)
+        self._version = version
+        log.info("in-process sglang serves policy version %d from %s", version, weights_path)
+        return True

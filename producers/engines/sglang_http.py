@@ -2,9 +2,17 @@
 
 One or many server URLs (round robin, a retry moves to the next one) or one sglang-router URL. Each
 sample is its own request, retried with exponential backoff and jitter on connection errors, timeouts,
-HTTP 408/429/5xx and malformed bodies, up to `RetryPolicy.attempts`; an aborted request (finish_reason
-``abort``, e.g. while weights are being updated) is re-issued up to `RetryPolicy.abort_attempts` and
-never returned as a finished sample. Any other 4xx (a prompt the server refuses) fails at once.
+HTTP 408/429/5xx and malformed bodies, up to `RetryPolicy.attempts`. Any other 4xx (a prompt the
+server refuses) fails at once. An aborted request (finish_reason ``abort``, e.g. a weight update) is
+never returned as a finished sample: with ``partial_rollouts="continue"`` (the default) its tokens are
+kept and a new request continues it from prompt + tokens on the new weights, at most
+`RetryPolicy.max_continuations` times; with ``"restart"`` it is issued again from scratch, at most
+`RetryPolicy.abort_attempts` times (see `_sglang_format.PartialRollout`).
+
+Whose job the weights are: by default the trainer updates the servers itself (SGLang's
+``/update_weights_from_disk`` or its NCCL path) and the producer only reads the versions SGLang reports.
+`SGLangSyncEngine` (``rollstream produce --sglang-sync-weights``) is a `ReloadableEngine`: the producer
+updates every server to each newer version announced on NS.control with a ``weights_path``.
 """
 
 from __future__ import annotations
@@ -15,14 +23,25 @@ import random
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
-from producers.engines._sglang_format import abort_message, parse_completion, request_payload
+from producers.engines._sglang_format import (
+    PARTIAL_ROLLOUTS,
+    PartialRollout,
+    PartialRollouts,
+    abort_message,
+    parse_completion,
+    parse_policy_version,
+    request_payload,
+)
 from producers.engines._tokenize import PromptEncoder, load_tokenizer
 from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Completion, EngineError, Generation, SamplingParams
 from schemas import ConfigError
+
+__all__ = ["PARTIAL_ROLLOUTS", "PartialRollouts", "RetryPolicy", "SGLangHTTPEngine", "SGLangSyncEngine", "WeightSync",
+           "gather_or_cancel", "normalize_url"]
 
 log = logging.getLogger(__name__)
 _RETRY_STATUS = frozenset({408, 429})
@@ -30,15 +49,22 @@ _RETRY_STATUS = frozenset({408, 429})
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Bounded retries per sample. Backoff doubles from `backoff_s` up to `max_backoff_s`, with jitter."""
+    """Bounded retries per sample. Backoff doubles from `backoff_s` up to `max_backoff_s`, with jitter.
+
+    `attempts`: tries of a request that failed (connection, timeout, 5xx); `abort_attempts`: re-issues of
+    an aborted request from scratch; `max_continuations`: continuations of an aborted sample from its
+    partial output (``partial_rollouts="continue"``).
+    """
 
     attempts: int = 5
     abort_attempts: int = 20
     backoff_s: float = 0.5
     max_backoff_s: float = 10.0
+    max_continuations: int = 4
 
     def __post_init__(self) -> None:
-        if self.attempts < 1 or self.abort_attempts < 0 or self.backoff_s < 0 or self.max_backoff_s < 0:
+        if (self.attempts < 1 or self.abort_attempts < 0 or self.backoff_s < 0 or self.max_backoff_s < 0
+                or self.max_continuations < 0):
             raise ConfigError(f"invalid retry policy {self}: attempts >= 1, the rest >= 0")
 
     def delay_s(self, failures: int, rng: random.Random) -> float:
@@ -63,26 +89,32 @@ class SGLangHTTPEngine:
     Args:
         urls: server or router base URLs.
         tokenizer: a tokenizer directory (or loaded tokenizer) to send ``input_ids`` (chat template
-            applied when it has one); None sends the prompt text and lets the server tokenize.
+            applied when it has one); None sends the prompt text and lets the server tokenize (an
+            aborted sample is then restarted, not continued: its prompt's token ids are not known here).
         timeout_s: per-request read timeout (a long generation is legitimately slow).
+        partial_rollouts: ``continue`` an aborted sample from its partial output, or ``restart`` it.
     """
 
     name = "sglang"
 
     def __init__(self, urls: Sequence[str], *, tokenizer: str | Path | Any | None = None, chat_template: bool = True,
                  timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, connect_timeout_s: float = 10.0,
-                 retry: RetryPolicy | None = None,
+                 retry: RetryPolicy | None = None, partial_rollouts: PartialRollouts = "continue",
                  max_connections: int = 512, seed: int | None = None) -> None:
         if isinstance(urls, str):
             urls = [urls]
         self._urls = [normalize_url(u) for part in urls for u in part.split(",") if u.strip()]
         if not self._urls:
             raise ConfigError("--engine sglang needs at least one --sglang-url")
+        if partial_rollouts not in PARTIAL_ROLLOUTS:
+            raise ConfigError(f"--partial-rollouts {partial_rollouts!r}: use continue or restart")
         self._tokenizer_src = tokenizer
         self._chat_template = chat_template
+        self._connect_timeout_s = connect_timeout_s
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._retry = retry or RetryPolicy()
+        self._partial: PartialRollouts = partial_rollouts
         self._rng = random.Random(seed)
         self._next = 0
         self._client: httpx.AsyncClient | None = None
@@ -111,7 +143,8 @@ class SGLangHTTPEngine:
         """`n` concurrent requests for `prompt`; if one gives up, the others are cancelled.
 
         Raises:
-            EngineError: a sample failed after its retries (not retriable: the engine already retried).
+            EngineError: a sample failed after its retries (not retriable: the engine already retried), or
+                was aborted more than ``max_continuations`` times with partial output (retriable).
         """
         if self._client is None:
             raise EngineError("SGLangHTTPEngine.generate called before start()", retriable=False)
@@ -127,25 +160,30 @@ class SGLangHTTPEngine:
         return Generation(completions=completions, prompt_text=text, prompt_tokens=ids or ())
 
     async def _sample(self, payload: Mapping[str, Any]) -> Completion:
-        failures = aborts = 0
+        r = self._retry
+        rollout = PartialRollout(payload, mode=self._partial, max_continuations=r.max_continuations,
+                                 abort_attempts=r.abort_attempts)
+        failures = 0
         while True:
             url = self._pick_url()
-            completion, error = await self._post_once(url, payload)
-            if completion is not None and completion.finish_reason != "abort":
-                return completion
-            if completion is not None:
-                aborts += 1
-                if aborts > self._retry.abort_attempts:
-                    raise EngineError(f"request aborted {aborts} times by {url} (last: "
-                                      f"{error or 'abort'}); giving up", retriable=False)
-                log.info("sglang request aborted by %s (%s); retrying", url, error or "abort")
-                await asyncio.sleep(self._retry.delay_s(min(aborts, 3), self._rng))
+            completion, error = await self._post_once(url, rollout.payload())
+            if completion is None:
+                failures += 1
+                if failures >= r.attempts:
+                    raise EngineError(f"sglang /generate failed {failures} times; last: {error}", retriable=False)
+                log.warning("sglang /generate failed (%s); retry %d/%d", error, failures, r.attempts - 1)
+                await asyncio.sleep(r.delay_s(failures, self._rng))
                 continue
-            failures += 1
-            if failures >= self._retry.attempts:
-                raise EngineError(f"sglang /generate failed {failures} times; last: {error}", retriable=False)
-            log.warning("sglang /generate failed (%s); retry %d/%d", error, failures, self._retry.attempts - 1)
-            await asyncio.sleep(self._retry.delay_s(failures, self._rng))
+            aborts = rollout.aborts
+            done = rollout.add(completion, f" (last by {url}: {error or 'abort'})")
+            if done is not None:
+                return done
+            if rollout.aborts > aborts:  # issued again from scratch: back off, the server may be busy updating
+                log.info("sglang request aborted by %s (%s); issuing it again", url, error or "abort")
+                await asyncio.sleep(r.delay_s(min(rollout.aborts, 3), self._rng))
+            else:
+                log.info("sglang request aborted by %s after %d tokens (%s); continuing it", url,
+                         len(completion.tokens), error or "abort")
 
     async def _post_once(self, url: str, payload: Mapping[str, Any]) -> tuple[Completion | None, str | None]:
         """One POST. Returns (completion, None), (aborted completion, message) or (None, retriable error).
@@ -179,6 +217,142 @@ class SGLangHTTPEngine:
         url = self._urls[self._next % len(self._urls)]
         self._next += 1
         return url
+
+
+@dataclass(frozen=True)
+class WeightSync:
+    """How `SGLangSyncEngine` updates a server: ``/pause_generation`` with `pause_mode` (``abort``: samples in
+    flight come back with their partial output and are continued on the new weights; ``retract``: SGLang
+    holds them and continues them itself, reporting both versions in ``weight_versions``), then
+    ``/update_weights_from_disk`` (up to `update_timeout_s`), then ``/continue_generation``."""
+
+    pause_mode: Literal["abort", "retract"] = "abort"
+    control_timeout_s: float = 30.0
+    update_timeout_s: float = 600.0  # loading a large checkpoint from disk takes minutes
+    load_format: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.pause_mode not in ("abort", "retract"):
+            raise ConfigError(f"pause_mode {self.pause_mode!r}: use abort or retract")
+        if not (self.control_timeout_s > 0 and self.update_timeout_s > 0):
+            raise ConfigError(f"weight sync timeouts must be > 0: {self}")
+
+
+class SGLangSyncEngine(SGLangHTTPEngine):
+    """SGLang servers whose weights this producer updates (``--sglang-sync-weights``): a `ReloadableEngine`.
+
+    Give the servers' own URLs (not a router's): each one is paused, updated and continued on its own.
+    The servers must read `weights_path` (a shared file system) and report ``weight_version`` (so each
+    sample is stamped with the version of the server that generated it). Arguments as `SGLangHTTPEngine`,
+    and `sync` (`WeightSync`: pause mode, timeouts, load format).
+    """
+
+    def __init__(self, urls: Sequence[str], *, tokenizer: str | Path | Any | None = None, chat_template: bool = True,
+                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, connect_timeout_s: float = 10.0,
+                 retry: RetryPolicy | None = None, partial_rollouts: PartialRollouts = "continue",
+                 max_connections: int = 512, seed: int | None = None, sync: WeightSync | None = None) -> None:
+        super().__init__(urls, tokenizer=tokenizer, chat_template=chat_template, timeout_s=timeout_s,
+                         connect_timeout_s=connect_timeout_s, retry=retry, partial_rollouts=partial_rollouts,
+                         max_connections=max_connections, seed=seed)
+        self._sync = sync or WeightSync()
+        self._serving: dict[str, int | None] = dict.fromkeys(self._urls)
+
+    async def start(self) -> None:
+        """Open the client and read each server's ``/get_weight_version`` (best effort: unknown on failure)."""
+        await super().start()
+        versions = await asyncio.gather(*(self._read_version(u) for u in self._urls))
+        self._serving.update(zip(self._urls, versions, strict=True))
+
+    @property
+    def policy_version(self) -> int | None:
+        """The oldest version any server serves (None while one is unknown)."""
+        versions = list(self._serving.values())
+        return None if None in versions else min(v for v in versions if v is not None)
+
+    def serving(self) -> dict[str, int | None]:
+        """The version each server serves, as far as this engine knows (a copy)."""
+        return dict(self._serving)
+
+    async def reload(self, weights_path: str, version: int) -> bool:
+        """Update every server not yet at `version` (concurrently; each one paused only for its own
+        update). A server whose update fails keeps serving its weights and its version.
+
+        Returns False when every server already serves `version` or newer.
+        Raises:
+            EngineError (retriable): some servers failed (named, with SGLang's message); the others serve
+                `version`.
+        """
+        stale = [u for u, v in self._serving.items() if v is None or v < version]
+        if not stale:
+            return False
+        results = await asyncio.gather(*(self._update(u, weights_path, version) for u in stale),
+                                       return_exceptions=True)
+        failed = []
+        for url, result in zip(stale, results, strict=True):
+            if isinstance(result, EngineError):
+                failed.append(str(result))
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                self._serving[url] = version
+        if failed:
+            raise EngineError(f"policy version {version} ({weights_path}) not loaded on {len(failed)} of "
+                              f"{len(stale)} servers, which keep serving their weights: {'; '.join(failed)}",
+                              retriable=True)
+        log.info("policy version %d from %s loaded on %d SGLang servers", version, weights_path, len(stale))
+        return True
+
+    async def _update(self, url: str, weights_path: str, version: int) -> None:
+        """Pause, update, continue one server; continue runs whatever happened, so no server stays paused."""
+        s = self._sync
+        body: dict[str, Any] = {"model_path": weights_path, "weight_version": str(version)}
+        if s.load_format is not None:
+            body["load_format"] = s.load_format
+        error: EngineError | None = None
+        try:
+            await self._control(url, "pause_generation", {"mode": s.pause_mode}, s.control_timeout_s)
+            await self._control(url, "update_weights_from_disk", body, s.update_timeout_s)
+        except EngineError as exc:
+            error = exc
+        try:
+            await self._control(url, "continue_generation", {}, s.control_timeout_s)
+        except EngineError as exc:
+            log.error("%s may still be paused: %s", url, exc)
+            error = error or exc
+        if error is not None:
+            raise error
+
+    async def _control(self, url: str, endpoint: str, body: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+        """POST one control request. Raises EngineError naming the server on an HTTP error or ``success: false``."""
+        if self._client is None:
+            raise EngineError("SGLangSyncEngine used before start()", retriable=False)
+        try:
+            resp = await self._client.post(f"{url}/{endpoint}", json=dict(body),
+                                           timeout=httpx.Timeout(timeout_s, connect=self._connect_timeout_s))
+        except httpx.HTTPError as exc:
+            raise EngineError(f"{url}/{endpoint}: {type(exc).__name__}: {exc}", retriable=True) from exc
+        try:
+            out = resp.json()
+        except ValueError:
+            out = {}
+        out = out if isinstance(out, dict) else {}
+        if resp.status_code >= 400 or out.get("success") is False:
+            raise EngineError(f"{url}/{endpoint}: HTTP {resp.status_code}: {out.get('message') or resp.text[:300]}",
+                              retriable=True)
+        return out
+
+    async def _read_version(self, url: str) -> int | None:
+        if self._client is None:
+            return None
+        try:
+            resp = await self._client.get(f"{url}/get_weight_version",
+                                          timeout=httpx.Timeout(self._sync.control_timeout_s,
+                                                                connect=self._connect_timeout_s))
+            resp.raise_for_status()
+            return parse_policy_version(resp.json().get("weight_version"))
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            log.warning("could not read the weight version of %s (%s): taken as unknown", url, exc)
+            return None
 
 
 async def gather_or_cancel(coros: Sequence[Awaitable[Completion]]) -> list[Completion]:

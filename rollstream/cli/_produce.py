@@ -18,7 +18,13 @@ class EngineName(StrEnum):
     hf = "hf"
 
 
+class PartialRolloutsName(StrEnum):
+    continue_ = "continue"
+    restart = "restart"
+
+
 _D = ProducerSettings()  # every default below is the library's own, not a copy
+_PARTIAL = PartialRolloutsName(_D.partial_rollouts)
 _ENGINE = "Engine"
 _SAMPLING = "Sampling"
 _FLOW = "Flow control"
@@ -47,6 +53,17 @@ def produce(
         help="Custom generate function MODULE:FUNC: `async def f(prompt, n, sampling_params)` returning a list "
              "of dicts (text, tokens, logprobs, finish_reason, weight_version).",
         rich_help_panel=_ENGINE)] = None,
+    partial_rollouts: Annotated[PartialRolloutsName, typer.Option(
+        help="SGLang: a sample aborted by a weight update is continued on the new weights from prompt + its "
+             "partial output (continue: its tokens carry both policy versions, staleness counts from the "
+             "oldest), or generated again from scratch (restart). Continuing needs token ids: --tokenizer.",
+        rich_help_panel=_ENGINE)] = _PARTIAL,
+    sglang_sync_weights: Annotated[bool, typer.Option(
+        "--sglang-sync-weights", help="The producer updates its SGLang servers (--sglang-url, each server, not "
+                                      "a router) to every newer policy version announced on NS.control with a "
+                                      "weights_path: /pause_generation, /update_weights_from_disk, "
+                                      "/continue_generation. Off: the trainer updates them itself.",
+        rich_help_panel=_ENGINE)] = _D.sglang_sync_weights,
     reward: Annotated[str | None, typer.Option(
         help="Reward: built-in 'math' or 'exact', or MODULE:FUNC `f(prompt, completion) -> float` (sync or "
              "async). Omitted: samples carry no reward.", rich_help_panel=_ENGINE)] = None,
@@ -93,9 +110,11 @@ def produce(
         trainer_group=trainer_group, producer_id=producer_id, exit_when_idle_s=exit_when_idle,
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, drain_timeout_s=drain_timeout,
         startup_timeout_s=startup_timeout, session_timeout_s=session_timeout, metrics_port=metrics_port,
-        summary_interval_s=summary_interval, generate_timeout_s=request_timeout)
+        summary_interval_s=summary_interval, generate_timeout_s=request_timeout,
+        partial_rollouts=partial_rollouts.value, sglang_sync_weights=sglang_sync_weights)
     built = make_engine(engine.value if engine else None, sglang_urls=sglang_url or (), model=model,
-                        tokenizer=tokenizer, generate=generate, request_timeout_s=request_timeout)
+                        tokenizer=tokenizer, generate=generate, request_timeout_s=request_timeout,
+                        partial_rollouts=settings.partial_rollouts, sglang_sync_weights=settings.sglang_sync_weights)
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-producer")
     if logging.getLogger().getEffectiveLevel() > logging.INFO:
         logging.getLogger("producers").setLevel(logging.INFO)  # a service: progress is worth showing

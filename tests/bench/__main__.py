@@ -52,9 +52,12 @@ def _specs() -> list[_Spec]:
               f"{bench_pipeline.REPEATS} alternating runs per side and size on fresh topics; ratios of the **best of** "
               f"each side, and the **median** of the ratios of back-to-back pairs.",
               lambda c, f, p: bench_pipeline.run(c, f, progress=p)),
-        _Spec("codec", "Codec: packed single-object Avro vs Avro arrays vs memory copy",
+        _Spec("codec", "Codec: packed single-object Avro (schema v4 vs v3) vs Avro arrays vs memory copy",
               "One ScoredGroup of 8 x 4096 tokens + logprobs encoded/decoded by rollstream's codec (packed "
-              "little-endian bytes; decode includes building every `Sample`), vs fastavro with the same "
+              "little-endian bytes; decode includes building every `Sample`), written with schema v4 and, the "
+              "same group, with v3 (decoded through its upgrader, as old records are read; v3 and v4 timed in "
+              f"{bench_codec.ROUNDS} alternating rounds, best of each; v4 must stay within 20% of v3), and a v4 "
+              "group whose samples all carry a loss mask and two version spans; vs fastavro with the same "
               "tokens as Avro `int`/`float` arrays, vs `bytes()` "
               "of the same encoded bytes. Each is timed over >= 1 s after a warm-up, in the same process, "
               "one after another; MB/s is payload bytes (tokens + logprobs) per second.",

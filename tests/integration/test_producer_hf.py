@@ -1,5 +1,6 @@
 """The embedded path end to end: the locally built tiny model through `HFEngine`, a built-in reward, real
-records on NS.rollouts, stamped with the policy version announced on NS.control."""
+records on NS.rollouts, stamped with the policy version announced on NS.control and carrying the sampling
+parameters that shaped their logprobs (schema v4)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 from infra import KafkaConfig
 from producers import HFEngine, ProducerSettings, RolloutProducer, build_tiny_model
-from schemas import PolicyVersion, encode
+from schemas import PolicyVersion, Sampling, encode
 from tests.integration._kafka import lag, read_all, write_prompts
 
 pytest.importorskip("transformers")
@@ -23,12 +24,13 @@ def test_tiny_model_groups_on_kafka(kafka_config: KafkaConfig, namespace_factory
     write_prompts(kafka_config, names, ["m1", "m2", "m3"], label="4")
     model = build_tiny_model(tmp_path / "tiny")
     settings = ProducerSettings(namespace=names.namespace, n_samples=2, concurrency=2, max_lag=100, max_new_tokens=8,
-                                exit_when_idle_s=0.5, summary_interval_s=0)
+                                temperature=0.7, top_p=0.9, exit_when_idle_s=0.5, summary_interval_s=0)
     stats = RolloutProducer(HFEngine(model), settings, kafka=kafka_config, reward="math").run_sync(
         handle_signals=False)
     assert stats.groups_ok == 3
     for group in read_all(kafka_config, names.rollouts):
         assert group.status == "ok" and group.prompt.startswith("<|im_start|>user\nquestion")
+        assert group.sampling == Sampling(temperature=0.7, top_p=0.9, top_k=-1)
         assert len(group.prompt_tokens) > 10 and len(group.samples) == 2
         for sample in group.samples:
             assert sample.logprobs is not None and len(sample.logprobs) == len(sample.tokens) > 0

@@ -35,6 +35,13 @@ from schemas import (
 from schemas.codec import MAGIC, SCHEMA_DIR
 
 GOLDEN_HEX = (
+    "c301df2a40b840ad20ae0a702d31233206702d310400000a6770752d3080a0abfef962d0afabfef96208312b313d040c"
+    "736f757263650a67736d386b14646966666963756c747902330000080300000010000000000000000002000201080200"
+    "000020030000000000000004000000000000000200080000000000080800000010616e73776572203018070000000800"
+    "0000090000001800000000010000000200000018000080bf000000bf0000000000"
+)
+# The same group as written by schema v3 (no loss masks, version spans or sampling parameters).
+GOLDEN_V3_HEX = (
     "c301891d5c82662d289c0a702d31233206702d310400000a6770752d3080a0abfef962d0afabfef96208312b313d040c"
     "736f757263650a67736d386b14646966666963756c747902330008030000001000000000000000000200020108020000"
     "002003000000000000000400000000000000080800000010616e73776572203018070000000800000009000000180000"
@@ -104,10 +111,11 @@ def test_golden_bytes_pin_the_wire_format() -> None:
     group = make_group(n_samples=1, n_tokens=3)
     data = encode(group)
     assert data[:2] == MAGIC
-    assert data[2:10].hex() == "891d5c82662d289c"  # fingerprint of scored_group.avsc
+    assert data[2:10].hex() == "df2a40b840ad20ae"  # fingerprint of scored_group.avsc (v4)
     assert data.hex() == GOLDEN_HEX
     assert decode(bytes.fromhex(GOLDEN_HEX)) == decode(data)
-    assert decode(bytes.fromhex(GOLDEN_V2_HEX), ScoredGroup) == group  # records of the previous version decode
+    assert decode(bytes.fromhex(GOLDEN_V3_HEX), ScoredGroup) == group  # records of the previous versions decode
+    assert decode(bytes.fromhex(GOLDEN_V2_HEX), ScoredGroup) == group
     assert fingerprint('"int"').hex() == "8f5c393f1ad57572"  # the Avro spec's CRC-64-AVRO of "int"
 
 

@@ -1,4 +1,5 @@
-"""Batch.to_tensors and the slime sample conversion, checked value by value (no broker)."""
+"""Batch.to_tensors and the slime sample conversion, checked value by value (no broker): loss masks and
+per-token policy versions included."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import pytest
 import torch
 
 from consumers import Batch, grpo_advantages
+from consumers.filters import staleness_of
 from consumers.slime import to_slime_group
-from schemas import RollstreamError, Sample, ScoredGroup
-from tests.records import make_group
+from schemas import RollstreamError, Sample, ScoredGroup, decode, encode
+from tests.records import make_group, make_multi_turn_group
 
 
 def batch_of(*groups: ScoredGroup) -> Batch:
@@ -103,3 +105,32 @@ def test_the_slime_adapter_says_slime_is_missing() -> None:
 
     with pytest.raises(RollstreamError, match="install slime"):
         sample_class()
+
+
+@pytest.mark.parametrize("decoded", [False, True])
+def test_tensors_train_only_policy_tokens_and_carry_their_versions(decoded: bool) -> None:
+    multi = make_multi_turn_group()  # prompt 1 2 3; sample 0: 11 12 [13 14 tool] 15 by versions 3, 3, 4, 4, 4
+    plain = make_group("p", rewards=(1.0, 0.0), prompt_len=1, response_len=1)  # no versions: unknown
+    if decoded:
+        multi, plain = decode(encode(multi), ScoredGroup), decode(encode(plain), ScoredGroup)
+    t = batch_of(multi, plain).to_tensors(pad_id=-1)
+    assert t.input_ids[0].tolist() == [1, 2, 3, 11, 12, 13, 14, 15]
+    assert t.loss_mask[0].tolist() == [0, 0, 0, 1, 1, 0, 0, 1]  # the tool tokens 13 14 are not trained
+    assert t.loss_mask[1].tolist() == [0, 0, 0, 1, 1, 0, 0, 0]  # no mask: the whole response
+    assert t.loss_mask[3].tolist() == [0, 1, 1, 0, 0, 0, 0, 0]
+    assert t.token_versions.dtype == torch.long
+    assert t.token_versions[0].tolist() == [-1, -1, -1, 3, 3, 4, 4, 4]  # where rollout_logprobs sit
+    assert t.rollout_logprobs[0].tolist() == [0, 0, 0, -0.5, -0.25, 0, 0, -1.0]
+    assert t.token_versions[1].tolist() == [-1, -1, -1, 4, 4, -1, -1, -1]
+    assert t.token_versions[2:].eq(-1).all()  # samples without a version
+    moved = batch_of(multi, plain).to_tensors(pad_id=-1, device="cpu")
+    assert moved.token_versions.equal(t.token_versions) and moved.loss_mask.equal(t.loss_mask)
+    assert staleness_of(multi, 6) == 3  # counted from the oldest version that generated a token
+
+
+def test_slime_samples_carry_the_loss_mask_and_every_version(slime_path) -> None:
+    first, second = to_slime_group(decode(encode(make_multi_turn_group()), ScoredGroup), group_index=1)
+    assert first.loss_mask == [1, 1, 0, 0, 1] and len(first.loss_mask) == first.response_length
+    assert first.weight_versions == ["3", "4"] and second.weight_versions == ["4"]  # distinct, oldest first
+    assert first.rollout_log_probs == pytest.approx([-0.5, -0.25, 0.0, 0.0, -1.0])
+    assert second.loss_mask == [1, 1] and first.tokens == [1, 2, 3, 11, 12, 13, 14, 15]

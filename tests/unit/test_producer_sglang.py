@@ -2,8 +2,9 @@
 
 Pinned: request fields (input_ids or text, sampling_params, return_logprob); parsing of output_ids,
 meta_info.output_token_logprobs ([logprob, token_id, text]), finish_reason {"type": ...} and
-weight_version; retries with backoff on 5xx, timeouts and refused connections; aborted requests
-re-issued and never returned; 4xx failing at once; round robin over several URLs.
+weight_version; retries with backoff on 5xx, timeouts and refused connections; aborted requests never
+returned as finished (a text prompt's re-issued, the in-process engine's continued); 4xx failing at
+once; round robin over several URLs. Partial rollouts and weight sync: test_sglang_*.py.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 
 from producers.engines import EngineError, RetryPolicy, SamplingParams, SGLangEngine, SGLangHTTPEngine
 from producers.engines._sglang_format import parse_completion
+from tests.standins.sglang_server import CharTokenizer
 
 PROMPT = {"id": "p1", "prompt": "2+2?", "label": "4", "metadata": {}, "epoch": 0}
 FAST = RetryPolicy(attempts=3, abort_attempts=2, backoff_s=0.01, max_backoff_s=0.02)
@@ -190,14 +192,8 @@ def test_in_process_engine_with_a_stub_sglang(monkeypatch: pytest.MonkeyPatch, t
             pass
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=StubEngine))
-    monkeypatch.setattr("producers.engines.sglang_engine.load_tokenizer", lambda path: _CharTokenizer())
+    monkeypatch.setattr("producers.engines.sglang_engine.load_tokenizer", lambda path: CharTokenizer())
     gen = run_engine(SGLangEngine(tmp_path), n=1)
-    assert [list(c.tokens) for c in gen.completions] == [[7, 8]]
+    assert [list(c.tokens) for c in gen.completions] == [[9, 7, 8]]  # the aborted token, then its continuation
     assert len(calls) == 2 and calls[0]["return_logprob"] is True and calls[0]["input_ids"] == [50, 43, 50, 63]
-
-
-class _CharTokenizer:
-    chat_template = None
-
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
-        return {"input_ids": [ord(ch) for ch in text]}
+    assert calls[1]["input_ids"] == [50, 43, 50, 63, 9] and calls[1]["sampling_params"]["max_new_tokens"] == 7

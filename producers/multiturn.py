@@ -1,0 +1,212 @@
+"""Multi-turn (agentic) rollouts as one sample: policy turns and tool turns, token in, token out.
+
+A multi-turn rollout is one response in which what the policy generated alternates with what a tool or
+an environment answered (a calculator's result, a code runner's output, a game's next observation). The
+trainer must learn from the policy's tokens only, so the sample carries a loss mask: 1 on policy tokens,
+0 on tool tokens (whose logprob is recorded as 0.0: the policy did not sample them). `run_episodes` plays
+`n` such rollouts of one prompt and returns them as completion dicts of the custom generate contract
+(`producers.engines.custom`), so a generate function for ``rollstream produce --generate`` is a few lines
+(`rollstream/examples/calculator.py` is a complete one)::
+
+    class MyAgent:                                  # --generate mymodule:MyAgent
+        async def start(self) -> None:              # the producer awaits it before the first prompt
+            self.engine = HFEngine("model-dir")
+            await self.engine.start()
+
+        async def close(self) -> None:
+            await self.engine.close()
+
+        async def __call__(self, prompt: dict, n: int, sampling_params: dict) -> list[dict]:
+            tok = self.engine.tokenizer
+            text, ids = await asyncio.to_thread(self.engine.encode_prompt, prompt)
+            return await run_episodes(self.engine.generate_tokens, lambda: MyTool(tok), ids, n,
+                                      sampling_from_dict(sampling_params), decode=tok.decode,
+                                      max_turns=4, prompt_text=text)
+
+The policy is any token-in/token-out call ``(input_ids, n, sampling) -> list[Completion]``
+(`TokenPolicy`; `HFEngine.generate_tokens` is one); an environment answers a policy turn with token ids,
+or None to end the episode (`Environment`). Three rules keep the record exact, with no re-tokenisation
+drift:
+
+1. every policy turn continues the token ids so far (prompt + response), concatenated; text is never
+   decoded and encoded again to build the next context (``encode(decode(ids)) != ids`` in general: merges
+   differ across turn boundaries, whitespace is normalised, special tokens vanish);
+2. a tool's answer is encoded once, by the environment, and its ids are appended as they are;
+3. so the response is exactly the sequence the policy conditioned on, and the trainer's forward pass over
+   ``prompt_tokens + tokens`` sees what the engine saw: its logprobs match the policy's turns token for
+   token, and its loss mask excludes exactly the tool's tokens.
+
+Policy versions: each token takes the version of the policy turn that produced it; a tool's tokens take
+the version of the turn they answer. One version gives ``weight_version``; weights that changed between
+turns give ``weight_versions`` spans (staleness counts from the oldest). When the policy reports no
+version, neither is set and the producer stamps the group as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import numpy as np
+
+from producers.engines.base import Completion, EngineError, SamplingParams
+
+TokenPolicy = Callable[[Sequence[int], int, SamplingParams], Awaitable[Sequence[Completion]]]
+"""``(input_ids, n, sampling) -> n completions`` continuing `input_ids` as given (`HFEngine.generate_tokens`)."""
+
+
+class Environment(Protocol):
+    """Answers policy turns of one episode (`run_episodes` makes one per episode, so it may keep state)."""
+
+    def reply(self, turn: Completion, episode: Episode) -> Sequence[int] | None | Awaitable[Sequence[int] | None]:
+        """The token ids to append after the policy's `turn` (the tool's answer, encoded once), or None to
+        end the episode. May be a coroutine (an environment that waits on I/O must not block the loop)."""
+        ...
+
+
+@dataclass
+class Episode:
+    """One rollout being built: the prompt, and the response so far with one entry per token in each list.
+
+    `logprobs` becomes None (for the whole response) once a policy turn comes without logprobs.
+    Mutable and owned by one episode; `run_episodes` builds them, an environment may read them.
+    """
+
+    prompt_tokens: tuple[int, ...]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    versions: list[int | None] = field(default_factory=list)
+    policy_turns: int = 0
+    finish_reason: str = "stop"
+
+    def context(self) -> list[int]:
+        """What the next policy turn continues: prompt + response token ids, concatenated."""
+        return [*self.prompt_tokens, *self.tokens]
+
+    def add_policy_turn(self, turn: Completion) -> None:
+        """Append the policy's tokens: loss mask 1, their logprobs, the turn's policy version."""
+        self._extend(np.asarray(turn.tokens, dtype=np.int64).tolist(), turn.logprobs, 1, turn.policy_version)
+        self.policy_turns += 1
+        self.finish_reason = turn.finish_reason
+
+    def add_tool_turn(self, tokens: Sequence[int]) -> None:
+        """Append a tool's tokens: loss mask 0, logprob 0.0, the version of the policy turn they answer.
+
+        Raises:
+            EngineError (not retriable): `tokens` are not ints.
+        """
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in tokens):
+            raise EngineError(f"a tool's reply must be token ids (ints), got {list(tokens)[:8]!r}", retriable=False)
+        last = self.versions[-1] if self.versions else None
+        self._extend(list(tokens), [0.0] * len(tokens), 0, last)
+
+    def _extend(self, tokens: list[int], logprobs: Sequence[float] | Any | None, mask: int,
+                version: int | None) -> None:
+        self.tokens += tokens
+        if self.logprobs is not None and logprobs is not None:
+            self.logprobs += [float(x) for x in logprobs]
+        else:
+            self.logprobs = None
+        self.loss_mask += [mask] * len(tokens)
+        self.versions += [version] * len(tokens)
+
+    def to_dict(self, decode: Callable[[Sequence[int]], str], *, prompt_text: str = "") -> dict[str, Any]:
+        """The completion dict of the custom generate contract: text (`decode` of every response token),
+        tokens, logprobs, loss_mask, finish_reason, weight_version(s), prompt_tokens and prompt_text."""
+        out: dict[str, Any] = {"text": decode(self.tokens), "tokens": list(self.tokens), "logprobs": self.logprobs,
+                               "loss_mask": list(self.loss_mask), "finish_reason": self.finish_reason,
+                               "prompt_tokens": list(self.prompt_tokens), "prompt_text": prompt_text}
+        spans = version_spans(self.versions)
+        if spans:
+            out["weight_version"] = spans[-1]["version"]
+            if len(spans) > 1:
+                out["weight_versions"] = spans
+        return out
+
+
+def version_spans(versions: Sequence[int | None]) -> list[dict[str, int]]:
+    """Runs of equal versions as ``{"version", "start", "end"}`` spans, oldest first; [] when any is None."""
+    known = [v for v in versions if v is not None]
+    if not versions or len(known) != len(versions):
+        return []
+    spans: list[dict[str, int]] = []
+    for i, v in enumerate(known):
+        if spans and spans[-1]["version"] == v:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": int(v), "start": i, "end": i + 1})
+    return spans
+
+
+def sampling_from_dict(params: Mapping[str, Any]) -> SamplingParams:
+    """A generate function's ``sampling_params`` dict back as `SamplingParams` (unknown keys go to ``extra``).
+
+    Raises:
+        EngineError (not retriable): a value is out of range.
+    """
+    known = {"max_new_tokens", "temperature", "top_p", "top_k"}
+    return SamplingParams(**{k: v for k, v in params.items() if k in known},
+                          extra={k: v for k, v in params.items() if k not in known})
+
+
+async def run_episodes(policy: TokenPolicy, new_environment: Callable[[], Environment],
+                       prompt_tokens: Sequence[int], n: int, sampling: SamplingParams, *,
+                       decode: Callable[[Sequence[int]], str], max_turns: int = 4, max_tokens: int | None = None,
+                       prompt_text: str = "") -> list[dict[str, Any]]:
+    """Play `n` episodes of one prompt and return their completion dicts (see `Episode.to_dict`).
+
+    The first policy turns of all episodes are one call (`n` samples of the prompt, batched as a single
+    turn is); the episodes then go on concurrently, each alternating a policy turn of at most
+    ``sampling.max_new_tokens`` tokens and its environment's reply, until the environment returns None,
+    `max_turns` policy turns were taken, the response reached `max_tokens` tokens (finish ``length``), or a
+    turn was aborted (finish ``abort``: the custom engine then retries the prompt). Never blocks the loop
+    beyond what `policy` and the environments do.
+
+    Raises:
+        EngineError: the policy raised, returned the wrong number of completions, or a reply is malformed.
+    """
+    if max_turns < 1 or (max_tokens is not None and max_tokens < 1):
+        raise EngineError(f"max_turns={max_turns} and max_tokens={max_tokens} must be >= 1", retriable=False)
+    prompt = tuple(int(t) for t in prompt_tokens)
+    first = await _turns(policy, list(prompt), n, _budget(sampling, 0, max_tokens) or sampling)
+    episodes = [Episode(prompt) for _ in range(n)]
+    await asyncio.gather(*(_play(policy, new_environment(), e, turn, sampling, max_turns, max_tokens)
+                           for e, turn in zip(episodes, first, strict=True)))
+    return [e.to_dict(decode, prompt_text=prompt_text) for e in episodes]
+
+
+async def _play(policy: TokenPolicy, environment: Environment, episode: Episode, turn: Completion,
+                sampling: SamplingParams, max_turns: int, max_tokens: int | None) -> None:
+    while True:
+        episode.add_policy_turn(turn)
+        if turn.finish_reason == "abort" or episode.policy_turns >= max_turns:
+            return
+        reply = environment.reply(turn, episode)
+        if inspect.isawaitable(reply):
+            reply = await reply
+        if reply is None:
+            return
+        episode.add_tool_turn(reply)
+        budget = _budget(sampling, len(episode.tokens), max_tokens)
+        if budget is None:
+            episode.finish_reason = "length"
+            return
+        [turn] = await _turns(policy, episode.context(), 1, budget)
+
+
+def _budget(sampling: SamplingParams, used: int, max_tokens: int | None) -> SamplingParams | None:
+    """`sampling` with max_new_tokens cut to what `max_tokens` leaves after `used`; None when nothing is left."""
+    if max_tokens is None or used + sampling.max_new_tokens <= max_tokens:
+        return sampling
+    return replace(sampling, max_new_tokens=max_tokens - used) if used < max_tokens else None
+
+
+async def _turns(policy: TokenPolicy, context: list[int], n: int, sampling: SamplingParams) -> list[Completion]:
+    turns = list(await policy(context, n, sampling))
+    if len(turns) != n:
+        raise EngineError(f"the policy returned {len(turns)} completions for one turn, expected {n}", retriable=False)
+    return turns

@@ -1,0 +1,317 @@
+"""An HTTP stand-in of an SGLang server (``python -m sglang.launch_server``): SGLang needs a GPU, this runs
+anywhere. Each `SGLangStandIn` serves on 127.0.0.1 from its own event loop in a daemon thread.
+
+It follows sgl-project/sglang field for field, as read in the stored copies on 2026-12-01 (the code is
+ours; only names and behaviours are SGLang's):
+
+- ``python/sglang/srt/entrypoints/http_server.py`` (commit 0025436eab0556737d615b36a4dd3e1e26e82f3d):
+  ``POST /generate`` (a ``GenerateReqInput`` body; non-streaming: one JSON object, HTTP 200 also for an
+  aborted request); ``POST /update_weights_from_disk`` (``{"success", "message", "num_paused_requests"}``,
+  200 on success, 400 on failure; on success with ``weight_version`` the server's version becomes it and
+  " Weight version updated to X." is appended to the message); ``POST /pause_generation`` and
+  ``POST /continue_generation`` (``{"message": "Generation paused successfully.", "status": "ok"}``);
+  ``GET /get_weight_version`` (``{"weight_version"}``); ``GET /get_model_info``; ``GET /health``.
+- ``python/sglang/srt/managers/io_struct.py`` (commit 001067fffe33427bee0ed2f007fb7551a1d76b44):
+  ``GenerateReqInput`` (``text`` | ``input_ids``, ``sampling_params``, ``return_logprob``, ``stream``),
+  ``UpdateWeightFromDiskReqInput`` (``model_path``, ``load_format``, ``abort_all_requests``,
+  ``weight_version``, ...), ``PauseGenerationReqInput.mode`` (``abort`` | ``retract`` | ``in_place``,
+  default ``abort``), ``ContinueGenerationReqInput``.
+- ``python/sglang/srt/managers/tokenizer_manager.py`` (same commit): ``meta_info`` = ``id``,
+  ``finish_reason``, ``prompt_tokens``, ``weight_version`` (the server's version when the response is
+  made), ``num_retractions``, ``completion_tokens``, ``cached_tokens``, ``output_token_logprobs``
+  (``[[logprob, token_id, null], ...]`` with ``return_logprob``), ``e2e_latency``. ``pause_generation``
+  with mode ``abort`` aborts every request in flight (each returns what it generated so far, finish
+  reason abort) and returns once none is left; other modes hold them in the scheduler. While paused, a
+  new request waits until ``continue_generation``. An update while not paused waits for the requests in
+  flight (the ``model_update_lock`` writer lock) and holds new ones.
+- ``python/sglang/srt/utils/weight_versions.py`` (commit 19f93835d3f8a0b84485592090245d11de783289):
+  ``meta_info.weight_versions`` = spans ``{"version", "start", "end"}`` over the output tokens (one per
+  change of version while the request ran; an empty first span when nothing was generated) and
+  ``weight_version`` = the last span's version. `report_spans=False` answers like an older SGLang.
+- ``python/sglang/srt/managers/schedule_batch.py``: finish reasons ``{"type": "length", "length": n}``,
+  ``{"type": "abort", "message", "status_code", "err_type"}``.
+
+Deterministic generation, so tests can check continued samples exactly: the token at absolute position
+``p`` (prompt and output together) under weight version ``v`` is `token_at(p, v)`, its logprob
+`logprob_at(p, v)`; every request runs to ``max_new_tokens`` (finish ``length``). A text prompt is
+tokenised one id per character. An update succeeds when ``model_path`` is a directory (and `fail_updates`
+is off), as SGLang fails to load a checkpoint that is not there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found"}
+_PAUSE_MODES = ("abort", "retract", "in_place")
+_ABORT = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+
+
+def version_number(version: str) -> int:
+    """The stand-in's weights of version ``"3"`` are number 3; ``"default"`` (nothing loaded) is 0."""
+    return int(version) if version.isdigit() else 0
+
+
+def token_at(position: int, version: str) -> int:
+    return 1000 * (version_number(version) + 1) + position
+
+
+def logprob_at(position: int, version: str) -> float:
+    return -(version_number(version) + (position + 1) / 1000)
+
+
+class CharTokenizer:
+    """A tokenizer for engines that send ``input_ids``: one id per character, as the stand-in tokenises a
+    text prompt, and no chat template."""
+
+    chat_template = None
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [ord(ch) for ch in text]}
+
+
+@dataclass
+class _Request:
+    rid: str
+    aborted: bool = False
+    retractions: int = 0
+    versions: list[str] = field(default_factory=list)
+
+
+class SGLangStandIn:
+    """One stand-in server. Knobs (`token_delay_s`, `fail_updates`, `abort_after_tokens`, `report_spans`)
+    may be changed from any thread; `requests` logs ``(path, body)`` of every request in arrival order."""
+
+    def __init__(self, *, weight_version: str = "default", model_path: str = "/models/base",
+                 token_delay_s: float = 0.005, update_delay_s: float = 0.0, abort_after_tokens: int | None = None,
+                 report_spans: bool = True) -> None:
+        self.weight_version = weight_version
+        self.model_path = model_path
+        self.token_delay_s = token_delay_s
+        self.update_delay_s = update_delay_s
+        self.abort_after_tokens = abort_after_tokens
+        self.report_spans = report_spans
+        self.fail_updates = False
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.tokens_generated = 0
+        self._paused = False
+        self._updating = False
+        self._running: set[str] = set()
+        self._by_rid: dict[str, _Request] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-standin", daemon=True)
+        self._changed: asyncio.Condition | None = None
+        self._server: asyncio.Server | None = None
+        self.url = ""
+
+    # -- lifecycle (any thread) -------------------------------------------------------------------
+
+    def start(self) -> SGLangStandIn:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(10)
+        return self
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._shut(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+    def __enter__(self) -> SGLangStandIn:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def paths(self) -> list[str]:
+        return [path for path, _ in list(self.requests)]
+
+    def wait_until(self, condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"stand-in SGLang: timed out waiting for {what}")
+            time.sleep(0.005)
+
+    async def _open(self) -> None:
+        self._changed = asyncio.Condition()
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def _shut(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- HTTP/1.1 (keep-alive, Content-Length bodies: what httpx sends) ----------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                method, target, _ = line.decode().split(" ", 2)
+                headers = {}
+                while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    name, value = header.decode().split(":", 1)
+                    headers[name.strip().lower()] = value.strip()
+                raw = await reader.readexactly(int(headers.get("content-length", 0)))
+                status, reply = await self._route(method, target.split("?", 1)[0], raw)
+                data = b"" if reply is None else json.dumps(reply).encode()
+                writer.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def _route(self, method: str, path: str, raw: bytes) -> tuple[int, Any]:
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError as exc:
+            return 400, {"error": {"message": f"invalid JSON: {exc}"}}
+        self.requests.append((path, body))
+        routes = {("POST", "/generate"): self._generate, ("POST", "/update_weights_from_disk"): self._update,
+                  ("POST", "/pause_generation"): self._pause, ("POST", "/continue_generation"): self._continue}
+        if (method, path) in routes:
+            return await routes[(method, path)](body)
+        if method == "GET" and path == "/get_weight_version":
+            return 200, {"weight_version": self.weight_version}
+        if method == "GET" and path == "/get_model_info":
+            return 200, {"model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
+                         "preferred_sampling_params": None, "weight_version": self.weight_version}
+        if method == "GET" and path in ("/health", "/health_generate"):
+            return 200, None
+        return 404, {"detail": "Not Found"}
+
+    # -- the engine --------------------------------------------------------------------------------
+
+    async def _notify(self) -> None:
+        assert self._changed is not None
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _wait_for(self, condition: Callable[[], bool]) -> None:
+        assert self._changed is not None
+        async with self._changed:
+            await self._changed.wait_for(condition)
+
+    async def _generate(self, body: dict[str, Any]) -> tuple[int, Any]:
+        if body.get("stream"):
+            return 400, {"error": {"message": "the stand-in does not stream"}}
+        ids = body.get("input_ids")
+        if ids is None:
+            ids = [ord(ch) for ch in body.get("text") or ""]
+        if not ids or not all(isinstance(i, int) for i in ids):
+            return 400, {"error": {"message": "give text or input_ids (a list of ints)"}}
+        max_new = int((body.get("sampling_params") or {}).get("max_new_tokens", 128))
+        started = time.monotonic()
+        await self._wait_for(lambda: not self._paused and not self._updating)
+        request = _Request(rid=uuid.uuid4().hex)
+        self._running.add(request.rid)
+        self._by_rid[request.rid] = request
+        try:
+            tokens = await self._decode(request, len(ids), max_new)
+        finally:
+            self._running.discard(request.rid)
+            self._by_rid.pop(request.rid, None)
+            await self._notify()
+        finish = _ABORT if request.aborted else {"type": "length", "length": max_new}
+        return 200, self._response(body, request, len(ids), tokens, finish, time.monotonic() - started)
+
+    async def _decode(self, request: _Request, prompt_len: int, max_new: int) -> list[int]:
+        tokens: list[int] = []
+        while len(tokens) < max_new:
+            await asyncio.sleep(self.token_delay_s)
+            if self._paused and not request.aborted:  # retract / in_place: held until continue_generation
+                await self._wait_for(lambda: not self._paused or request.aborted)
+            if request.aborted:
+                break
+            tokens.append(token_at(prompt_len + len(tokens), self.weight_version))
+            request.versions.append(self.weight_version)
+            self.tokens_generated += 1
+            if self.abort_after_tokens is not None and len(tokens) >= self.abort_after_tokens:
+                request.aborted = True
+                break
+        return tokens
+
+    def _response(self, body: dict[str, Any], request: _Request, prompt_len: int, tokens: list[int],
+                  finish: dict[str, Any], elapsed_s: float) -> dict[str, Any]:
+        meta: dict[str, Any] = {"id": request.rid, "finish_reason": dict(finish), "prompt_tokens": prompt_len,
+                                "weight_version": self.weight_version, "num_retractions": request.retractions,
+                                "completion_tokens": len(tokens), "cached_tokens": 0, "e2e_latency": elapsed_s}
+        if self.report_spans:
+            meta["weight_versions"] = _spans(request.versions, self.weight_version)
+            meta["weight_version"] = meta["weight_versions"][-1]["version"]
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = [[logprob_at(prompt_len + i, v), t, None]
+                                             for i, (t, v) in enumerate(zip(tokens, request.versions, strict=True))]
+        return {"text": "".join(f"<{t}>" for t in tokens), "output_ids": tokens, "meta_info": meta}
+
+    async def _pause(self, body: dict[str, Any]) -> tuple[int, Any]:
+        mode = body.get("mode", "abort")
+        if mode not in _PAUSE_MODES:
+            return 400, {"error": {"message": f"Invalid mode: {mode!r}. Expected one of {list(_PAUSE_MODES)}."}}
+        self._paused = True
+        if mode == "abort":
+            self._abort_all()
+            await self._notify()
+            await self._wait_for(lambda: not self._running)
+        else:
+            for request in self._by_rid.values():
+                request.retractions += mode == "retract"
+        return 200, {"message": "Generation paused successfully.", "status": "ok"}
+
+    async def _continue(self, body: dict[str, Any]) -> tuple[int, Any]:
+        self._paused = False
+        await self._notify()
+        return 200, {"message": "Generation continued successfully.", "status": "ok"}
+
+    def _abort_all(self) -> None:
+        for request in self._by_rid.values():
+            request.aborted = True
+
+    async def _update(self, body: dict[str, Any]) -> tuple[int, Any]:
+        model_path = body.get("model_path")
+        if not isinstance(model_path, str):
+            return 400, {"error": {"message": "model_path: Field required"}}
+        if body.get("abort_all_requests"):
+            self._abort_all()
+        if not self._paused:  # the writer lock: wait for what runs, hold what comes
+            self._updating = True
+            await self._wait_for(lambda: not self._running)
+        try:
+            await asyncio.sleep(self.update_delay_s)
+            if self.fail_updates or not Path(model_path).is_dir():
+                return 400, {"success": False, "num_paused_requests": 0,
+                             "message": f"Failed to get weights iterator: {model_path} cannot be loaded."}
+            self.model_path = model_path
+            message = "Succeeded to update model weights."
+            if body.get("weight_version") is not None:
+                self.weight_version = str(body["weight_version"])
+                message += f" Weight version updated to {self.weight_version}."
+            return 200, {"success": True, "message": message, "num_paused_requests": 0}
+        finally:
+            self._updating = False
+            await self._notify()
+
+
+def _spans(versions: list[str], current: str) -> list[dict[str, Any]]:
+    """SGLang's ``weight_versions``: one span per run of equal versions; ``[{current, 0, 0}]`` when empty."""
+    spans: list[dict[str, Any]] = []
+    for i, version in enumerate(versions):
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": version, "start": i, "end": i + 1})
+    return spans or [{"version": current, "start": 0, "end": 0}]
