@@ -91,17 +91,23 @@ class TrainerClient:
     def records_after(self, position: Mapping[int, int]) -> int:
         """Records after `position`, from the end offsets the client saw on its last fetch (no network
         call); 0 before it is open."""
-        consumer, total = self._consumer, 0
+        ends = self.end_offsets(list(position))
+        return sum(max(0, ends[p] - pos) for p, pos in position.items() if p in ends)
+
+    def end_offsets(self, partitions: list[int]) -> dict[int, int]:
+        """The end offset of each of `partitions` as the client last saw it in a fetch response (no network
+        call); partitions not seen yet are left out."""
+        consumer, out = self._consumer, dict[int, int]()
         if consumer is None:
-            return 0
-        for p, pos in position.items():
+            return out
+        for p in partitions:
             try:
                 bounds = consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
             except KafkaException:
                 continue
             if bounds is not None and bounds[1] >= 0:
-                total += max(0, bounds[1] - pos)
-        return total
+                out[p] = bounds[1]
+        return out
 
     def close(self) -> None:
         """Close the client, waiting at most `_CLOSE_TIMEOUT_S`: a client whose synchronous commit never got

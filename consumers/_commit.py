@@ -74,6 +74,11 @@ class StepCommitter:
         if self.manifests and self._producer is None:
             self._producer = self._manifest_producer(config)
 
+    @property
+    def committed(self) -> dict[int, int | None]:
+        """The group's committed offsets as this consumer knows them (what it read at start and committed since)."""
+        return dict(self._committed)
+
     def use(self, consumer: Consumer) -> None:
         """Go on with `consumer` (a fresh client in place of one that kept failing); what is known of
         the group's committed offsets, and of the commits tried since, is kept."""

@@ -46,6 +46,7 @@ from consumers._gather import Entry, Gathering
 from consumers._ledger import StepLedger
 from consumers._manifests import read_manifests
 from consumers._metrics import ConsumerMetrics
+from consumers._position import PositionPublisher
 from consumers._replay import read_taken
 from consumers._resume import chained, latest_by_step, position_after
 from consumers.filters import GroupFilter, default_filters
@@ -117,6 +118,7 @@ class RolloutConsumer:
         self._ledger = StepLedger(dedupe_epochs=dedupe_epochs)
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
         self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout)
+        self._positions = PositionPublisher(self.names, group_id)
         self._closed = False
         self._buffer: deque[Entry] = deque()
         self._position: dict[int, int] = {}
@@ -145,6 +147,7 @@ class RolloutConsumer:
                         self.group_id, len(self._pending), [b.step for b in self._pending])
         self._client.close()
         self._committer.close()
+        self._positions.close()
 
     def _start(self) -> None:
         if self._closed:
@@ -163,6 +166,7 @@ class RolloutConsumer:
             consumer.close()
             raise
         self._committer.start(self.config, consumer, committed)
+        self._positions.start(self.config, timeout=min(self._timeout, REACH_TIMEOUT_S))
         log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
                  self._position, self._next_step)
 
@@ -362,7 +366,13 @@ class RolloutConsumer:
         self._pending = self._pending[index + 1:]
         self._last_committed_step = batch.step
         self.metrics.steps_committed.inc(len(batches))
+        self._publish_position(batch.step)
         log.info("step %d committed: group %s offsets %s", batch.step, self.group_id, offsets)
+
+    def _publish_position(self, step: int) -> None:
+        """Tell the producers' backpressure where the group is now (see `consumers._position`). Never blocks."""
+        committed = self._committer.committed
+        self._positions.publish(step, committed, self._client.end_offsets(list(committed)))
 
     def _replace_client(self, cause: BaseException) -> None:
         """A fresh Kafka client at this consumer's position (see `consumers._client`). Records fetched and

@@ -6,7 +6,7 @@ from infra._worker import WorkerThread
 from infra.acls import AclRule, apply_acls, plan_acls
 from infra.clients import open_admin, open_consumer, open_producer
 from infra.config import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, DEFAULT_TRAINER_GROUP, KafkaConfig, default_bootstrap
-from infra.control import ControlWatcher, PolicyAnnouncer, announce_policy_version
+from infra.control import ControlWatcher, PolicyAnnouncer, announce_policy_version, position_key, publish_position
 from infra.kafka_errors import CommitFailed, KafkaIOError, kafka_error, missing_topic_error, not_authorized_error
 from infra.kafka_io import (
     REACH_TIMEOUT_S,
@@ -30,6 +30,7 @@ __all__ = [
     "TopicNames", "TopicPlan", "TopicSpec", "WorkerThread", "announce_policy_version", "apply_acls", "call_within",
     "commit_offsets", "committed_offsets", "create_topics", "default_bootstrap", "describe_topic_configs",
     "is_record", "kafka_error", "missing_topic_error", "not_authorized_error", "open_admin", "open_consumer",
-    "open_producer", "partitions_of", "plan_acls", "position_of", "produce_and_wait", "read_ranges", "reader",
+    "open_producer", "partitions_of", "plan_acls", "position_key", "position_of", "produce_and_wait",
+    "publish_position", "read_ranges", "reader",
     "require_topics", "sized_to_topic", "watermarks",
 ]

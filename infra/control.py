@@ -5,9 +5,13 @@ least the latest announcement forever and a reader that starts late still learns
 
 - `PolicyAnnouncer` / `announce_policy_version` (trainer side): write a `PolicyVersion` with acks=all
   and wait for the acknowledgement. Blocking; from an event loop use `PolicyAnnouncer.announce_async`.
+- `publish_position` (trainer side): after each commit the trainer's consumer writes its position (a
+  `TrainerPosition`, key ``position/<group>``: one record per step, compacted to one per group), which
+  producers' backpressure follows instead of each reading the lag from the brokers.
 - `ControlWatcher` (producer side): a thread (``rollstream-control``) reads the topic from the beginning
   with an explicit assignment (no group membership, nothing committed) and keeps the highest version;
-  `on_version` is called, in that thread, for each newer one. Engines that load weights hook it.
+  `on_version` is called, in that thread, for each newer one (engines that load weights hook it), and
+  `on_position` for each trainer position.
 """
 
 from __future__ import annotations
@@ -27,10 +31,32 @@ from infra.config import KafkaConfig
 from infra.kafka_errors import KafkaIOError
 from infra.kafka_io import position_of, produce_and_wait
 from infra.topics import TopicNames
-from schemas import DecodeError, PolicyVersion, decode, encode
+from schemas import DecodeError, PolicyVersion, TrainerPosition, decode, encode
 
 log = logging.getLogger(__name__)
 CONTROL_KEY = b"policy"
+POSITION_KEY_PREFIX = b"position/"
+
+
+def position_key(consumer_group: str) -> bytes:
+    """The NS.control key of `consumer_group`'s trainer positions."""
+    return POSITION_KEY_PREFIX + consumer_group.encode()
+
+
+def publish_position(producer: Producer, topic: str, position: TrainerPosition) -> None:
+    """Queue `position` for NS.control (`topic`) on `producer` without waiting: a hint that the next one
+    replaces, so a lost one costs producers only a few milliseconds of reaction. Never blocks; a delivery
+    failure is logged (at debug level: the producers' slow lag reads are the fallback)."""
+    def delivered(err: object, _msg: object) -> None:
+        if err is not None:
+            log.debug("trainer position of %s, step %d, not delivered to %s: %s", position.consumer_group,
+                      position.step, topic, err)
+
+    try:
+        producer.produce(topic, encode(position), key=position_key(position.consumer_group), on_delivery=delivered)
+        producer.poll(0)
+    except (BufferError, KafkaException) as exc:
+        log.debug("trainer position of %s not queued for %s: %s", position.consumer_group, topic, exc)
 
 
 class PolicyAnnouncer:
@@ -105,15 +131,19 @@ class ControlWatcher(WorkerThread):
         topic: the control topic (``NS.control``).
         on_version: called in the watcher thread with each version newer than any seen before; it
             must not block for long (hand work to another thread or loop). Its exceptions are logged.
+        on_position: called in the watcher thread with each trainer position (every group's; the
+            callee picks its group), under the same rules.
     """
 
     def __init__(self, config: KafkaConfig, topic: str, *,
-                 on_version: Callable[[PolicyVersion], None] | None = None) -> None:
+                 on_version: Callable[[PolicyVersion], None] | None = None,
+                 on_position: Callable[[TrainerPosition], None] | None = None) -> None:
         super().__init__()
         self._conf = config.consumer(f"rollstream-control-watch-{uuid.uuid4().hex[:12]}",
                                      {"fetch.wait.max.ms": 200})
         self.topic = topic
         self._on_version = on_version
+        self._on_position = on_position
         self._latest: PolicyVersion | None = None
         self._caught_up = threading.Event()
 
@@ -149,7 +179,10 @@ class ControlWatcher(WorkerThread):
                 if msg is None or msg.error() is not None:
                     continue
                 partition, offset = position_of(msg)
-                self._handle(msg.value() or b"", partition, offset)
+                if (msg.key() or b"").startswith(POSITION_KEY_PREFIX):
+                    self._handle_position(msg.value() or b"", partition, offset)
+                else:
+                    self._handle(msg.value() or b"", partition, offset)
                 if offset + 1 >= ends.get(partition, 0):
                     pending.discard(partition)
         except KafkaException as exc:
@@ -157,6 +190,19 @@ class ControlWatcher(WorkerThread):
         finally:
             self._caught_up.set()  # nothing more will come: do not keep anyone waiting
             consumer.close()
+
+    def _handle_position(self, value: bytes, partition: int, offset: int) -> None:
+        if self._on_position is None:
+            return
+        try:
+            position = decode(value, TrainerPosition)
+        except DecodeError as exc:
+            log.warning("skipping an undecodable trainer position: %s", exc.located(self.topic, partition, offset))
+            return
+        try:
+            self._on_position(position)
+        except Exception:  # a callback bug must not stop the watcher
+            log.exception("on_position callback failed for the position of %s", position.consumer_group)
 
     def _handle(self, value: bytes, partition: int, offset: int) -> None:
         try:

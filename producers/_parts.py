@@ -77,10 +77,12 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
         publisher.start(loop)
         undo.push_async_callback(publisher.close, 5.0)
         gate = LagGate(kafka, s.trainer_group, names.rollouts, max_lag=s.effective_max_lag,
-                       interval_s=s.lag_interval_s, metrics=metrics)
+                       interval_s=s.lag_interval_s, metrics=metrics,
+                       fallback_s=s.lag_fallback_s if s.backpressure == "pushed" else None)
         undo.callback(gate.stop)
         await gate.start(timeout=s.startup_timeout_s)
-        policy = PolicyFollower(engine, kafka, names.control, metrics=metrics, watch=s.watch_control)
+        policy = PolicyFollower(engine, kafka, names.control, metrics=metrics, watch=s.watch_control,
+                                on_position=gate.follow if s.backpressure == "pushed" else None)
         undo.push_async_callback(policy.close)
         await policy.start(catch_up_timeout=min(5.0, s.startup_timeout_s))
         intake = Intake(kafka, names.prompts, s.effective_intake_group, gate=gate, metrics=metrics,

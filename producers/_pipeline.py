@@ -187,7 +187,10 @@ class GroupPipeline:
     async def _send(self, group: ScoredGroup, value: bytes) -> None:
         self.gate.note_produced()
         started = time.perf_counter()
-        await self.publisher.publish(group.group_id.encode(), value)
+        try:
+            await self.publisher.publish(group.group_id.encode(), value)
+        finally:
+            self.gate.note_settled()  # acknowledged (or refused): no longer in flight to the broker
         self.metrics.count_published(group.status, len(value), time.perf_counter() - started)
 
     def _where(self, taken: TakenPrompt) -> str:

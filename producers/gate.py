@@ -1,9 +1,22 @@
 """The lag gate: backpressure from the trainer's consumer-group lag on NS.rollouts.
 
-A thread (``rollstream-lag``) reads the lag (`infra.LagReader`) every `interval_s` (a blocking call,
-never on the loop). Between two readings the gate does not trust a stale number: it counts every record
-this producer produces (`note_produced`) and adds those produced since the reading started, so with
-instant generation the estimate still rises record by record and the gate closes in time. The gate is
+Two sources of the lag, each with the moment it was true:
+
+- pushed: the trainer's `RolloutConsumer` publishes its position (`schemas.TrainerPosition`: committed
+  and end offsets, and when it saw the ends) on NS.control after every commit; the producer's control
+  watcher hands it to `follow`, and the gate re-evaluates on the loop within milliseconds of the commit.
+  One record per trainer step, whatever the number of producers.
+- read: a thread (``rollstream-lag``) reads the lag itself (`infra.LagReader`, a blocking call, never on
+  the loop) every `interval_s`; once a pushed position of its trainer group came, only every
+  `fallback_s` (a lost position costs seconds at most). A trainer that never publishes (not rollstream's
+  consumer) is thus polled as before.
+
+Between two updates the gate does not trust a stale number: it counts every record this producer
+produces (`note_produced`) and adds those not in the update: for a read, those produced since it
+started; for a pushed position, those not acknowledged by the broker (`note_settled`) by a little before
+the trainer saw its end offsets (`_PUSHED_MARGIN_MS`: a fetch round trip, and clocks of one host or
+rack), which the trainer's end offsets cannot hold. So with instant generation the estimate still rises
+record by record and the gate closes in time. An update older than the one applied is ignored. The gate is
 open while the estimate is at most `max_lag`; a prompt is started only once `wait_open` returns, so the
 lag stays within max_lag + in-flight (the fully-async fix's "no new prompts while a full pool is waiting
 to be consumed", made durable). Intake reads `is_open` from its own thread to pause the prompt partitions.
@@ -12,35 +25,45 @@ to be consumed", made durable). Intake reads `is_open` from its own thread to pa
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
+from collections import deque
 
 from infra import KafkaConfig, LagReader, WorkerThread
 from producers.metrics import ProducerMetrics
+from schemas import TrainerPosition, now_ms
 
 log = logging.getLogger(__name__)
 
 # Consecutive failed lag reads after which the gate replaces its reader's client (see _fresh_reader).
 _FRESH_CLIENT_AFTER = 3
+_PUSHED_MARGIN_MS = 5  # a pushed position counts this producer's records acknowledged from this long before it
+_HISTORY_MS = 60_000  # how far back the produced counts are kept (older positions count everything since)
 
 
 class LagGate(WorkerThread):
     """Open/closed state for starting new prompts.
 
-    `is_open` and `estimate` are thread-safe reads; `start`, `note_produced` and `wait_open` belong to
-    the loop that called `start`.
+    `is_open` and `estimate` are thread-safe reads, `follow` a thread-safe hand-over; `start`,
+    `note_produced` and `wait_open` belong to the loop that called `start`.
     """
 
     def __init__(self, config: KafkaConfig, trainer_group: str, topic: str, *, max_lag: int, interval_s: float,
-                 metrics: ProducerMetrics) -> None:
+                 metrics: ProducerMetrics, fallback_s: float | None = None) -> None:
         super().__init__()
         self._config = config
         self.trainer_group, self.topic = trainer_group, topic
         self.max_lag = max_lag
         self._interval_s = interval_s
+        self._fallback_s = fallback_s  # None: never slow down (polling only)
+        self._pushed = False  # a pushed position of the trainer group came (written on the loop)
         self._metrics = metrics
         self._produced = 0  # records this producer produced: written on the loop only
-        self._measured = 0  # the last lag reading ...
-        self._base = 0  # ... and `_produced` when that reading started
+        self._measured = 0  # the last lag update ...
+        self._base = 0  # ... and `_produced` when it was true
+        self._as_of_ms = 0  # ... and when that was (wall clock)
+        self._settled = 0  # records acknowledged or refused by the broker: written on the loop only
+        self._history: deque[tuple[int, int]] = deque()  # (wall ms, _settled) at each note_settled
         self._opened = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -52,9 +75,9 @@ class LagGate(WorkerThread):
         """
         self._loop = asyncio.get_running_loop()
         reader = LagReader(self._config)
-        base = self._produced
+        base, as_of = self._produced, now_ms()
         lag = await asyncio.to_thread(lambda: reader.group_lag(self.trainer_group, self.topic, timeout=timeout).total)
-        self._measured, self._base = lag, base
+        self._measured, self._base, self._as_of_ms = lag, base, as_of
         self._metrics.lag.set(lag)
         if self.is_open():
             self._opened.set()
@@ -82,6 +105,36 @@ class LagGate(WorkerThread):
         self._produced += 1
         self._evaluate()
 
+    def note_settled(self) -> None:
+        """Count one produced record the broker acknowledged (or refused). Loop only."""
+        self._settled += 1
+        now = now_ms()
+        self._history.append((now, self._settled))
+        while self._history and self._history[0][0] < now - _HISTORY_MS:
+            self._history.popleft()
+
+    def follow(self, position: TrainerPosition) -> None:
+        """A trainer position from NS.control (any thread): applied on the loop if it is this gate's trainer
+        group and topic and newer than what the gate knows. Never blocks."""
+        if position.consumer_group != self.trainer_group or position.topic != self.topic or self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._apply_position, position)
+        except RuntimeError:
+            pass  # the loop is closed: the producer is stopping
+
+    def _apply_position(self, position: TrainerPosition) -> None:
+        self._pushed = True
+        self._apply(position.lag, self._settled_before(position.observed_at_ms - _PUSHED_MARGIN_MS),
+                    position.observed_at_ms, "pushed")
+
+    def _settled_before(self, when_ms: int) -> int:
+        """How many of this producer's records the broker had settled at wall time `when_ms`."""
+        i = bisect.bisect_right(self._history, (when_ms, self._settled + 1))
+        if i > 0:
+            return self._history[i - 1][1]
+        return self._history[0][1] - 1 if self._history else self._settled
+
     def _evaluate(self) -> None:
         was_open = self._opened.is_set()
         now_open = self.is_open()
@@ -96,14 +149,17 @@ class LagGate(WorkerThread):
         log.info("intake %s: lag of %s on %s is ~%d (max %d)", "resumed" if now_open else "paused",
                  self.trainer_group, self.topic, self.estimate, self.max_lag)
 
-    def _apply(self, lag: int, base: int) -> None:
-        self._measured, self._base = lag, base
+    def _apply(self, lag: int, base: int, as_of_ms: int, source: str) -> None:
+        if as_of_ms < self._as_of_ms:
+            return  # older than the update applied already
+        self._measured, self._base, self._as_of_ms = lag, base, as_of_ms
+        self._metrics.lag_updates.labels(source).inc()
         self._evaluate()
 
     def _run(self, reader: LagReader) -> None:
         failures = 0
-        while not self._stop.wait(self._interval_s):
-            base = self._produced
+        while not self._stop.wait(self._fallback_s if self._pushed and self._fallback_s else self._interval_s):
+            base, as_of = self._produced, now_ms()
             try:
                 lag = reader.group_lag(self.trainer_group, self.topic, timeout=max(1.0, 4 * self._interval_s)).total
             except Exception as exc:  # noqa: BLE001 -- this thread must outlive any one failed read
@@ -121,7 +177,7 @@ class LagGate(WorkerThread):
             if self._loop is None:
                 break
             try:
-                self._loop.call_soon_threadsafe(self._apply, lag, base)
+                self._loop.call_soon_threadsafe(self._apply, lag, base, as_of, "read")
             except RuntimeError:
                 break  # the loop is closed
         reader.close()

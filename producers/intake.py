@@ -7,9 +7,12 @@ Contract:
 - A prompt's offset is committed only when the event loop acknowledged its group (`Watermarks`): per
   partition the contiguous prefix of acknowledged prompts, never past an unacknowledged one.
 - The loop takes prompts with ``async for taken in intake`` and acknowledges each with `ack(taken)` once
-  its group is durably written. At most `prefetch` prompts wait in the hand-over queue; beyond that,
-  and whenever the lag gate is closed (backpressure) or intake is halting, the partitions are paused
-  and the thread keeps polling, so the group membership stays alive however long generation takes.
+  its group is durably written. At most `prefetch` prompts wait in the hand-over queue; the loop starts
+  one only while the lag gate is open (backpressure), so while it is closed the queue fills and intake
+  waits with the fetch state kept, then (after `_FULL_WAIT_S`) pauses the partitions; when intake is
+  halting they are paused at once. The thread keeps polling, so the group membership stays alive
+  however long generation or backpressure lasts. Not pausing at every gate close matters: a
+  pause/resume cycle costs a refetch, and the gate opens and closes at every trainer step.
 - On revocation the thread commits what is contiguous and drops the partition's bookkeeping; queued
   prompts of that partition are skipped (`is_current` turns False); groups still in flight are
   published but no longer move the watermark, so the next owner regenerates them with the same group_id.
@@ -272,7 +275,7 @@ class Intake(WorkerThread):
         """One turn of the thread: fetch what the loop has room for, or wait without losing the group."""
         with self._lock:
             credits = self._credits
-        if not self._gate.is_open() or self._halting.is_set():
+        if self._halting.is_set():
             self._set_paused(consumer, True)
         elif credits > 0:
             self._full_since = None

@@ -71,6 +71,8 @@ class ProducerMetrics:
         self.paused = Gauge(p + "paused", "1 while intake is paused by backpressure (trainer lag).", registry=r)
         self.lag = Gauge(p + "lag_estimate", "Trainer lag on the rollouts topic, as the gate estimates it.",
                          registry=r)
+        self.lag_updates = Counter(p + "lag_updates", "Trainer lag updates the gate applied, by source: the trainer's "
+                                   "pushed position on NS.control, or the gate's own read.", ["source"], registry=r)
         self.prompts = Counter(p + "prompts_taken", "Prompts taken from the prompts topic.", registry=r)
         self.groups = Counter(p + "groups_published", "Groups acknowledged by the broker.", ["status"], registry=r)
         self.bytes = Counter(p + "published_bytes", "Bytes of groups acknowledged by the broker.", registry=r)

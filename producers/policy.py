@@ -26,12 +26,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from infra import ControlWatcher, KafkaConfig
 from producers.engines.base import Completion, Engine, EngineError, ReloadableEngine
 from producers.metrics import ProducerMetrics
-from schemas import PolicyVersion
+from schemas import PolicyVersion, TrainerPosition
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +47,19 @@ class PolicyFollower:
     """Follows the announced policy versions for one producer.
 
     `start`, `stamp` and `close` belong to the loop that called `start`; `policy_version` is a
-    thread-safe read. With ``watch=False`` nothing is followed (every sample gets the engine's version or 0).
+    thread-safe read. With ``watch=False`` no version is followed (every sample gets the engine's version
+    or 0). `on_position` gets, in the watcher thread, every trainer position on NS.control (the lag gate's
+    pushed backpressure); NS.control is then read even with ``watch=False``.
     """
 
     def __init__(self, engine: Engine, config: KafkaConfig, control_topic: str, *, metrics: ProducerMetrics,
-                 watch: bool = True) -> None:
+                 watch: bool = True, on_position: Callable[[TrainerPosition], None] | None = None) -> None:
         self._reloadable = engine if isinstance(engine, ReloadableEngine) else None
         self._metrics = metrics
-        self._watcher = ControlWatcher(config, control_topic, on_version=self.on_announced) if watch else None
+        self._watch = watch
+        self._watcher = (ControlWatcher(config, control_topic, on_version=self.on_announced if watch else None,
+                                        on_position=on_position)
+                         if watch or on_position is not None else None)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wanted: PolicyVersion | None = None
         self._task: asyncio.Task[None] | None = None
@@ -76,7 +81,7 @@ class PolicyFollower:
     @property
     def policy_version(self) -> int:
         """The newest version announced on NS.control (0 before any). Thread-safe."""
-        announced = self._watcher.policy_version if self._watcher is not None else None
+        announced = self._watcher.policy_version if self._watcher is not None and self._watch else None
         return 0 if announced is None else announced
 
     def stamp(self, completions: Sequence[Completion], version_at_start: int) -> list[int]:

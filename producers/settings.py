@@ -6,12 +6,15 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from infra import DEFAULT_TRAINER_GROUP, TopicNames
 from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, EngineError, SamplingParams
 from producers.engines.sglang_http import PARTIAL_ROLLOUTS, PartialRollouts
 from schemas import ConfigError
+
+Backpressure = Literal["pushed", "poll"]
+BACKPRESSURE: tuple[Backpressure, ...] = ("pushed", "poll")
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,13 @@ class ProducerSettings:
             custom generate function too); past it the attempt counts as a retriable failure, and after
             the last attempt the group is published as failed. None: no limit.
         retry_backoff_s: first backoff between those tries (doubles).
-        lag_interval_s: how often the trainer lag is read.
+        backpressure: how the lag gate learns the trainer's lag: ``pushed`` follows the position the
+            trainer's `RolloutConsumer` publishes on NS.control after every commit (within milliseconds,
+            one record per trainer step whatever the number of producers) and, once one came, reads the
+            lag itself only every `lag_fallback_s` (until then, for a trainer that publishes nothing, every
+            `lag_interval_s`); ``poll`` reads it every `lag_interval_s`.
+        lag_interval_s: how often the trainer lag is read when no pushed position comes.
+        lag_fallback_s: how often it is read anyway once pushed positions come.
         commit_interval_s: how often acknowledged prompt offsets are committed.
         drain_timeout_s: on stop, how long in-flight groups may take to finish and publish.
         startup_timeout_s: how long to wait for the broker at startup before a clear error.
@@ -67,7 +76,9 @@ class ProducerSettings:
     generate_attempts: int = 3
     generate_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
     retry_backoff_s: float = 0.5
+    backpressure: Backpressure = "pushed"
     lag_interval_s: float = 0.5
+    lag_fallback_s: float = 5.0
     commit_interval_s: float = 0.2
     drain_timeout_s: float = 60.0
     startup_timeout_s: float = 15.0
@@ -90,7 +101,11 @@ class ProducerSettings:
         for name in ("retry_backoff_s", "drain_timeout_s", "summary_interval_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
-        for name in ("lag_interval_s", "commit_interval_s", "startup_timeout_s", "session_timeout_s"):
+        if self.backpressure not in BACKPRESSURE:
+            raise ConfigError(f"backpressure={self.backpressure!r}: use pushed (follow the trainer's position on "
+                              "NS.control) or poll (read the lag every lag_interval_s)")
+        for name in ("lag_interval_s", "lag_fallback_s", "commit_interval_s", "startup_timeout_s",
+                     "session_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be > 0")
         if self.generate_timeout_s is not None and not self.generate_timeout_s > 0:

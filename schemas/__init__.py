@@ -24,6 +24,7 @@ from schemas.records import (
     Sampling,
     ScoredGroup,
     StepManifest,
+    TrainerPosition,
     VersionSpan,
     logprob_temperature,
     make_group_id,
@@ -33,7 +34,7 @@ from schemas.records import (
 __all__ = [
     "FINISH_REASONS", "GREEDY_BELOW", "VERSION_FILE", "ChatMessage", "Codec", "ConfigError", "DecodeError",
     "InvalidRecordError", "OffsetDisposition", "PartitionRange", "PolicyVersion", "Prompt", "RollstreamError",
-    "Sample", "Samples", "Sampling", "SchemaError", "ScoredGroup", "StepManifest", "UnknownSchemaError",
-    "VersionSpan", "decode", "default_codec", "encode", "fingerprint", "float32_array", "int32_array",
-    "logprob_temperature", "make_group_id", "now_ms", "read_policy_version", "write_policy_version",
+    "Sample", "Samples", "Sampling", "SchemaError", "ScoredGroup", "StepManifest", "TrainerPosition",
+    "UnknownSchemaError", "VersionSpan", "decode", "default_codec", "encode", "fingerprint", "float32_array",
+    "int32_array", "logprob_temperature", "make_group_id", "now_ms", "read_policy_version", "write_policy_version",
 ]

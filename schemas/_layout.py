@@ -35,6 +35,7 @@ from schemas.records import (
     Sampling,
     ScoredGroup,
     StepManifest,
+    TrainerPosition,
     VersionSpan,
 )
 
@@ -415,6 +416,24 @@ def _policy_version_datum(version: PolicyVersion) -> dict[str, Any]:
             "created_at_ms": version.created_at_ms, "metadata": dict(version.metadata)}
 
 
+def _position_datum(position: TrainerPosition) -> dict[str, Any]:
+    partitions = sorted(position.committed)
+    return {"consumer_group": position.consumer_group, "topic": position.topic, "step": position.step,
+            "partitions": partitions, "committed": [position.committed[p] for p in partitions],
+            "ends": [position.ends[p] for p in partitions], "observed_at_ms": position.observed_at_ms,
+            "created_at_ms": position.created_at_ms}
+
+
+def _position_from_datum(d: Mapping[str, Any]) -> TrainerPosition:
+    if not len(d["partitions"]) == len(d["committed"]) == len(d["ends"]):
+        raise DecodeError(f"trainer position of {d['consumer_group']}: {len(d['partitions'])} partitions, "
+                          f"{len(d['committed'])} committed offsets, {len(d['ends'])} end offsets")
+    return TrainerPosition(consumer_group=d["consumer_group"], topic=d["topic"], step=d["step"],
+                           committed=dict(zip(d["partitions"], d["committed"], strict=True)),
+                           ends=dict(zip(d["partitions"], d["ends"], strict=True)),
+                           observed_at_ms=d["observed_at_ms"], created_at_ms=d["created_at_ms"])
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one record type maps to the datum of its current schema, and back."""
@@ -428,4 +447,5 @@ LAYOUTS: dict[type, Layout] = {
     ScoredGroup: Layout(_group_datum, _group_from_datum),
     StepManifest: Layout(_manifest_datum, _manifest_from_datum),
     PolicyVersion: Layout(_policy_version_datum, lambda d: PolicyVersion(**d)),
+    TrainerPosition: Layout(_position_datum, _position_from_datum),
 }

@@ -34,15 +34,16 @@ from fastavro.schema import to_parsing_canonical_form
 from schemas._errors import DecodeError, InvalidRecordError, SchemaError, UnknownSchemaError
 from schemas._layout import LAYOUTS
 from schemas._upgrade import UPGRADERS
-from schemas.records import PolicyVersion, Prompt, Record, ScoredGroup, StepManifest
+from schemas.records import PolicyVersion, Prompt, Record, ScoredGroup, StepManifest, TrainerPosition
 
 MAGIC = b"\xc3\x01"
 HEADER_SIZE = len(MAGIC) + 8
 SCHEMA_DIR = Path(__file__).parent / "avro"
 _FILES = {Prompt: "prompt.avsc", ScoredGroup: "scored_group.avsc",
-          StepManifest: "step_manifest.avsc", PolicyVersion: "policy_version.avsc"}
+          StepManifest: "step_manifest.avsc", PolicyVersion: "policy_version.avsc",
+          TrainerPosition: "trainer_position.avsc"}
 Buffer = bytes | bytearray | memoryview | np.ndarray
-R = TypeVar("R", Prompt, ScoredGroup, StepManifest, PolicyVersion)
+R = TypeVar("R", Prompt, ScoredGroup, StepManifest, PolicyVersion, TrainerPosition)
 
 
 def fingerprint(schema: dict[str, Any] | str) -> bytes:

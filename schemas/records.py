@@ -533,4 +533,33 @@ class PolicyVersion:
         object.__setattr__(self, "metadata", string_metadata(self.metadata))
 
 
-Record = Prompt | ScoredGroup | StepManifest | PolicyVersion
+@dataclass(frozen=True)
+class TrainerPosition:
+    """A trainer group's position on the rollouts topic right after it committed a step (on NS.control).
+
+    `committed` and `ends` map partition -> offset: the committed offset, and the end offset the trainer
+    last saw (at `observed_at_ms`; records produced after that are not counted in `lag`).
+    """
+
+    consumer_group: str
+    topic: str
+    step: int
+    committed: Mapping[int, int]
+    ends: Mapping[int, int]
+    observed_at_ms: int
+    created_at_ms: int = field(default_factory=now_ms)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "committed", {int(p): int(o) for p, o in self.committed.items()})
+        object.__setattr__(self, "ends", {int(p): int(o) for p, o in self.ends.items()})
+        if set(self.committed) != set(self.ends):
+            raise InvalidRecordError(f"trainer position: committed offsets of partitions {sorted(self.committed)} but "
+                                     f"end offsets of {sorted(self.ends)}; give both for the same partitions")
+
+    @property
+    def lag(self) -> int:
+        """Records after the committed offsets, up to the end offsets seen."""
+        return sum(max(0, self.ends[p] - c) for p, c in self.committed.items())
+
+
+Record = Prompt | ScoredGroup | StepManifest | PolicyVersion | TrainerPosition

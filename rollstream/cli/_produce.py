@@ -23,8 +23,14 @@ class PartialRolloutsName(StrEnum):
     restart = "restart"
 
 
+class BackpressureName(StrEnum):
+    pushed = "pushed"
+    poll = "poll"
+
+
 _D = ProducerSettings()  # every default below is the library's own, not a copy
 _PARTIAL = PartialRolloutsName(_D.partial_rollouts)
+_BACKPRESSURE = BackpressureName(_D.backpressure)
 _ENGINE = "Engine"
 _SAMPLING = "Sampling"
 _FLOW = "Flow control"
@@ -80,6 +86,11 @@ def produce(
     trainer_group: Annotated[str, typer.Option(
         envvar="ROLLSTREAM_TRAINER_GROUP", help="The trainer's consumer group, whose lag is watched.",
         rich_help_panel=_FLOW)] = _D.trainer_group,
+    backpressure: Annotated[BackpressureName, typer.Option(
+        help="How the lag is learnt. pushed: follow the position the trainer's consumer publishes on NS.control "
+             "after every commit (milliseconds; the lag is read only every few seconds as a fallback, and every "
+             "0.5 s until a first position came); poll: read the lag every 0.5 s.",
+        rich_help_panel=_FLOW)] = _BACKPRESSURE,
     producer_id: Annotated[str | None, typer.Option(
         help="Stable identity (static group membership): a restarted producer gets its prompt partitions "
              "back at once.", rich_help_panel=_LIFE)] = None,
@@ -107,7 +118,8 @@ def produce(
                                  "until stopped")
     settings = ProducerSettings(
         namespace=namespace, n_samples=n_samples, concurrency=concurrency, max_lag=max_lag,
-        trainer_group=trainer_group, producer_id=producer_id, exit_when_idle_s=exit_when_idle,
+        trainer_group=trainer_group, backpressure=backpressure.value, producer_id=producer_id,
+        exit_when_idle_s=exit_when_idle,
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, drain_timeout_s=drain_timeout,
         startup_timeout_s=startup_timeout, session_timeout_s=session_timeout, metrics_port=metrics_port,
         summary_interval_s=summary_interval, generate_timeout_s=request_timeout,

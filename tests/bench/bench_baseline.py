@@ -13,6 +13,8 @@ fix). They exist only to be measured here; nothing else imports them, and they m
 
 Rollstream runs the same generate function (`GEN_S` of ``asyncio.sleep``) in a `RolloutProducer`, and the
 trainer side calls ``RolloutConsumer.take(TARGET)``. Both trainers "train" `TRAIN_S` between steps.
+rollstream runs at its default settings (backpressure pushed by the trainer's position on NS.control),
+then with the polling gate (``backpressure="poll"``) and without backpressure, for comparison.
 
 Scenario A (delivery): `PROMPTS` prompts, concurrency `CONCURRENCY`, target `TARGET`, the original's
 queue at its real size (1000). Each side runs until its prompts are used up; groups generated, delivered
@@ -149,6 +151,7 @@ class Outcome:
     delivered: list[str] = field(default_factory=list)
     stranded: int = 0  # generated, not delivered, still waiting at the end (not lost)
     loop_stall_max_ms: float = 0.0
+    max_lag_seen: int = 0  # rollstream: the most records waiting after the trainer's position, after a take
 
     @property
     def lost(self) -> int:
@@ -179,12 +182,12 @@ def _run_original(prompts: list[str], maxsize: int, train_s: float, max_steps: i
 
 
 def _run_rollstream(config: KafkaConfig, names: TopicNames, prompts: list[str], max_lag: int, train_s: float,
-                    max_steps: int | None) -> Outcome:
+                    max_steps: int | None, backpressure: str = "pushed") -> Outcome:
     publish_prompts([Prompt(id=p, prompt=p) for p in prompts], config, names.prompts)
     group = f"bench-baseline-{uuid.uuid4().hex[:8]}"
     settings = ProducerSettings(namespace=names.namespace, n_samples=SAMPLES, concurrency=CONCURRENCY,
-                                max_lag=max_lag, trainer_group=group, lag_interval_s=0.1,
-                                summary_interval_s=0, watch_control=False)
+                                max_lag=max_lag, trainer_group=group, summary_interval_s=0, watch_control=False,
+                                backpressure=backpressure)  # type: ignore[arg-type]
     producer = RolloutProducer(synthetic_generate, settings, kafka=config)
     out = Outcome()
     with RolloutConsumer(config=config, group_id=group, namespace=names.namespace, filters=()) as consumer:
@@ -197,6 +200,7 @@ def _run_rollstream(config: KafkaConfig, names: TopicNames, prompts: list[str], 
                 want = min(TARGET, len(prompts) - len(out.delivered))
                 out.delivered += consumer.take(want, timeout=TIMEOUT_S).group_ids
                 out.seconds = time.perf_counter() - started
+                out.max_lag_seen = max(out.max_lag_seen, consumer.estimated_lag())
                 max_steps = None if max_steps is None else max_steps - 1
                 time.sleep(train_s)
         finally:
@@ -230,6 +234,9 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames], *,
     say("rollstream, delivery")
     ours = _run_rollstream(config, names_factory(partitions=3), prompts, CONCURRENCY, TRAIN_S, None)
     checked = _verify_ids(prompts, ours)
+    say("rollstream, polling backpressure, delivery")
+    polled = _run_rollstream(config, names_factory(partitions=3), prompts, CONCURRENCY, TRAIN_S, None, "poll")
+    _verify_ids(prompts, polled)
     say("rollstream without backpressure, delivery")
     free = _run_rollstream(config, names_factory(partitions=3), prompts, 10**9, TRAIN_S, None)
     _verify_ids(prompts, free)
@@ -243,6 +250,11 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames], *,
         *_delivery_rows("original (queue.Queue(1000) + asyncio worker)", orig),
         *_delivery_rows(f"rollstream (RolloutProducer + take, default max_lag {CONCURRENCY})", ours),
         ("rollstream: groups verified by id", checked),
+        (f"rollstream: most groups waiting after a take (bound: max_lag {CONCURRENCY} + in flight {CONCURRENCY})",
+         f"{ours.max_lag_seen} ({'within' if ours.max_lag_seen <= 2 * CONCURRENCY else 'PAST'} the bound)"),
+        ("rollstream with the polling gate (backpressure=poll, lag read every 0.5 s): delivered groups/s",
+         f"{_rate(polled):,.0f} ({len(polled.delivered)} in {polled.seconds:.2f} s; ids verified; "
+         f"{_rate(polled) / max(_rate(orig), 1e-9):.2f}x the original)"),
         ("rollstream without backpressure (max_lag unlimited): delivered groups/s",
          f"{_rate(free):,.0f} ({len(free.delivered)} in {free.seconds:.2f} s; ids verified)"),
         ("ratio delivered groups/s: rollstream / original", f"{_rate(ours) / max(_rate(orig), 1e-9):.2f} "

@@ -35,9 +35,10 @@ def end_offsets(config: KafkaConfig, topic: str) -> dict[int, int]:
         return {p.partition: p.end for p in reader.group_lag(f"probe-{uuid.uuid4().hex[:8]}", topic).partitions}
 
 
-def read_records(config: KafkaConfig, topic: str, cls: type[T], timeout_s: float = 20.0
-                 ) -> list[tuple[int, int, T]]:
-    """(partition, offset, decoded record) of everything on `topic` now, in offset order per partition."""
+def read_records(config: KafkaConfig, topic: str, cls: type[T], timeout_s: float = 20.0, *,
+                 key: bytes | None = None) -> list[tuple[int, int, T]]:
+    """(partition, offset, decoded record) of everything on `topic` now (only records keyed `key`, when
+    given: NS.control holds policy versions and trainer positions), in offset order per partition."""
     ends = {p: e for p, e in end_offsets(config, topic).items() if e > 0}
     consumer = Consumer(config.consumer(f"reader-{uuid.uuid4().hex[:8]}"))
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ends])
@@ -48,7 +49,8 @@ def read_records(config: KafkaConfig, topic: str, cls: type[T], timeout_s: float
             msg = consumer.poll(0.2)
             if msg is None or msg.error():
                 continue
-            out.append((msg.partition(), msg.offset(), decode(msg.value(), cls)))  # type: ignore[arg-type]
+            if key is None or msg.key() == key:
+                out.append((msg.partition(), msg.offset(), decode(msg.value(), cls)))  # type: ignore[arg-type]
             if msg.offset() + 1 >= ends.get(msg.partition(), 0):
                 ends.pop(msg.partition(), None)
     finally:

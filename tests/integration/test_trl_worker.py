@@ -80,7 +80,7 @@ def test_async_grpo_trainer_trains_from_rollstream(kafka_config, namespace_facto
     trained = trainer._trained_groups  # TRL's collator: the int group_id of every sample it packed
     assert {trl_group_id(g) for g in committed} <= trained <= {trl_group_id(g) for g in committed + ahead}
     # One announcement per TRL weight sync (the cold one, then after each step), in order.
-    versions = [v.version for _, _, v in read_records(kafka_config, names.control, PolicyVersion)]
+    versions = [v.version for _, _, v in read_records(kafka_config, names.control, PolicyVersion, key=b"policy")]
     assert versions == [1, 2, 3, 4]
 
 
