@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench chaos install jars lint broker-start broker-stop clean
+.PHONY: demo test bench chaos fleet install jars lint broker-start broker-stop clean
 
 demo: install jars
 	$(VENV)/bin/rollstream demo
@@ -21,6 +21,10 @@ bench: install jars
 # Seeded randomized faults against a private local broker, then 0 lost / 0 duplicated / audit green (not in `test`).
 chaos: install jars
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
+
+# 100+ producers on a private 3-node cluster, poll vs pushed backpressure at two fleet sizes (not in `test`).
+fleet: install jars
+	$(PY) -m tests.fleet $(FLEET_ARGS)
 
 install: $(STAMP)
 

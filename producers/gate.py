@@ -7,9 +7,9 @@ Two sources of the lag, each with the moment it was true:
   watcher hands it to `follow`, and the gate re-evaluates on the loop within milliseconds of the commit.
   One record per trainer step, whatever the number of producers.
 - read: a thread (``rollstream-lag``) reads the lag itself (`infra.LagReader`, a blocking call, never on
-  the loop) every `interval_s`; once a pushed position of its trainer group came, only every
-  `fallback_s` (a lost position costs seconds at most). A trainer that never publishes (not rollstream's
-  consumer) is thus polled as before.
+  the loop) every `interval_s`; once a pushed position of its trainer group came, only when none came
+  for `fallback_s` (a trainer in a long step, or down; a lost position costs seconds at most), and then
+  every `fallback_s`. A trainer that never publishes (not rollstream's consumer) is polled as before.
 
 Between two updates the gate does not trust a stale number: it counts every record this producer
 produces (`note_produced`) and adds those not in the update: for a read, those produced since it
@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import time
 from collections import deque
 
 from infra import KafkaConfig, LagReader, WorkerThread
@@ -56,7 +57,7 @@ class LagGate(WorkerThread):
         self.max_lag = max_lag
         self._interval_s = interval_s
         self._fallback_s = fallback_s  # None: never slow down (polling only)
-        self._pushed = False  # a pushed position of the trainer group came (written on the loop)
+        self._pushed_at: float | None = None  # time.monotonic() of the last pushed position (written on the loop)
         self._metrics = metrics
         self._produced = 0  # records this producer produced: written on the loop only
         self._measured = 0  # the last lag update ...
@@ -124,7 +125,7 @@ class LagGate(WorkerThread):
             pass  # the loop is closed: the producer is stopping
 
     def _apply_position(self, position: TrainerPosition) -> None:
-        self._pushed = True
+        self._pushed_at = time.monotonic()
         self._apply(position.lag, self._settled_before(position.observed_at_ms - _PUSHED_MARGIN_MS),
                     position.observed_at_ms, "pushed")
 
@@ -158,7 +159,9 @@ class LagGate(WorkerThread):
 
     def _run(self, reader: LagReader) -> None:
         failures = 0
-        while not self._stop.wait(self._fallback_s if self._pushed and self._fallback_s else self._interval_s):
+        while not self._stop.wait(self._next_read_in()):
+            if self._pushed_recently():
+                continue
             base, as_of = self._produced, now_ms()
             try:
                 lag = reader.group_lag(self.trainer_group, self.topic, timeout=max(1.0, 4 * self._interval_s)).total
@@ -181,6 +184,15 @@ class LagGate(WorkerThread):
             except RuntimeError:
                 break  # the loop is closed
         reader.close()
+
+    def _next_read_in(self) -> float:
+        return self._fallback_s if self._fallback_s is not None and self._pushed_at is not None else self._interval_s
+
+    def _pushed_recently(self) -> bool:
+        """A pushed position came within `fallback_s`: no read needed (thread-safe read of one float)."""
+        pushed_at = self._pushed_at
+        return (self._fallback_s is not None and pushed_at is not None
+                and time.monotonic() - pushed_at < self._fallback_s)
 
     def _fresh_reader(self, stale: LagReader) -> LagReader:
         """A new reader (new client: fresh connections and coordinator lookup) in place of one that keeps

@@ -41,10 +41,10 @@ class ProducerSettings:
         backpressure: how the lag gate learns the trainer's lag: ``pushed`` follows the position the
             trainer's `RolloutConsumer` publishes on NS.control after every commit (within milliseconds,
             one record per trainer step whatever the number of producers) and, once one came, reads the
-            lag itself only every `lag_fallback_s` (until then, for a trainer that publishes nothing, every
-            `lag_interval_s`); ``poll`` reads it every `lag_interval_s`.
+            lag itself only when none came for `lag_fallback_s` (until the first, for a trainer that
+            publishes nothing, every `lag_interval_s`); ``poll`` reads it every `lag_interval_s`.
         lag_interval_s: how often the trainer lag is read when no pushed position comes.
-        lag_fallback_s: how often it is read anyway once pushed positions come.
+        lag_fallback_s: with pushed positions, the lag is read only after this long without one.
         commit_interval_s: how often acknowledged prompt offsets are committed.
         drain_timeout_s: on stop, how long in-flight groups may take to finish and publish.
         startup_timeout_s: how long to wait for the broker at startup before a clear error.
