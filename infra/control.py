@@ -140,7 +140,7 @@ class ControlWatcher(WorkerThread):
                  on_position: Callable[[TrainerPosition], None] | None = None) -> None:
         super().__init__()
         self._conf = config.consumer(f"rollstream-control-watch-{uuid.uuid4().hex[:12]}",
-                                     {"fetch.wait.max.ms": 200})
+                                     {"fetch.wait.max.ms": 1000})  # a long poll returns when a record comes
         self.topic = topic
         self._on_version = on_version
         self._on_position = on_position
