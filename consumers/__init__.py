@@ -3,12 +3,14 @@
 `RolloutConsumer` takes groups from NS.rollouts and commits exactly what it took; `Batch` is one
 step (with `to_tensors`); filters decide what is skipped (always recorded, never dropped silently);
 `replay_step` / `replay_range` / `replay_since` read back what was published or taken; `audit` proves
-every committed offset was accounted for once. `consumers.slime.generate_rollout` plugs it into slime.
+every committed offset was accounted for once; `status` says why a trainer would wait (`TakeTimeout` too).
+`consumers.slime.generate_rollout` plugs it into slime.
 """
 
 from consumers._audit import AuditReport, audit
 from consumers._batch import Batch, TensorBatch, grpo_advantages
 from consumers._consumer import DEFAULT_GROUP, RolloutConsumer
+from consumers._epoch_audit import EpochAuditReport, audit_epochs
 from consumers._errors import CommitError, FilterError, GroupConflictError, TakeTimeout
 from consumers._metrics import ConsumerMetrics
 from consumers._replay import (
@@ -21,6 +23,7 @@ from consumers._replay import (
     replay_step,
     since_bounds,
 )
+from consumers._status import Diagnosis, StatusReport, status
 from consumers.filters import (
     FilterContext,
     GroupFilter,
@@ -32,8 +35,11 @@ from consumers.filters import (
 )
 
 __all__ = [
-    "DEFAULT_GROUP", "AuditReport", "Batch", "CommitError", "ConsumerMetrics", "FilterContext", "FilterError",
-    "GroupConflictError", "GroupFilter", "ReplayedRecord", "ReplayedStep", "RolloutConsumer", "TakeTimeout",
+    "DEFAULT_GROUP", "AuditReport", "Batch", "CommitError", "ConsumerMetrics", "Diagnosis", "FilterContext",
+    "FilterError", "GroupConflictError", "GroupFilter", "ReplayedRecord", "ReplayedStep", "RolloutConsumer",
+    "TakeTimeout",
     "TensorBatch", "all_rewards_equal", "audit", "default_filters", "failed_group", "group_to_json", "grpo_advantages",
     "parse_time", "replay_range", "replay_since", "replay_step", "reward_missing", "since_bounds", "stale",
+    "status", "StatusReport",
+    "EpochAuditReport", "audit_epochs",
 ]

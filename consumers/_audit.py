@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from consumers._ledger import StepLedger
 from consumers._manifests import read_manifests
 from infra import REACH_TIMEOUT_S, KafkaConfig, LagReader, TopicNames, require_topics
-from schemas import SchemaError, StepManifest
+from schemas import DISPOSITION_KINDS, SchemaError, StepManifest
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def audit(config: KafkaConfig, namespace: str, consumer_group: str, *, from_firs
     problems.extend(_check_unique_groups(effective))
     problems.sort(key=lambda x: (x.partition, x.start, x.kind))
     return AuditReport(consumer_group, names.rollouts, tuple(m.step for m in effective), committed,
-                       {k: counts.get(k, 0) for k in ("taken", "filtered", "duplicate", "undecodable")},
+                       {k: counts.get(k, 0) for k in DISPOSITION_KINDS},
                        tuple(problems), tuple(superseded), tuple(pending), tuple(notes))
 
 

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from schemas import OffsetDisposition, PartitionRange, RollstreamError, ScoredGroup, StepManifest
+from consumers._requeue import Requeue
+from schemas import DISPOSITION_KINDS, OffsetDisposition, PartitionRange, RollstreamError, ScoredGroup, StepManifest
 
 if TYPE_CHECKING:
     import torch
@@ -29,6 +30,8 @@ class Batch:
         offsets: the consumer's position after this step on every partition (offset of the next
             record to read): what a trainer checkpoint stores and `RolloutConsumer.seek_to` restores.
         consumer_group, topic, policy_version: context written to the step manifest.
+        requeues: the prompts this step publishes again (its ``requeued`` dispositions), before its
+            manifest is written; empty for a recorded step taken again (published the first time).
     """
 
     step: int
@@ -41,6 +44,7 @@ class Batch:
     topic: str
     policy_version: int | None = None
     created_at_ms: int = 0
+    requeues: tuple[Requeue, ...] = field(default=(), repr=False)
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -50,8 +54,8 @@ class Batch:
         return [g.group_id for g in self.groups]
 
     def counts(self) -> dict[str, int]:
-        """Dispositions of this step by kind (taken, filtered, duplicate, undecodable)."""
-        out = {"taken": 0, "filtered": 0, "duplicate": 0, "undecodable": 0}
+        """Dispositions of this step by kind (taken, filtered, duplicate, undecodable, requeued)."""
+        out: dict[str, int] = dict.fromkeys(DISPOSITION_KINDS, 0)
         for d in self.dispositions:
             out[d.kind] += 1
         return out

@@ -3,6 +3,8 @@
 A step's manifest is written once, at the latest when the step is committed: `record` writes it as
 soon as the step is taken (so that a restarted consumer can take the same batch again, see
 `consumers._resume`), and `commit` then writes only the manifests not recorded yet, before the offsets.
+The prompts a step requeues (`consumers._requeue`) are published to NS.prompts and acknowledged before
+its manifest is written, so a manifest never records a requeue that did not happen.
 
 `StepCommitter` owns the manifest producer and what the consumer knows of the group's committed
 offsets. Before each commit it checks those offsets did not move under it: one trainer per group id
@@ -21,6 +23,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 
 from consumers._batch import Batch
 from consumers._errors import CommitError, GroupConflictError
+from consumers._requeue import Requeue
 from infra import (
     CommitFailed,
     KafkaConfig,
@@ -64,6 +67,7 @@ class StepCommitter:
         self._tried: dict[int, set[int]] = {}
         self._failed_attempts = 0  # commit attempts failed in a row, across calls
         self._recorded: set[int] = set()  # id() of the uncommitted batches whose manifest is on NS.steps
+        self._requeued: set[int] = set()  # id() of the uncommitted batches whose requeues are on NS.prompts
 
     def start(self, config: KafkaConfig, consumer: Consumer, committed: Mapping[int, int | None]) -> None:
         """Remember the group's committed offsets as read at start, and open the manifest producer now
@@ -92,7 +96,8 @@ class StepCommitter:
 
     def record(self, batch: Batch, *, timeout: float | None = None) -> StepManifest:
         """Write the manifest of `batch`, taken and not committed, to NS.steps (acknowledged), after
-        checking the group's offsets; return it. Does nothing without manifests. Blocks up to `timeout`.
+        checking the group's offsets and publishing its requeues; return it. Does nothing without
+        manifests. Blocks up to `timeout`.
 
         Raises:
             CommitError (retriable): the offsets check or the write failed.
@@ -102,6 +107,7 @@ class StepCommitter:
         manifest = batch.manifest()
         if self.manifests:
             self._check_sole_committer(batch, timeout)
+            self._publish_requeues([batch], timeout)
             self._publish([manifest], batch, timeout)
             self._recorded.add(id(batch))
         return manifest
@@ -109,12 +115,13 @@ class StepCommitter:
     def forget_recorded(self) -> None:
         """The uncommitted batches were dropped (`seek_to`): their manifests are superseded by the next."""
         self._recorded.clear()
+        self._requeued.clear()
 
     def commit(self, batches: Sequence[Batch], *, timeout: float | None = None
                ) -> tuple[dict[int, int], list[StepManifest]]:
         """Commit `batches` (oldest first; the last is the one asked for): check the group's offsets,
-        write each manifest not `record`ed yet (acknowledged), then commit, per partition, one past
-        the last offset.
+        publish the requeues not published yet and write each manifest not `record`ed yet (each
+        acknowledged), then commit, per partition, one past the last offset.
 
         Blocks until each is acknowledged (up to `timeout` s each; None: the committer's timeout).
         Returns the offsets committed and
@@ -130,6 +137,7 @@ class StepCommitter:
         self._check_sole_committer(batch, timeout)
         manifests = [b.manifest() for b in batches]
         unwritten = [m for b, m in zip(batches, manifests, strict=True) if id(b) not in self._recorded]
+        self._publish_requeues(batches, timeout)
         if self.manifests and unwritten:
             self._publish(unwritten, batch, timeout)
         offsets: dict[int, int] = {}
@@ -138,6 +146,7 @@ class StepCommitter:
         self._commit_tracked(offsets, batch, timeout)
         for b in batches:
             self._recorded.discard(id(b))
+            self._requeued.discard(id(b))
         return offsets, manifests
 
     def rewind(self, offsets: Mapping[int, int], *, timeout: float | None = None) -> None:
@@ -201,6 +210,30 @@ class StepCommitter:
                  if o != self._committed.get(p) and o not in self._tried.get(p, ())}
         if moved:
             raise GroupConflictError(batch, self.group_id, moved)
+
+    def publish_requeues(self, requeues: Sequence[Requeue], *, timeout: float | None = None) -> None:
+        """Publish `requeues` to NS.prompts and wait until the broker acknowledged every one. Blocks up to
+        `timeout` (None: the committer's). Raises KafkaIOError when they were not all acknowledged."""
+        if self._producer is None:
+            self._producer = open_producer(self._started()[0].manifest_producer())
+        produce_and_wait(self._producer, self.names.prompts, [(r.key, r.value) for r in requeues],
+                         timeout=self._timeout if timeout is None else timeout)
+        log.info("requeued %d prompts on %s: %s", len(requeues), self.names.prompts,
+                 ", ".join(f"{r.group_id} as attempt {r.attempt}" for r in requeues[:5])
+                 + (" ..." if len(requeues) > 5 else ""))
+
+    def _publish_requeues(self, batches: Sequence[Batch], timeout: float) -> None:
+        """`publish_requeues` of each of `batches` not published yet. Raises CommitError (retriable)
+        naming the step whose requeues were not acknowledged."""
+        for b in batches:
+            if not b.requeues or id(b) in self._requeued:
+                continue
+            try:
+                self.publish_requeues(b.requeues, timeout=timeout)
+            except KafkaIOError as exc:
+                raise CommitError(b, f"the {len(b.requeues)} prompts step {b.step} requeues were not written to "
+                                     f"{self.names.prompts}: {exc}") from exc
+            self._requeued.add(id(b))
 
     def _publish(self, manifests: list[StepManifest], batch: Batch, timeout: float) -> None:
         if self._producer is None:

@@ -49,6 +49,7 @@ from consumers._metrics import ConsumerMetrics
 from consumers._position import PositionPublisher
 from consumers._replay import read_taken
 from consumers._resume import chained, latest_by_step, position_after
+from consumers._status import Diagnosis, TimeoutDiagnoser
 from consumers.filters import GroupFilter, default_filters
 from infra import (
     DEFAULT_TRAINER_GROUP,
@@ -89,6 +90,8 @@ class RolloutConsumer:
         manifests: write step manifests to NS.steps and rebuild dedupe and step numbers from them.
             Without manifests, dedupe only covers this process and audit/replay have nothing to read.
         dedupe_epochs: remember taken ids only for the newest this-many epochs (None: all).
+        requeue: publish again to NS.prompts the prompt of a group skipped for a passing reason (stale, a
+            retriable failure) while its attempts last (`consumers._requeue`); False: every filter is final.
         metrics: a `ConsumerMetrics`, or a registry to create them in (default: a registry of its own).
         overrides: extra librdkafka consumer properties (e.g. fetch tuning).
         timeout: seconds to wait for the broker when starting and committing.
@@ -98,7 +101,8 @@ class RolloutConsumer:
                  namespace: str = "rollstream", *, config: KafkaConfig | None = None,
                  filters: Sequence[GroupFilter] | None = None, max_staleness: int | None = None,
                  policy_version: int | None = None, dedupe: bool = True, manifests: bool = True,
-                 dedupe_epochs: int | None = None, metrics: ConsumerMetrics | CollectorRegistry | None = None,
+                 dedupe_epochs: int | None = None, requeue: bool = True,
+                 metrics: ConsumerMetrics | CollectorRegistry | None = None,
                  overrides: Mapping[str, object] | None = None, timeout: float = 30.0) -> None:
         if not group_id:
             raise RollstreamError("group_id must be a non-empty consumer group id")
@@ -112,6 +116,7 @@ class RolloutConsumer:
         self.policy_version = policy_version
         self.dedupe = dedupe
         self.manifests = manifests
+        self.requeue = requeue
         self.metrics = metrics if isinstance(metrics, ConsumerMetrics) else ConsumerMetrics(metrics)
         self._timeout = timeout
         self._dedupe_epochs = dedupe_epochs
@@ -126,6 +131,7 @@ class RolloutConsumer:
         self._redo: deque[StepManifest] = deque()  # recorded steps to take again first, in order
         self._next_step = 0
         self._last_committed_step: int | None = None
+        self._diagnoser: TimeoutDiagnoser | None = None  # created at the first TakeTimeout (`_diagnose`)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -239,23 +245,42 @@ class RolloutConsumer:
             self.commit(batch)
         elif self.manifests:
             self._committer.retrying(lambda t: self._committer.record(batch, timeout=t), on_stuck=self._replace_client)
+            for r in batch.requeues:  # published: the same attempt is not requeued again
+                self._ledger.note_requeued(r.group_id, r.attempt)
         return batch
 
     def _gather(self, n: int, started: float, timeout: float | None) -> Gathering:
         deadline = None if timeout is None else started + timeout
         gathering = Gathering(self.names.rollouts, self.group_id, self.filters, self._ledger, self.dedupe,
-                              self.policy_version, self.max_staleness)
+                              self.policy_version, self.max_staleness, self.requeue)
         try:
             while gathering.accepted < n:
                 entry = self._next_entry(deadline, n - gathering.accepted)
                 if entry is None:
-                    raise TakeTimeout(n, gathering.accepted, timeout or 0.0)
+                    self._requeue_now(gathering)
+                    raise TakeTimeout(n, gathering.accepted, timeout or 0.0, self._diagnose(gathering, timeout))
                 gathering.evaluate(entry)
         except BaseException:
             self._ledger.release(gathering.group_ids)  # not taken after all
             self._buffer.extendleft(reversed(gathering.entries))  # back to the front, in order
             raise
         return gathering
+
+    def _requeue_now(self, gathering: Gathering) -> None:
+        """A take is timing out: publish the requeues it found now, since the groups it waits for may be
+        their regenerations. Remembered in the ledger (the next take records those offsets as requeued
+        without publishing again); one that fails is retried by the next take. Blocks up to the timeout."""
+        fresh = [r for r in gathering.requeues if not self._ledger.requeued_from(r.partition, r.offset)]
+        if not fresh:
+            return
+        try:
+            self._committer.publish_requeues(fresh)
+        except RollstreamError as exc:
+            log.warning("group %s: could not requeue %d prompts while take timed out (the next take tries "
+                        "again): %s", self.group_id, len(fresh), exc)
+            return
+        for r in fresh:
+            self._ledger.note_requeued(r.group_id, r.attempt, (r.partition, r.offset))
 
     def _next_entry(self, deadline: float | None, want: int) -> Entry | None:
         while not self._buffer:
@@ -277,7 +302,8 @@ class RolloutConsumer:
         batch = Batch(step=self._next_step, groups=tuple(gathering.groups), positions=tuple(gathering.positions),
                       ranges=gathering.ranges(), dispositions=tuple(gathering.dispositions),
                       offsets=dict(self._position), consumer_group=self.group_id, topic=self.names.rollouts,
-                      policy_version=self.policy_version, created_at_ms=now_ms())
+                      policy_version=self.policy_version, created_at_ms=now_ms(),
+                      requeues=tuple(gathering.requeues))
         self._next_step += 1
         self._pending.append(batch)  # its group ids stay held in the ledger until it is committed
         return batch
@@ -319,9 +345,9 @@ class RolloutConsumer:
     def _observe(self, batch: Batch, taken_bytes: int, seconds: float) -> None:
         self.metrics.observe_step(batch, seconds, taken_bytes, self.policy_version, self.estimated_lag())
         counts = batch.counts()
-        log.info("step %d: took %d groups in %.3f s (filtered %d, duplicate %d, undecodable %d) from %s "
-                 "ranges %s; next offsets %s", batch.step, counts["taken"], seconds, counts["filtered"],
-                 counts["duplicate"], counts["undecodable"], batch.topic,
+        log.info("step %d: took %d groups in %.3f s (filtered %d, requeued %d, duplicate %d, undecodable %d) "
+                 "from %s ranges %s; next offsets %s", batch.step, counts["taken"], seconds, counts["filtered"],
+                 counts["requeued"], counts["duplicate"], counts["undecodable"], batch.topic,
                  {r.partition: (r.start, r.end) for r in batch.ranges}, batch.offsets)
 
     def estimated_lag(self) -> int:
@@ -502,3 +528,14 @@ class RolloutConsumer:
         with LagReader(self.config) as reader:
             return reader.group_lag(self.group_id, self.names.rollouts, timeout=timeout)
 
+    def _diagnose(self, gathering: Gathering, timeout: float | None) -> Diagnosis | str:
+        """Why a take timed out, for its `TakeTimeout` (see `consumers._status.TimeoutDiagnoser`: the cluster
+        is read at most every 30 s; waits at most a quarter of `timeout` and 5 s for it). Never raises."""
+        try:
+            diagnoser = self._diagnoser
+            if diagnoser is None:
+                diagnoser = self._diagnoser = TimeoutDiagnoser(self.config, self.names)
+            return diagnoser.diagnose(gathering.dispositions, wait_s=min(5.0, (timeout or 0.0) / 4),
+                                      max_staleness=self.max_staleness, policy_version=self.policy_version)
+        except Exception as exc:  # noqa: BLE001 - the timeout must be raised, whatever the diagnosis does
+            return f"Why: diagnosis unavailable ({type(exc).__name__}: {exc})"

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from schemas import RollstreamError
+
+if TYPE_CHECKING:
+    from consumers._status import Diagnosis
 
 
 class TakeTimeout(RollstreamError):
@@ -12,22 +17,37 @@ class TakeTimeout(RollstreamError):
     at the front of the consumer's buffer, so the next `take` starts with them (and re-applies the
     filters with the policy version current then). Retrying can help (`retriable` is True).
 
+    The message says why, in two lines after today's facts: what the take itself looked at (e.g.
+    "looked at 40 groups: 40 filtered (stale 40)") and the likely cause from the cluster (no producer in
+    the producers' group, no prompt left in the last epoch, every producer paused by backpressure, every
+    group filtered). The cluster part is rate-limited, not read at every timeout: a consumer reads it in
+    a background thread at most once every 30 s (bounded to 5 s) and reuses it in between, saying how old
+    it is; a take waits for a read it started at most a quarter of its own timeout (at most 5 s), so
+    ``timeout=0`` never waits, and the first timeout of a tight retry loop may say the cluster part is
+    still being read. Building the diagnosis never raises: what could not be read is named instead.
+
     Attributes:
         wanted: the n that was asked for.
         gathered: acceptable groups found before the timeout (kept for the next call).
         timeout: the timeout in seconds.
+        diagnosis: a `consumers._status.Diagnosis` (``causes``, ``seen``, ``note``; ``str()`` gives the
+            two lines), a plain string, or None when the raiser gave none.
     """
 
     retriable = True
 
-    def __init__(self, wanted: int, gathered: int, timeout: float) -> None:
-        super().__init__(
-            f"take({wanted}) timed out after {timeout:g} s with {gathered} of {wanted} groups; they stay "
-            "buffered for the next take. Are producers running? Check 'rollstream lag', or raise the timeout"
-        )
+    def __init__(self, wanted: int, gathered: int, timeout: float, diagnosis: Diagnosis | str | None = None) -> None:
+        head = (f"take({wanted}) timed out after {timeout:g} s with {gathered} of {wanted} groups; they stay "
+                "buffered for the next take")
+        if diagnosis is None:
+            tail = ". Are producers running? Check 'rollstream status', or raise the timeout"
+        else:
+            tail = f".\n{diagnosis}"
+        super().__init__(head + tail)
         self.wanted = wanted
         self.gathered = gathered
         self.timeout = timeout
+        self.diagnosis = diagnosis
 
 
 class FilterError(RollstreamError):

@@ -2,7 +2,9 @@
 
 Order of the checks: undecodable, then duplicate (group id already taken, here or in an earlier
 step), then the filters in order. The first that applies is the offset's disposition; otherwise
-the group is taken.
+the group is taken. A filter's reason that may pass (stale, a retriable failure) requeues the prompt
+while attempts remain (`consumers._requeue`): the offset is ``requeued``, unless the same attempt was
+requeued already (then it is a ``duplicate`` of that requeue).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 
 from consumers._errors import FilterError
 from consumers._ledger import StepLedger
+from consumers._requeue import Requeue, requeue_of, terminal_reason
 from consumers.filters import FilterContext, GroupFilter, filter_name
 from schemas import OffsetDisposition, PartitionRange, SchemaError, ScoredGroup, decode
 
@@ -56,7 +59,9 @@ class Gathering:
     dedupe: bool
     policy_version: int | None
     max_staleness: int | None
+    requeue: bool = True
     entries: list[Entry] = field(default_factory=list)
+    requeues: list[Requeue] = field(default_factory=list)
     dispositions: list[OffsetDisposition] = field(default_factory=list)
     groups: list[ScoredGroup] = field(default_factory=list)
     positions: list[tuple[int, int]] = field(default_factory=list)
@@ -81,9 +86,9 @@ class Gathering:
             disp = OffsetDisposition(p, o, "duplicate", group_id=result.group_id,
                                      reason="group_id already taken")
         elif (reason := self._filter(result, p, o)) is not None:
-            disp = OffsetDisposition(p, o, "filtered", group_id=result.group_id, reason=reason[:_MAX_REASON])
+            disp = self._skipped(result, p, o, reason)
         else:
-            disp = OffsetDisposition(p, o, "taken", group_id=result.group_id)
+            disp = OffsetDisposition(p, o, "taken", group_id=result.group_id, attempt=result.attempt)
             self.groups.append(result)
             self.positions.append((p, o))
             self.ledger.hold([result.group_id])
@@ -91,6 +96,27 @@ class Gathering:
         self.entries.append(entry)
         self.dispositions.append(disp)
         return disp
+
+    def _skipped(self, group: ScoredGroup, partition: int, offset: int, reason: str) -> OffsetDisposition:
+        """The disposition of a filtered group: requeued while its reason may pass and attempts remain."""
+        again = requeue_of(group, reason, partition, offset) if self.requeue else None
+        if again is None:
+            return OffsetDisposition(partition, offset, "filtered", group_id=group.group_id,
+                                     reason=terminal_reason(group, reason)[:_MAX_REASON], attempt=group.attempt)
+        if self.ledger.requeued_from(partition, offset):  # published when an earlier take timed out
+            return OffsetDisposition(partition, offset, "requeued", group_id=group.group_id,
+                                     reason=reason[:_MAX_REASON], attempt=group.attempt)
+        if self._requeued_as(group.group_id) >= again.attempt:
+            return OffsetDisposition(partition, offset, "duplicate", group_id=group.group_id, attempt=group.attempt,
+                                     reason=f"prompt already requeued as attempt {again.attempt}")
+        self.requeues.append(again)
+        return OffsetDisposition(partition, offset, "requeued", group_id=group.group_id, reason=reason[:_MAX_REASON],
+                                 attempt=group.attempt)
+
+    def _requeued_as(self, group_id: str) -> int:
+        """The highest attempt `group_id`'s prompt was requeued as, by an earlier step or this one (0: never)."""
+        mine = max((r.attempt for r in self.requeues if r.group_id == group_id), default=0)
+        return max(mine, self.ledger.requeued_as(group_id))
 
     def _filter(self, group: ScoredGroup, partition: int, offset: int) -> str | None:
         context = FilterContext(self.policy_version, self.max_staleness, partition, offset, self.consumer_group)

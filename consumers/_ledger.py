@@ -18,8 +18,10 @@ cannot disagree:
    never committed (crash between manifest and commit); it is pending, not effective, and its groups
    are not "taken" for dedupe: they will be taken again.
 
-The group ids taken in effective steps are what dedupe skips. Optionally bounded by epoch: with
-``dedupe_epochs=E``, ids of epochs older than (newest epoch seen - E) are forgotten.
+The group ids taken in effective steps are what dedupe skips. Requeues are remembered from every
+manifest read, effective or not (a requeue record, once published, stays on NS.prompts): the highest
+attempt each group's prompt was requeued as, so the same attempt is not requeued twice. Optionally
+bounded by epoch: with ``dedupe_epochs=E``, ids of epochs older than (newest epoch seen - E) are forgotten.
 
 The ledger is the one owner of "taken" on the trainer side: besides the effective steps it holds the
 ids of groups taken and not committed yet (in the take under way, or in batches taken with
@@ -85,6 +87,8 @@ class StepLedger:
         self._steps: list[_Step] = []
         self._taken: dict[str, int] = {}
         self._held: Counter[str] = Counter()
+        self._requeued: dict[str, int] = {}
+        self._requeued_from: set[tuple[int, int]] = set()  # offsets whose requeue a timed-out take published
         self._keep = keep_manifests
         self._dedupe_epochs = dedupe_epochs
         self._newest_epoch: int | None = None
@@ -101,6 +105,21 @@ class StepLedger:
     def is_taken(self, group_id: str) -> bool:
         """True when `group_id` was taken in an effective step, or is held by a step not committed yet."""
         return group_id in self._taken or group_id in self._held
+
+    def requeued_as(self, group_id: str) -> int:
+        """The highest attempt `group_id`'s prompt was requeued as (0: never)."""
+        return self._requeued.get(group_id, 0)
+
+    def note_requeued(self, group_id: str, attempt: int, where: tuple[int, int] | None = None) -> None:
+        """`group_id`'s prompt was published again as `attempt`; `where`: for the group at that (partition,
+        offset), by a take that then timed out (no step records it yet)."""
+        self._requeued[group_id] = max(attempt, self._requeued.get(group_id, 0))
+        if where is not None:
+            self._requeued_from.add(where)
+
+    def requeued_from(self, partition: int, offset: int) -> bool:
+        """Whether a timed-out take already requeued the group at `offset` of `partition`."""
+        return (partition, offset) in self._requeued_from
 
     def hold(self, group_ids: Iterable[str]) -> None:
         """Mark `group_ids` taken by a step that is not committed yet (`is_taken` is True for them)."""
@@ -123,6 +142,9 @@ class StepLedger:
         starts = {r.partition: r.start for r in manifest.ranges}
         bounds = {r.partition: (r.start, r.end) for r in manifest.ranges}
         taken = tuple(d.group_id for d in manifest.dispositions if d.kind == "taken" and d.group_id is not None)
+        for d in manifest.dispositions:
+            if d.kind == "requeued" and d.group_id is not None:
+                self.note_requeued(d.group_id, d.attempt + 1)
         twins = [s for s in self._steps if s.step == manifest.step and s.bounds == bounds and s.taken == taken]
         superseded = twins or [s for s in self._steps if s.step >= manifest.step or _overlaps(s, starts)]
         self._remove(superseded)

@@ -33,6 +33,9 @@ class ConsumerMetrics:
                                    registry=r)
         self.groups_filtered = Counter("rollstream_consumer_groups_filtered", "Groups skipped by a filter.",
                                        ["reason"], registry=r)
+        self.groups_requeued = Counter("rollstream_consumer_groups_requeued",
+                                       "Groups skipped for a passing reason whose prompt was published again "
+                                       "(labelled by that reason; see consumers._requeue).", ["reason"], registry=r)
         self.duplicates = Counter("rollstream_consumer_groups_duplicate",
                                   "Groups skipped because their group_id was already taken.", registry=r)
         self.undecodable = Counter("rollstream_consumer_records_undecodable",
@@ -61,6 +64,8 @@ class ConsumerMetrics:
         for d in batch.dispositions:
             if d.kind == "filtered":
                 self.groups_filtered.labels(reason=reason_label(d.reason or "")).inc()
+            elif d.kind == "requeued":
+                self.groups_requeued.labels(reason=reason_label(d.reason or "")).inc()
             elif d.kind == "duplicate":
                 self.duplicates.inc()
             elif d.kind == "undecodable":

@@ -301,7 +301,8 @@ def _metrics(batch: Batch, version: int, consumer: RolloutConsumer) -> dict[str,
     stale = [s for g in batch.groups if (s := staleness_of(g, version)) is not None]
     return {"rollstream/step": batch.step, "rollstream/weight_version": version,
             "rollstream/lag": consumer.estimated_lag(), "rollstream/filtered": counts["filtered"],
-            "rollstream/duplicate": counts["duplicate"], "rollstream/undecodable": counts["undecodable"],
+            "rollstream/requeued": counts["requeued"], "rollstream/duplicate": counts["duplicate"],
+            "rollstream/undecodable": counts["undecodable"],
             "rollstream/staleness_mean": sum(stale) / len(stale) if stale else 0.0,
             "rollstream/staleness_max": max(stale, default=0)}
 

@@ -340,6 +340,7 @@ def _take_metrics(batch: Batch, version: int, lag: int, waited_s: float) -> Metr
     out: Metrics = {"rollstream/lag": float(lag), "rollstream/take_s": waited_s,
                     "rollstream/groups_taken_total": float(counts["taken"]),
                     "rollstream/filtered_total": float(counts["filtered"]),
+                    "rollstream/requeued_total": float(counts["requeued"]),
                     "rollstream/duplicate_total": float(counts["duplicate"]),
                     "rollstream/undecodable_total": float(counts["undecodable"])}
     reasons = Counter(reason_label(d.reason or "") for d in batch.dispositions if d.kind == "filtered")

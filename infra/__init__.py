@@ -22,11 +22,13 @@ from infra.kafka_io import (
     watermarks,
 )
 from infra.lag import GroupLag, LagReader, PartitionLag
+from infra.producer_state import ProducerState
 from infra.topics import TopicNames, TopicPlan, TopicSpec, create_topics, describe_topic_configs, sized_to_topic
 
 __all__ = [
     "AclRule", "BOOTSTRAP_ENV", "CommitFailed", "ControlWatcher", "DEFAULT_BOOTSTRAP", "DEFAULT_TRAINER_GROUP",
-    "GroupLag", "KafkaConfig", "KafkaIOError", "LagReader", "PartitionLag", "PolicyAnnouncer", "REACH_TIMEOUT_S",
+    "GroupLag", "KafkaConfig", "KafkaIOError", "LagReader", "PartitionLag", "PolicyAnnouncer", "ProducerState",
+    "REACH_TIMEOUT_S",
     "TopicNames", "TopicPlan", "TopicSpec", "WorkerThread", "announce_policy_version", "apply_acls", "call_within",
     "commit_offsets", "committed_offsets", "create_topics", "default_bootstrap", "describe_topic_configs",
     "is_record", "kafka_error", "missing_topic_error", "not_authorized_error", "open_admin", "open_consumer",

@@ -10,7 +10,10 @@ Each rule was found by running that role against a broker with the StandardAutho
   Describe on the group), which does not allow committing for it (OffsetCommit needs Read).
 - trainer: Read, Describe and DescribeConfigs on NS.rollouts; Read on its own group (commit, committed
   offsets); Write, Read, Describe on NS.steps (manifests; read back by the consumer at start, audit,
-  replay); Write, Read, Describe on NS.control (announce policy versions); IdempotentWrite on the cluster.
+  replay); Write, Read, Describe on NS.control (announce policy versions); IdempotentWrite on the cluster;
+  Write, Read, Describe on NS.prompts (requeue the prompt of a stale or retriably failed group; `status`
+  and the epoch audit read the prompts) and Describe on the producers' intake group (`status`: its members
+  and committed offsets).
 
 Internal readers (manifests, replay, audit, lag, the control watcher) assign partitions and never commit,
 so the broker never checks a group ACL for them; where one reads committed offsets it uses the trainer's
@@ -85,7 +88,7 @@ def plan_acls(namespace: str, producer_principal: str, trainer_principal: str, *
     """
     names = TopicNames(namespace)
     p, t = principal(producer_principal), principal(trainer_principal)
-    intake = intake_group or f"{namespace}.producers"
+    intake = intake_group or names.producer_group
     spec: list[tuple[Role, str, Resource, str, tuple[str, ...], str]] = [
         ("producer", p, "TOPIC", names.prompts, ("READ", "DESCRIBE"), "take prompts"),
         ("producer", p, "GROUP", intake, ("READ",), "the producers' intake group: join, commit"),
@@ -100,6 +103,9 @@ def plan_acls(namespace: str, producer_principal: str, trainer_principal: str, *
         ("trainer", t, "TOPIC", names.steps, ("WRITE", "READ", "DESCRIBE"), "write manifests; audit, replay"),
         ("trainer", t, "TOPIC", names.control, ("WRITE", "READ", "DESCRIBE"), "announce policy versions"),
         ("trainer", t, "CLUSTER", CLUSTER_NAME, ("IDEMPOTENT_WRITE",), "idempotent announcer"),
+        ("trainer", t, "TOPIC", names.prompts, ("WRITE", "READ", "DESCRIBE"),
+         "requeue prompts; status and the epoch audit read them"),
+        ("trainer", t, "GROUP", intake, ("DESCRIBE",), "status: the producers' members and committed offsets"),
     ]
     return [AclRule(role, who, kind, name, op, why) for role, who, kind, name, ops, why in spec for op in ops]
 

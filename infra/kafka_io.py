@@ -97,8 +97,9 @@ def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes,
 
 
 def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *,
-                   timeout: float | None = None) -> None:
-    """Commit `offsets` (partition -> offset of the next record to read) for the consumer's group.
+                   timeout: float | None = None, metadata: str | None = None) -> None:
+    """Commit `offsets` (partition -> offset of the next record to read) for the consumer's group,
+    each with `metadata` (Kafka's per-offset metadata string; None: none) when given.
 
     Blocks until the group coordinator answered, or at most `timeout` s (None: librdkafka's own wait,
     which has no deadline). When it returns, every partition in `offsets` is committed at exactly that offset.
@@ -110,7 +111,8 @@ def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *
     """
     if not offsets:
         return
-    tps = [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
+    tps = [TopicPartition(topic, p, o) if metadata is None else TopicPartition(topic, p, o, metadata)
+           for p, o in sorted(offsets.items())]
 
     def commit() -> list[TopicPartition] | None:
         return consumer.commit(offsets=tps, asynchronous=False)

@@ -56,6 +56,11 @@ class TopicNames:
     def control(self) -> str:
         return f"{self.namespace}.control"
 
+    @property
+    def producer_group(self) -> str:
+        """The producers' default consumer group on NS.prompts (``--intake-group`` overrides it)."""
+        return f"{self.namespace}.producers"
+
 
 @dataclass(frozen=True)
 class TopicSpec:

@@ -59,12 +59,15 @@ class Outcome:
         rewards: one per completion (None: not scored, because scoring failed or never ran).
         versions: the policy version of each completion (see `producers.policy`).
         error: None when ok; else what failed, e.g. ``generation failed: ...``.
+        retriable: the failure may pass (an engine timeout or restart, a reward that timed out): another
+            attempt of the prompt is worth it (the trainer requeues it, see `ScoredGroup.max_attempts`).
     """
 
     generation: Generation | None = None
     rewards: Sequence[float | None] | None = None
     versions: Sequence[int] = ()
     error: str | None = None
+    retriable: bool = False
 
     @property
     def ok(self) -> bool:
@@ -83,8 +86,10 @@ def sampling_of(params: SamplingParams) -> Sampling:
 
 
 def record_of(taken: TakenPrompt, outcome: Outcome, shape: Shape, *, producer_id: str,
-              prompts_topic: str, sampling: Sampling | None = None) -> ScoredGroup:
-    """The record for `taken` in `shape` (see the module docstring), with `sampling` recorded.
+              prompts_topic: str, sampling: Sampling | None = None, max_attempts: int = 1) -> ScoredGroup:
+    """The record for `taken` in `shape` (see the module docstring), with `sampling` recorded, the
+    prompt's attempt and `max_attempts`, and the prompt record as read (what a requeue republishes).
+    Only a failure of the outcome itself (not a shape that could not ship) is retriable.
 
     Raises:
         InvalidRecordError: the generation does not fit the schema (e.g. a token id beyond int32).
@@ -102,11 +107,14 @@ def record_of(taken: TakenPrompt, outcome: Outcome, shape: Shape, *, producer_id
         prompt_tokens=int32_array(generation.prompt_tokens if generation else (), "prompt_tokens"),
         samples=Samples(_samples(generation, outcome) if generation else ()), started_at_ms=taken.taken_at_ms,
         finished_at_ms=now_ms(), producer_id=producer_id, status="failed" if failed else "ok",
-        error=error if failed else None, metadata={} if shape == "bare" else prompt.metadata, sampling=sampling)
+        error=error if failed else None, metadata={} if shape == "bare" else prompt.metadata, sampling=sampling,
+        attempt=prompt.attempt, max_attempts=max_attempts, retriable=failed and outcome.retriable,
+        source_prompt=taken.value)
 
 
 def encode_within(taken: TakenPrompt, outcome: Outcome, limit: int, *, producer_id: str, prompts_topic: str,
-                  shapes: Sequence[Shape] = SHAPES, sampling: Sampling | None = None) -> tuple[ScoredGroup, bytes]:
+                  shapes: Sequence[Shape] = SHAPES, sampling: Sampling | None = None,
+                  max_attempts: int = 1) -> tuple[ScoredGroup, bytes]:
     """The first of `shapes` of `taken`'s record that builds, encodes and fits `limit` bytes, with its bytes.
 
     Each fallback carries why the shape before it could not be used. The last shape is returned whatever
@@ -115,7 +123,7 @@ def encode_within(taken: TakenPrompt, outcome: Outcome, limit: int, *, producer_
     for shape in shapes:
         try:
             group = record_of(taken, outcome, shape, producer_id=producer_id, prompts_topic=prompts_topic,
-                              sampling=sampling)
+                              sampling=sampling, max_attempts=max_attempts)
             # nbytes (the packed tokens alone) is a lower bound of the record's size: beyond the limit,
             # encoding is not worth it. The last shape is always encoded.
             last = shape == shapes[-1]
@@ -124,14 +132,14 @@ def encode_within(taken: TakenPrompt, outcome: Outcome, limit: int, *, producer_
             log.warning("group of %s cannot be encoded as %s (%s): falling back", _where(taken, prompts_topic),
                         shape, exc)
             error = f"cannot encode group: {exc}"
-            outcome = replace(outcome, error=f"{outcome.error}; {error}" if outcome.error else error)
+            outcome = replace(outcome, error=f"{outcome.error}; {error}" if outcome.error else error, retriable=False)
             continue
         if value and (len(value) <= limit or last):
             return group, value
         size = len(value) or group.nbytes
         log.warning("group of %s is %d bytes > max_message_bytes %d: published as failed",
                     _where(taken, prompts_topic), size, limit)
-        outcome = replace(outcome, error=oversize_error(size, limit))
+        outcome = replace(outcome, error=oversize_error(size, limit), retriable=False)
     raise InvalidRecordError(f"no record of {_where(taken, prompts_topic)} could be encoded: {outcome.error}")
 
 

@@ -88,12 +88,14 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
         intake = Intake(kafka, names.prompts, s.effective_intake_group, gate=gate, metrics=metrics,
                         prefetch=s.concurrency,
                         instance_id=s.producer_id, session_timeout_s=s.session_timeout_s,
-                        commit_interval_s=s.commit_interval_s, overrides=s.intake_overrides)
+                        commit_interval_s=s.commit_interval_s, producer_id=producer_id,
+                        drain_on_revoke_s=s.drain_on_revoke_s, overrides=s.intake_overrides)
         intake.start(loop, on_fatal)
         undo.push_async_callback(intake.close)
         metrics.buffered.set_function(lambda: intake.buffered)
         pipeline = GroupPipeline(
             GroupSettings(n_samples=s.n_samples, sampling=s.sampling(), attempts=s.generate_attempts,
+                          max_attempts=s.max_attempts,
                           backoff_s=s.retry_backoff_s, timeout_s=s.generate_timeout_s, producer_id=producer_id,
                           prompts_topic=names.prompts, max_message_bytes=kafka.max_message_bytes),
             engine=engine, reward=reward, policy=policy, publisher=publisher, gate=gate, metrics=metrics)

@@ -38,7 +38,8 @@ class GroupSettings:
 
     n_samples: int
     sampling: SamplingParams
-    attempts: int
+    attempts: int  # generation tries within this producer (retriable engine errors)
+    max_attempts: int  # attempts of the prompt across the fleet (requeues by the trainer), stamped on groups
     backoff_s: float
     timeout_s: float | None
     producer_id: str
@@ -90,13 +91,13 @@ class GroupPipeline:
             generation = await self.generate(prompt)
         except Exception as exc:
             log.warning("group %s failed: %s", taken.prompt.group_id, exc)
-            return Outcome(error=f"generation failed: {exc}")
+            return Outcome(error=f"generation failed: {exc}", retriable=getattr(exc, "retriable", False))
         versions = self.policy.stamp(generation.completions, version_at_start)
         try:
             rewards = await self.score(prompt, generation)
         except RewardError as exc:
             log.warning("group %s failed: %s", taken.prompt.group_id, exc)
-            return Outcome(generation=generation, versions=versions, error=str(exc))
+            return Outcome(generation=generation, versions=versions, error=str(exc), retriable=exc.retriable)
         except Exception as exc:
             log.exception("scoring group %s failed unexpectedly", taken.prompt.group_id)
             return Outcome(generation=generation, versions=versions,
@@ -148,7 +149,7 @@ class GroupPipeline:
             return list(await asyncio.wait_for(scores, timeout))
         except TimeoutError:  # a hung verifier must not hang its prompt forever
             raise RewardError(f"reward {reward.name} took longer than {timeout:g} s (--request-timeout / "
-                              "generate_timeout_s)") from None
+                              "generate_timeout_s)", retriable=True) from None
 
     async def publish(self, taken: TakenPrompt, outcome: Outcome) -> None:
         """Encode the outcome within the topic's limit (off-loop when large) and publish it.
@@ -177,7 +178,8 @@ class GroupPipeline:
                       shapes: Sequence[Shape] = SHAPES) -> tuple[ScoredGroup, bytes]:
         s = self.settings
         encode = functools.partial(encode_within, taken, outcome, s.max_message_bytes, producer_id=s.producer_id,
-                                   prompts_topic=s.prompts_topic, shapes=shapes, sampling=s.recorded_sampling)
+                                   prompts_topic=s.prompts_topic, shapes=shapes, sampling=s.recorded_sampling,
+                                   max_attempts=s.max_attempts)
         generation = outcome.generation
         tokens = sum(len(c.tokens) for c in generation.completions) if generation is not None else 0
         if tokens * 8 > _ENCODE_OFF_LOOP_BYTES:  # int32 tokens + float32 logprobs: a big record, encode off-loop

@@ -13,9 +13,22 @@ Contract:
   halting they are paused at once. The thread keeps polling, so the group membership stays alive
   however long generation or backpressure lasts. Not pausing at every gate close matters: a
   pause/resume cycle costs a refetch, and the gate opens and closes at every trainer step.
-- On revocation the thread commits what is contiguous and drops the partition's bookkeeping; queued
-  prompts of that partition are skipped (`is_current` turns False); groups still in flight are
-  published but no longer move the watermark, so the next owner regenerates them with the same group_id.
+- A prompt is *started* when `__anext__` hands it to the loop (`Watermarks.start`: atomic with the check
+  that its partition is owned and not draining); before that it is only queued.
+- On revocation (cooperative: only the partitions that move) the rebalance callback drains them first:
+  no prompt of theirs starts any more (queued ones stay uncommitted for the next owner), and it waits
+  up to `drain_on_revoke_s` until each started one is acknowledged (on a condition `ack` signals: the
+  loop never waits), then commits what is contiguous and drops the bookkeeping. So a clean scale-up
+  or scale-down generates nothing twice. Blocking there is what the protocol allows: the others keep
+  their partitions, heartbeats go on from librdkafka's thread, and the second rebalance (which hands
+  the partitions on) waits for this member to rejoin, within ``max.poll.interval.ms`` (300 s by
+  default). A drain that times out is a revocation as before: groups still in flight are published but
+  no longer move the watermark, and the next owner regenerates them with the same group_id
+  (duplicates, never a loss). Once intake is stopping (`close`) nothing more can be acknowledged, so a
+  drain returns at once; lost partitions (session expired) are not drained: they are someone else's.
+- Every commit carries this producer's state (`infra.ProducerState`) as the offsets' metadata; when the
+  lag gate opens or closes, the known offsets are committed again with the new state (at most once per
+  `_STATE_COMMIT_S`), so `rollstream status` sees a paused producer within about a second.
 - The watermarks and the credits are this object's own; every librdkafka call (poll, pause, commit,
   close) happens on its thread, never on the loop.
 """
@@ -24,6 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -32,11 +47,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from infra import CommitFailed, KafkaConfig, WorkerThread, commit_offsets, kafka_error, open_consumer, position_of
-from producers._watermarks import Watermarks
+from infra import KafkaConfig, ProducerState, WorkerThread, kafka_error, open_consumer, position_of
+from producers._watermarks import Drain, Watermarks, commit_acknowledged, commit_partitions
 from producers.gate import LagGate
 from producers.metrics import ProducerMetrics
-from schemas import DecodeError, Prompt, decode, now_ms
+from schemas import ConfigError, DecodeError, Prompt, decode, now_ms
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1
@@ -44,11 +59,15 @@ _MAX_BATCH = 500
 _FULL_WAIT_S = 1.0
 _MIN_STALL_S = 20.0  # at least this long without a prompt, while wanting some, before suspecting the client
 _STALL_PROBE_S = 5.0
+_STATE_COMMIT_S = 1.0  # at most one commit per this long only to publish a changed gate state
+DEFAULT_DRAIN_ON_REVOKE_S = 30.0
+_MAX_POLL_INTERVAL_MS = 300_000  # librdkafka's default; a revocation drain runs inside one poll
 
 
 @dataclass(frozen=True)
 class TakenPrompt:
-    """A prompt handed to the loop; `prompt` is None (and `error` set) when its bytes did not decode."""
+    """A prompt handed to the loop; `prompt` is None (and `error` set) when its bytes did not decode.
+    `value` is the prompt record as read (what a requeue republishes)."""
 
     partition: int
     offset: int
@@ -56,6 +75,7 @@ class TakenPrompt:
     prompt: Prompt | None
     error: str | None
     taken_at_ms: int
+    value: bytes = b""
 
 
 class Intake(WorkerThread):
@@ -63,11 +83,20 @@ class Intake(WorkerThread):
 
     `start`, iteration, `ack`, `halt` and `close` belong to the loop given to `start`; `settled`,
     `buffered`, `joined` and `last_message_at` may be read from any thread.
+
+    Args:
+        producer_id: this producer's id in the state it commits (default: `instance_id`, else ``host-pid``).
+        drain_on_revoke_s: how long a revocation waits for the started prompts of the revoked
+            partitions to be acknowledged before giving them up (0: not at all). Keep it well below
+            ``max.poll.interval.ms`` (300 s unless overridden).
+    Raises:
+        ConfigError: `drain_on_revoke_s` is negative, or not below ``max.poll.interval.ms``.
     """
 
     def __init__(self, config: KafkaConfig, topic: str, group_id: str, *, gate: LagGate, metrics: ProducerMetrics,
                  prefetch: int, instance_id: str | None = None, session_timeout_s: float = 10.0,
-                 commit_interval_s: float = 0.2,
+                 commit_interval_s: float = 0.2, producer_id: str | None = None,
+                 drain_on_revoke_s: float = DEFAULT_DRAIN_ON_REVOKE_S,
                  overrides: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         conf: dict[str, Any] = {"fetch.wait.max.ms": 100, "queued.min.messages": 1000,
@@ -75,6 +104,11 @@ class Intake(WorkerThread):
                                 "heartbeat.interval.ms": max(100, int(session_timeout_s * 1000) // 4),
                                 **dict(overrides or {}),
                                 "partition.assignment.strategy": "cooperative-sticky"}
+        poll_interval_s = int(conf.get("max.poll.interval.ms", _MAX_POLL_INTERVAL_MS)) / 1000
+        if not 0 <= drain_on_revoke_s < poll_interval_s:
+            raise ConfigError(f"drain_on_revoke_s={drain_on_revoke_s} must be >= 0 (0: give revoked partitions up at "
+                              f"once) and below max.poll.interval.ms ({poll_interval_s:g} s): a longer drain would "
+                              "get this producer thrown out of its group")
         if instance_id:
             conf["group.instance.id"] = instance_id
         self._conf = config.consumer(group_id, conf)
@@ -83,6 +117,14 @@ class Intake(WorkerThread):
         self._metrics = metrics
         self._marks = Watermarks()
         self._commit_interval_s = commit_interval_s
+        self.producer_id = producer_id or instance_id or f"{socket.gethostname()}-{os.getpid()}"
+        self._drain_on_revoke_s = drain_on_revoke_s
+        self._consumer: Consumer | None = None  # the client `_serve` runs (its callbacks are the ones that count)
+        # The gate state this intake last saw (intake thread only): None before the first look.
+        self._gate_paused: bool | None = None
+        self._gate_since_ms = now_ms()
+        self._state_stale = False  # the gate changed since the state was last committed
+        self._state_committed_at = 0.0
         self._lock = threading.Lock()
         self._credits = prefetch  # prompts the thread may still hand over before the loop takes some
         # Bounded: the credits keep at most `prefetch` prompts in it; the extra slot is for the halt marker.
@@ -122,10 +164,10 @@ class Intake(WorkerThread):
             with self._lock:
                 self._credits += 1
             self._room.set()
-            if self.is_current(taken):
+            if self._marks.start(taken.partition, taken.offset, taken.generation):
                 return taken
-            log.debug("%s[%d]@%d: partition revoked while queued; the new owner takes it", self.topic,
-                      taken.partition, taken.offset)
+            log.debug("%s[%d]@%d: partition revoked (or being revoked) while queued; the new owner takes it",
+                      self.topic, taken.partition, taken.offset)
 
     def _hand_over(self, taken: TakenPrompt) -> None:
         self._queue.put_nowait(taken)  # never full: the thread holds a credit for it
@@ -166,6 +208,11 @@ class Intake(WorkerThread):
         if dropped:
             log.info("stopping: %d queued prompts not started (left uncommitted for the next owner)", dropped)
 
+    def stop(self) -> None:
+        """Ask the thread to end; a revocation drain waiting on it returns at once. Never blocks."""
+        super().stop()
+        self._marks.wake()
+
     async def close(self, timeout: float = 30.0) -> None:
         """Commit the final watermarks, close the consumer (leave the group unless static), join the thread.
 
@@ -199,19 +246,55 @@ class Intake(WorkerThread):
 
     def _serve(self, consumer: Consumer) -> bool:
         """Take, hand over and commit with `consumer` until `close` (False) or until it is stuck (True)."""
+        self._consumer = consumer
         consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                            on_lost=self._on_lost)
         last_commit = 0.0
         while not self._stop.is_set():
             for msg in self._step(consumer):
                 self._handle(msg)
+            self._watch_gate()
             if time.monotonic() - last_commit >= self._commit_interval_s:
-                commit_acknowledged(consumer, self.topic, self.group_id, self._marks)
+                commit_acknowledged(consumer, self.topic, self.group_id, self._marks, metadata=self._metadata())
                 last_commit = time.monotonic()
+            self._commit_state(consumer)
             if self._stuck(consumer):
+                self._consumer = None  # its callbacks (it closes in the background) no longer touch the marks
                 return True
-        commit_acknowledged(consumer, self.topic, self.group_id, self._marks)
+        commit_acknowledged(consumer, self.topic, self.group_id, self._marks, metadata=self._metadata())
         return False
+
+    # -- the producer state carried by the commits --------------------------------------------------
+
+    def state(self) -> ProducerState:
+        """This producer's state as the intake thread last saw the gate (what the next commit carries)."""
+        return ProducerState(producer_id=self.producer_id, paused=bool(self._gate_paused),
+                             since_ms=self._gate_since_ms, max_lag=self._gate.max_lag, updated_at_ms=now_ms())
+
+    def _metadata(self) -> str:
+        return self.state().to_metadata()
+
+    def _watch_gate(self) -> None:
+        """Note when the lag gate opened or closed (read each turn; `is_open` is a thread-safe read)."""
+        paused = not self._gate.is_open()
+        if paused != self._gate_paused:
+            self._gate_paused, self._gate_since_ms = paused, now_ms()
+            self._state_stale = True
+
+    def _commit_state(self, consumer: Consumer) -> None:
+        """After a gate change, commit every partition's known offset again with the new state, at most
+        once per `_STATE_COMMIT_S`. Known means contiguous (`Watermarks.known`): nothing is ever skipped; a
+        partition with nothing known yet is left out (its first commit will carry the state)."""
+        if not self._state_stale or time.monotonic() - self._state_committed_at < _STATE_COMMIT_S:
+            return
+        self._state_committed_at = time.monotonic()
+        offsets = self._marks.known()
+        failed = commit_partitions(consumer, self.topic, self.group_id, offsets, metadata=self._metadata())
+        self._marks.mark_committed({p: o for p, o in offsets.items() if p not in failed})
+        self._state_stale = bool(failed)  # retried after _STATE_COMMIT_S
+        if offsets and not failed:
+            log.info("producer %s %s (lag gate): state committed with %s offsets %s", self.producer_id,
+                     "paused" if self._gate_paused else "running", self.topic, offsets)
 
     def _stuck(self, consumer: Consumer) -> bool:
         """Whether this client stopped serving its partitions while prompts wait there.
@@ -329,11 +412,13 @@ class Intake(WorkerThread):
         with self._lock:
             self._credits -= 1
         self.last_message_at = time.monotonic()
-        taken = TakenPrompt(partition, offset, generation, prompt, error, now_ms())
+        taken = TakenPrompt(partition, offset, generation, prompt, error, now_ms(), msg.value() or b"")
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._hand_over, taken)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self._consumer:
+            return  # a replaced client (see `_stuck`), closing in the background
         self._marks.assign([tp.partition for tp in partitions])
         self._assigned_at = time.monotonic()
         consumer.incremental_assign(partitions)
@@ -347,43 +432,32 @@ class Intake(WorkerThread):
             log.info("assigned %s partitions %s", self.topic, sorted(tp.partition for tp in partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        offsets = self._marks.revoke([tp.partition for tp in partitions])
-        log.info("revoked %s partitions %s%s", self.topic, sorted(tp.partition for tp in partitions),
-                 f"; committing {offsets}" if offsets else "")
-        failed = _commit(consumer, self.topic, self.group_id, offsets)
+        """Drain the revoked partitions (bounded, see the module docstring), then commit and drop them.
+        Runs on the intake thread inside poll/consume (or inside close)."""
+        if consumer is not self._consumer:
+            return  # a replaced client, closing in the background: its partitions were dropped as lost
+        revoked = sorted(tp.partition for tp in partitions)
+        self._log_drain(revoked, self._marks.drain(revoked, self._drain_on_revoke_s, self._stop.is_set))
+        offsets = self._marks.revoke(revoked)
+        log.info("revoked %s partitions %s%s", self.topic, revoked, f"; committing {offsets}" if offsets else "")
+        failed = commit_partitions(consumer, self.topic, self.group_id, offsets, metadata=self._metadata())
         if failed:  # the bookkeeping is gone: the next owner regenerates these prompts (duplicates, no loss)
             log.warning("revoked %s partitions: commit of %s failed; prompts acknowledged since the last commit "
                         "of those partitions will be generated again by the next owner", self.topic, failed)
 
+    def _log_drain(self, revoked: list[int], drain: Drain) -> None:
+        stopping = self._stop.is_set()  # then `halt` already said how many queued prompts were left
+        if not (drain.finished or drain.unfinished or (drain.abandoned and not stopping)):
+            return
+        why = "stopping" if stopping else f"past drain_on_revoke_s={self._drain_on_revoke_s:g}"
+        log.log(logging.WARNING if drain.unfinished else logging.INFO,
+                "revoked %s partitions %s: %d in-flight groups finished in %.2f s, %d did not%s; %d queued prompts "
+                "left to the next owner", self.topic, revoked, drain.finished, drain.waited_s, drain.unfinished,
+                f" ({why}: the next owner generates them again)" if drain.unfinished else "", drain.abandoned)
+
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._marks.revoke([tp.partition for tp in partitions])
+        if consumer is not self._consumer:
+            return  # a replaced client, closing in the background
+        self._marks.revoke([tp.partition for tp in partitions])  # no drain: they belong to someone else already
         log.warning("lost %s partitions %s (session expired?): their unfinished prompts will be "
                     "regenerated by their new owner", self.topic, sorted(tp.partition for tp in partitions))
-
-
-def commit_acknowledged(consumer: Consumer, topic: str, group_id: str, marks: Watermarks) -> dict[int, int]:
-    """Commit every watermark of `marks` that moved; mark committed only the partitions the broker
-    accepted (the others are retried on the next commit tick). Blocks; intake thread only.
-
-    Returns the offsets that failed. Raises CommitFailed when librdkafka calls the failure fatal.
-    """
-    offsets = marks.committable()
-    failed = _commit(consumer, topic, group_id, offsets)
-    marks.mark_committed({p: o for p, o in offsets.items() if p not in failed})
-    return failed
-
-
-def _commit(consumer: Consumer, topic: str, group_id: str, offsets: dict[int, int]) -> dict[int, int]:
-    """Commit `offsets`; return those of the partitions that failed (retried on the next tick)."""
-    try:
-        commit_offsets(consumer, topic, offsets)
-    except CommitFailed as exc:
-        if exc.fatal:
-            raise
-        failed = {p: offsets[p] for p in exc.failed if p in offsets}
-        for p, offset in failed.items():
-            log.warning("commit of %s[%d]@%d for group %s failed (will retry): %s", topic, p, offset, group_id,
-                        exc.failed[p])
-        return failed
-    log.debug("committed %s offsets %s for group %s", topic, offsets, group_id)
-    return {}

@@ -34,6 +34,9 @@ class ProducerSettings:
             paused by backpressure, and everything taken is published and committed.
         max_new_tokens, temperature, top_p, sampling_extra: sampling parameters (SGLang names).
         generate_attempts: tries per prompt when the engine raises a retriable error (or times out).
+        max_attempts: attempts per prompt across the fleet, stamped on every group: a group the trainer
+            finds stale, or one that failed for a passing reason (engine timeout, server restart), has its
+            prompt requeued on NS.prompts by the trainer while ``attempt + 1 < max_attempts``; 1: never.
         generate_timeout_s: how long one generation attempt of a group may take, with any engine (a
             custom generate function too); past it the attempt counts as a retriable failure, and after
             the last attempt the group is published as failed. None: no limit.
@@ -47,6 +50,9 @@ class ProducerSettings:
         lag_fallback_s: with pushed positions, the lag is read only after this long without one.
         commit_interval_s: how often acknowledged prompt offsets are committed.
         drain_timeout_s: on stop, how long in-flight groups may take to finish and publish.
+        drain_on_revoke_s: on a rebalance, how long in-flight groups of the prompt partitions this producer
+            gives up may take to finish and commit before the partitions move (0: at once; their next owner
+            then generates them again, duplicates the trainer skips).
         startup_timeout_s: how long to wait for the broker at startup before a clear error.
         session_timeout_s: consumer-group session timeout: how soon a dead producer's prompts move.
         metrics_port: serve Prometheus metrics on this port (None: no server; 0: any free port).
@@ -74,6 +80,7 @@ class ProducerSettings:
     top_p: float = 1.0
     sampling_extra: Mapping[str, Any] = field(default_factory=dict)
     generate_attempts: int = 3
+    max_attempts: int = 3
     generate_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
     retry_backoff_s: float = 0.5
     backpressure: Backpressure = "pushed"
@@ -81,6 +88,7 @@ class ProducerSettings:
     lag_fallback_s: float = 5.0
     commit_interval_s: float = 0.2
     drain_timeout_s: float = 60.0
+    drain_on_revoke_s: float = 30.0
     startup_timeout_s: float = 15.0
     session_timeout_s: float = 10.0
     metrics_port: int | None = None
@@ -93,12 +101,12 @@ class ProducerSettings:
 
     def __post_init__(self) -> None:
         TopicNames(self.namespace)  # validates the namespace
-        for name in ("n_samples", "concurrency", "generate_attempts"):
+        for name in ("n_samples", "concurrency", "generate_attempts", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
         if self.max_lag is not None and self.max_lag < 0:
             raise ConfigError(f"max_lag={self.max_lag} must be >= 0")
-        for name in ("retry_backoff_s", "drain_timeout_s", "summary_interval_s"):
+        for name in ("retry_backoff_s", "drain_timeout_s", "drain_on_revoke_s", "summary_interval_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
         if self.backpressure not in BACKPRESSURE:
@@ -132,7 +140,7 @@ class ProducerSettings:
 
     @property
     def effective_intake_group(self) -> str:
-        return self.intake_group or f"{self.namespace}.producers"
+        return self.intake_group or TopicNames(self.namespace).producer_group
 
     @property
     def effective_producer_id(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ class DemoResult:
     replay_message: str
     audit_ok: bool
     audit_message: str
+    audit_counts: Mapping[str, int]
     producers: tuple[ProducerExit, ...]
     plot_path: Path
     steps_path: Path
@@ -145,7 +146,7 @@ def write_summary(result: DemoResult) -> None:
         "reward_start": result.reward_start, "reward_end": result.reward_end,
         "exact_start": result.exact_start, "exact_end": result.exact_end,
         "replay": {"step": result.replay_step, "ok": result.replay_ok, "message": result.replay_message},
-        "audit": {"ok": result.audit_ok, "summary": result.audit_message},
+        "audit": {"ok": result.audit_ok, "summary": result.audit_message, "counts": dict(result.audit_counts)},
         "producers": [{**asdict(p), "log_path": str(p.log_path)} for p in result.producers],
         "plot": str(result.plot_path), "steps_file": str(result.steps_path),
     }

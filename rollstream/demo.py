@@ -256,7 +256,8 @@ def _row(batch: Batch, stats: dict[str, float], lag: int, times: tuple[float, fl
          elapsed_s: float) -> StepRow:
     rewards = [s.reward for g in batch.groups for s in g.samples if s.reward is not None]
     staleness = [s for g in batch.groups if (s := staleness_of(g, batch.policy_version)) is not None]
-    stale = sum(1 for d in batch.dispositions if d.kind == "filtered" and reason_label(d.reason or "") == "stale")
+    stale = sum(1 for d in batch.dispositions  # skipped as stale: requeued, or on its last attempt
+                if d.kind in ("filtered", "requeued") and reason_label(d.reason or "") == "stale")
     return StepRow(
         step=batch.step, version=int(stats["version"]), reward=stats["reward_mean"],
         exact=sum(1 for x in rewards if x == 1.0) / max(1, len(rewards)),
@@ -293,6 +294,7 @@ def _finish(setup: _Setup, rows: list[StepRow], taken: TakenStep | None, exits: 
                         bootstrap=setup.bootstrap, wall_s=wall_s, train_s=train_s, window=o.window,
                         replay_step=o.replay_at, replay_ok=replay_ok, replay_message=replay_message,
                         audit_ok=report.ok, audit_message=" / ".join(report.summary().splitlines()),
+                        audit_counts=report.counts,
                         producers=exits, plot_path=plot, steps_path=o.out / "steps.jsonl",
                         summary_path=o.out / "summary.json", problems=tuple(problems))
     write_summary(result)

@@ -12,6 +12,7 @@ from schemas._packing import float32_array, int32_array
 from schemas.codec import Codec, decode, default_codec, encode, fingerprint
 from schemas.policy_dir import VERSION_FILE, read_policy_version, write_policy_version
 from schemas.records import (
+    DISPOSITION_KINDS,
     FINISH_REASONS,
     GREEDY_BELOW,
     ChatMessage,
@@ -32,7 +33,8 @@ from schemas.records import (
 )
 
 __all__ = [
-    "FINISH_REASONS", "GREEDY_BELOW", "VERSION_FILE", "ChatMessage", "Codec", "ConfigError", "DecodeError",
+    "DISPOSITION_KINDS", "FINISH_REASONS", "GREEDY_BELOW", "VERSION_FILE", "ChatMessage", "Codec", "ConfigError",
+    "DecodeError",
     "InvalidRecordError", "OffsetDisposition", "PartitionRange", "PolicyVersion", "Prompt", "RollstreamError",
     "Sample", "Samples", "Sampling", "SchemaError", "ScoredGroup", "StepManifest", "TrainerPosition",
     "UnknownSchemaError", "VersionSpan", "decode", "default_codec", "encode", "fingerprint", "float32_array",

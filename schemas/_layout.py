@@ -2,7 +2,7 @@
 ``avro/`` and reads back. Only this module knows it; records know nothing of the wire, and `_upgrade`
 turns data of older schemas into this layout, so nothing here knows an older one.
 
-A ScoredGroup (schema v4) stores its samples column by column, a StepManifest (v2) its dispositions:
+A ScoredGroup (schema v5) stores its samples column by column, a StepManifest (v3) its dispositions:
 each column holds one entry per row, packed little-endian (the ``doc`` of each field says how). Strings
 of many rows are stored back to back with their lengths (`join_strings`).
 
@@ -323,13 +323,17 @@ def _group_datum(group: ScoredGroup) -> dict[str, Any]:
         "prompt": group.prompt,
         "metadata": dict(group.metadata),
         "sampling": None if group.sampling is None else vars(group.sampling),
+        "attempt": group.attempt,
+        "max_attempts": group.max_attempts,
+        "retriable": group.retriable,
+        "source_prompt": group.source_prompt,
         **columns.datum(),
         "prompt_tokens": group.prompt_tokens,  # a contiguous array: the codec writes its bytes
     }
 
 
 def _group_from_datum(d: Mapping[str, Any]) -> ScoredGroup:
-    """A group from a decoded v4 datum. Raises DecodeError where fields disagree (Avro cannot check that),
+    """A group from a decoded v5 datum. Raises DecodeError where fields disagree (Avro cannot check that),
     InvalidRecordError for sampling parameters out of range (the codec reports both as DecodeError)."""
     if d["status"] == "FAILED" and not d["error"]:
         raise DecodeError(f"failed group {d['group_id']!r} carries no error")
@@ -347,12 +351,17 @@ def _group_from_datum(d: Mapping[str, Any]) -> ScoredGroup:
         error=d["error"],
         metadata=d["metadata"],
         sampling=None if (sampling := d["sampling"]) is None else Sampling(**sampling),
+        attempt=d["attempt"],
+        max_attempts=d["max_attempts"],
+        retriable=d["retriable"],
+        source_prompt=d["source_prompt"],
     )
 
 
 def dispositions_datum(dispositions: Sequence[OffsetDisposition]) -> dict[str, Any]:
-    """The disposition columns of a v2 StepManifest datum."""
+    """The disposition columns of a v3 StepManifest datum."""
     ids, id_lengths = join_strings([d.group_id for d in dispositions])
+    attempts = [d.attempt for d in dispositions]
     return {
         "partitions": pack_values([d.partition for d in dispositions], "i"),
         "offsets": pack_values([d.offset for d in dispositions], "q"),
@@ -360,6 +369,7 @@ def dispositions_datum(dispositions: Sequence[OffsetDisposition]) -> dict[str, A
         "group_id_lengths": pack_values(id_lengths, "i"),
         "group_ids": ids,
         "reasons": [{"index": n, "reason": d.reason} for n, d in enumerate(dispositions) if d.reason is not None],
+        "attempts": pack_values(attempts, "i") if any(attempts) else b"",
     }
 
 
@@ -382,7 +392,7 @@ def _manifest_from_datum(d: Mapping[str, Any]) -> StepManifest:
 
 
 def _dispositions(d: Mapping[str, Any]) -> tuple[OffsetDisposition, ...]:
-    """The dispositions of a v2 manifest datum. Raises DecodeError when its columns disagree."""
+    """The dispositions of a v3 manifest datum. Raises DecodeError when its columns disagree."""
     partitions = unpack_values(d["partitions"], "i", "partitions")
     offsets = unpack_values(d["offsets"], "q", "offsets")
     lengths = unpack_values(d["group_id_lengths"], "i", "group_id_lengths")
@@ -402,13 +412,17 @@ def _dispositions(d: Mapping[str, Any]) -> tuple[OffsetDisposition, ...]:
             raise DecodeError(f"manifest reason for disposition {r['index']} of {n}")
         reasons[r["index"]] = r["reason"]
     group_ids = split_strings(ids, lengths)
+    attempts = unpack_values(d["attempts"], "i", "attempts") if d["attempts"] else (0,) * n
+    if len(attempts) != n or min(attempts, default=0) < 0:
+        raise DecodeError(f"manifest has {len(attempts)} attempts (none below 0) for {n} dispositions")
     decoded = OffsetDisposition._decoded  # bound once: one call per offset of the step
-    return tuple(decoded(partitions[i], offsets[i], DISPOSITION_KINDS[kinds[i]], group_ids[i], reasons.get(i))
-                 for i in range(n))
+    return tuple(decoded(partitions[i], offsets[i], DISPOSITION_KINDS[kinds[i]], group_ids[i], reasons.get(i),
+                         attempts[i]) for i in range(n))
 
 
 def _prompt_from_datum(d: Mapping[str, Any]) -> Prompt:
-    return Prompt(id=d["id"], prompt=d["prompt"], epoch=d["epoch"], label=d["label"], metadata=d["metadata"])
+    return Prompt(id=d["id"], prompt=d["prompt"], epoch=d["epoch"], label=d["label"], metadata=d["metadata"],
+                  attempt=d["attempt"])
 
 
 def _policy_version_datum(version: PolicyVersion) -> dict[str, Any]:

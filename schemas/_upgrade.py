@@ -36,14 +36,20 @@ def scored_group_v2(d: Mapping[str, Any]) -> Datum:
     samples column by column. The columns are built from `Sample` objects by the current layout, so only
     what version 3 lacked at the group level is added here (as `scored_group_v3` does)."""
     samples = [_sample_v2(s) for s in d["samples"]]
-    return {**{k: v for k, v in d.items() if k != "samples"}, **samples_datum(samples), "sampling": None}
+    return scored_group_v4({**{k: v for k, v in d.items() if k != "samples"}, **samples_datum(samples),
+                            "sampling": None})
 
 
 def scored_group_v3(d: Mapping[str, Any]) -> Datum:
     """Version 3 had no loss masks, version spans or sampling parameters: every token is trained, no span
     is known (the samples keep their weight versions) and the sampling is not recorded. Cheap on purpose:
     no `Sample` is built, the packed columns pass through as they are (views of the record's bytes)."""
-    return {**d, **unmasked_columns(len(d["finish_reasons"])), "sampling": None}
+    return scored_group_v4({**d, **unmasked_columns(len(d["finish_reasons"])), "sampling": None})
+
+
+def scored_group_v4(d: Mapping[str, Any]) -> Datum:
+    """Version 4 knew no attempts: a first attempt of a producer that never requeues, its prompt not kept."""
+    return {**d, "attempt": 0, "max_attempts": 1, "retriable": False, "source_prompt": b""}
 
 
 def _sample_v2(s: Mapping[str, Any]) -> Sample:
@@ -60,10 +66,23 @@ def step_manifest_v1(d: Mapping[str, Any]) -> Datum:
     return {**{k: v for k, v in d.items() if k != "dispositions"}, **dispositions_datum(dispositions)}
 
 
+def step_manifest_v2(d: Mapping[str, Any]) -> Datum:
+    """Version 2 knew no requeues and no attempts: every disposition's attempt is 0."""
+    return {**d, "attempts": b""}
+
+
+def prompt_v1(d: Mapping[str, Any]) -> Datum:
+    """Version 1 knew no attempts: a prompt as loaded."""
+    return {**d, "attempt": 0}
+
+
 UPGRADERS: dict[str, Callable[[Mapping[str, Any]], Datum]] = {
     "scored_group.v1.avsc": scored_group_v1,
     "scored_group.v2.avsc": scored_group_v2,
     "scored_group.v3.avsc": scored_group_v3,
+    "scored_group.v4.avsc": scored_group_v4,
     "step_manifest.v1.avsc": step_manifest_v1,
+    "step_manifest.v2.avsc": step_manifest_v2,
+    "prompt.v1.avsc": prompt_v1,
 }
 """The upgrader of each file in ``avro/history/``, by file name."""

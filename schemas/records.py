@@ -22,8 +22,8 @@ from schemas._packing import INT32_LE, float32_array, int32_array
 
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")  # the one definition: engines and _layout import it
 GroupStatus = Literal["ok", "failed"]
-DispositionKind = Literal["taken", "filtered", "duplicate", "undecodable"]
-DISPOSITION_KINDS: tuple[DispositionKind, ...] = ("taken", "filtered", "duplicate", "undecodable")
+DispositionKind = Literal["taken", "filtered", "duplicate", "undecodable", "requeued"]
+DISPOSITION_KINDS: tuple[DispositionKind, ...] = ("taken", "filtered", "duplicate", "undecodable", "requeued")
 
 
 def now_ms() -> int:
@@ -53,17 +53,24 @@ class ChatMessage:
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt for one epoch. `prompt` is plain text or a tuple of chat messages."""
+    """One prompt for one epoch. `prompt` is plain text or a tuple of chat messages.
+
+    `attempt` is 0 as loaded and k when the trainer requeued the prompt for the k-th time (its group
+    went stale or failed for a passing reason); every attempt answers with the same group id.
+    """
 
     id: str
     prompt: str | tuple[ChatMessage, ...]
     epoch: int = 0
     label: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
+    attempt: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
             raise InvalidRecordError(f"prompt id must be a non-empty string, got {self.id!r}")
+        if not isinstance(self.attempt, int) or self.attempt < 0:
+            raise InvalidRecordError(f"prompt {self.id!r}: attempt must be an integer >= 0, got {self.attempt!r}")
         if isinstance(self.prompt, list | tuple):
             messages = tuple(_chat_message(m) for m in self.prompt)
             object.__setattr__(self, "prompt", messages)
@@ -78,12 +85,12 @@ class Prompt:
         return make_group_id(self.id, self.epoch)
 
     def to_dict(self) -> dict[str, Any]:
-        """The dict handed to generate and reward functions: id, prompt, label, metadata, epoch."""
+        """The dict handed to generate and reward functions: id, prompt, label, metadata, epoch, attempt."""
         prompt: Any = self.prompt
         if not isinstance(prompt, str):
             prompt = [{"role": m.role, "content": m.content} for m in prompt]
         return {"id": self.id, "prompt": prompt, "label": self.label,
-                "metadata": dict(self.metadata), "epoch": self.epoch}
+                "metadata": dict(self.metadata), "epoch": self.epoch, "attempt": self.attempt}
 
 
 def _chat_message(m: Any) -> ChatMessage:
@@ -400,6 +407,9 @@ class ScoredGroup:
     """All samples for one prompt in one epoch, scored. `status == "failed"` carries `error`.
 
     `samples` is given as any sequence of `Sample` and kept as `Samples` (a read-only sequence).
+    `attempt` is the prompt's attempt it answers (0 first), `max_attempts` the producer's limit, and
+    `retriable` whether a failure may pass (engine timeout, server restart); `source_prompt` is the
+    Prompt record it came from, as read (what the trainer republishes when it requeues the prompt).
     Not hashable (holds arrays).
     """
 
@@ -416,8 +426,15 @@ class ScoredGroup:
     error: str | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
     sampling: Sampling | None = None  # None: not recorded (records written before schema v4)
+    attempt: int = 0
+    max_attempts: int = 1
+    retriable: bool = False
+    source_prompt: bytes = b""
 
     def __post_init__(self) -> None:
+        if self.attempt < 0 or self.max_attempts < 1:
+            raise InvalidRecordError(f"group {self.group_id!r}: attempt {self.attempt} must be >= 0 and max_attempts "
+                                     f"{self.max_attempts} >= 1")
         object.__setattr__(self, "prompt_tokens", int32_array(self.prompt_tokens, "prompt_tokens"))
         object.__setattr__(self, "samples", Samples.of(self.samples))
         object.__setattr__(self, "metadata", string_metadata(self.metadata))
@@ -429,14 +446,17 @@ class ScoredGroup:
     @classmethod
     def _decoded(cls, *, group_id: str, prompt_id: str, epoch: int, prompt_tokens: np.ndarray, samples: Samples,
                  started_at_ms: int, finished_at_ms: int, prompt: str, producer_id: str, status: GroupStatus,
-                 error: str | None, metadata: dict[str, str], sampling: Sampling | None = None) -> ScoredGroup:
+                 error: str | None, metadata: dict[str, str], sampling: Sampling | None = None, attempt: int = 0,
+                 max_attempts: int = 1, retriable: bool = False, source_prompt: bytes = b"") -> ScoredGroup:
         """A group from a decoded record, without `__post_init__`: the schema already typed every field,
         `_layout` checked the rest, and decoding is the trainer's hot path."""
         group = cls.__new__(cls)
         group.__dict__.update({"group_id": group_id, "prompt_id": prompt_id, "epoch": epoch,
                                "prompt_tokens": prompt_tokens, "samples": samples, "started_at_ms": started_at_ms,
                                "finished_at_ms": finished_at_ms, "prompt": prompt, "producer_id": producer_id,
-                               "status": status, "error": error, "metadata": metadata, "sampling": sampling})
+                               "status": status, "error": error, "metadata": metadata, "sampling": sampling,
+                               "attempt": attempt, "max_attempts": max_attempts, "retriable": retriable,
+                               "source_prompt": source_prompt})
         return group
 
     def __eq__(self, other: object) -> bool:
@@ -448,7 +468,8 @@ class ScoredGroup:
 
     def _scalars(self) -> tuple[Any, ...]:
         return (self.group_id, self.prompt_id, self.epoch, self.prompt, self.producer_id, self.status, self.error,
-                self.started_at_ms, self.finished_at_ms, dict(self.metadata), self.sampling)
+                self.started_at_ms, self.finished_at_ms, dict(self.metadata), self.sampling, self.attempt,
+                self.max_attempts, self.retriable, self.source_prompt)
 
     @property
     def rewards(self) -> list[float | None]:
@@ -480,13 +501,15 @@ class PartitionRange:
 
 @dataclass(frozen=True)
 class OffsetDisposition:
-    """What a step did with one offset: taken, filtered (reason), duplicate, undecodable (error)."""
+    """What a step did with one offset: taken, filtered (reason), duplicate, undecodable (error), or
+    requeued (filtered for a passing reason, its prompt published again); `attempt` is its group's."""
 
     partition: int
     offset: int
     kind: DispositionKind
     group_id: str | None = None
     reason: str | None = None
+    attempt: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in DISPOSITION_KINDS:
@@ -494,12 +517,12 @@ class OffsetDisposition:
 
     @classmethod
     def _decoded(cls, partition: int, offset: int, kind: DispositionKind, group_id: str | None,
-                 reason: str | None) -> OffsetDisposition:
+                 reason: str | None, attempt: int = 0) -> OffsetDisposition:
         """A disposition from decoded manifest columns, without `__post_init__`: a manifest holds one per
         offset of a step, and `_layout` already checked the kind code."""
         disposition = cls.__new__(cls)
         disposition.__dict__.update({"partition": partition, "offset": offset, "kind": kind, "group_id": group_id,
-                                     "reason": reason})
+                                     "reason": reason, "attempt": attempt})
         return disposition
 
 

@@ -36,3 +36,8 @@ def reward(prompt: dict[str, Any], completion: dict[str, Any]) -> float:
     if "reward-fail" in prompt["id"]:
         raise ValueError(f"reward exploded on {prompt['id']}")
     return 1.0
+
+
+def alternating(prompt: dict[str, Any], completion: dict[str, Any]) -> float:
+    """0.0 and 1.0 in turn by completion (its last token is its index): groups that DAPO keeps."""
+    return float(completion["tokens"][-1] % 2)

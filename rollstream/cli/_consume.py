@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import os
@@ -19,6 +20,7 @@ from consumers import (
     ReplayedRecord,
     RolloutConsumer,
     audit,
+    audit_epochs,
     default_filters,
     group_to_json,
     parse_time,
@@ -233,17 +235,41 @@ def audit_command(
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     from_first_manifest: Annotated[bool, typer.Option(
         help="Start checking at each partition's first manifest instead of the first stored offset.")] = False,
+    epochs: Annotated[bool, typer.Option(
+        "--epochs", help="Also audit every loaded epoch: each prompt on NS.prompts taken exactly once or ended "
+                         "with a terminal reason; prompts still in flight are listed apart and do not fail.")] = False,
+    producer_group: Annotated[str | None, typer.Option(
+        help="With --epochs: the producers' consumer group on NS.prompts (default NS.producers).")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON object (both audits with --epochs, every in-flight prompt listed).")] = False,
     bootstrap_servers: BootstrapOpt = None,
     kafka_config_file: KafkaConfigOpt = None,
 ) -> None:
     """Verify from the step manifests that every offset the group committed was accounted for exactly once.
 
     Exits 0 when it was; exits 1 naming the first gap or overlap (partition, offsets, steps).
+
+    With --epochs, the offset audit runs first (the epoch audit trusts the manifests it checks), then the
+    epoch audit: for every epoch loaded on NS.prompts, every prompt taken exactly once or ended with a terminal
+    reason (filtered); prompts still in flight (not generated yet, published and not taken yet, or in a step
+    not committed yet) are listed apart. Exits 1 when either audit fails, naming the first prompt that is
+    neither (lost, taken twice, loaded twice). Read-only: commits nothing, joins no group.
     """
+    if producer_group is not None and not epochs:
+        raise typer.BadParameter("--producer-group applies only with --epochs")
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-audit")
     report = audit(config, namespace, group, from_first_manifest=from_first_manifest)
-    typer.echo(report.summary())
-    if not report.ok:
+    epoch_report = audit_epochs(config, namespace, group, producer_group=producer_group) if epochs else None
+    if as_json:
+        offsets = {"ok": report.ok, **dataclasses.asdict(report)}
+        typer.echo(json.dumps(offsets if epoch_report is None
+                              else {"ok": report.ok and epoch_report.ok, "offsets": offsets,
+                                    "epochs": epoch_report.to_json()}))
+    else:
+        typer.echo(report.summary())
+        if epoch_report is not None:
+            typer.echo(epoch_report.summary())
+    if not report.ok or (epoch_report is not None and not epoch_report.ok):
         raise typer.Exit(1)
 
 

@@ -80,6 +80,11 @@ def produce(
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0, rich_help_panel=_SAMPLING)] = _D.top_p,
     concurrency: Annotated[int, typer.Option(
         min=1, help="Groups generated at once.", rich_help_panel=_FLOW)] = _D.concurrency,
+    max_attempts: Annotated[int, typer.Option(
+        min=1, help="Attempts per prompt: a group the trainer finds too stale, or one that failed for a passing "
+                    "reason (engine timeout, server restart), has its prompt requeued on NS.prompts (same group "
+                    "id) until this many attempts were made; then its reason is final. 1: never requeue.",
+        rich_help_panel=_FLOW)] = _D.max_attempts,
     max_lag: Annotated[int | None, typer.Option(
         min=0, help="Pause taking prompts while the trainer group's lag on NS.rollouts exceeds this "
                     "(default: --concurrency).", rich_help_panel=_FLOW)] = None,
@@ -101,6 +106,10 @@ def produce(
     drain_timeout: Annotated[float, typer.Option(
         min=0.0, help="On SIGTERM/SIGINT, seconds in-flight groups get to finish (a second signal skips it).",
         rich_help_panel=_LIFE)] = _D.drain_timeout_s,
+    drain_on_revoke: Annotated[float, typer.Option(
+        min=0.0, help="Seconds in-flight groups of prompt partitions a rebalance moves away get to finish and "
+                      "commit before the partitions go (so their new owner generates nothing twice).",
+        rich_help_panel=_LIFE)] = _D.drain_on_revoke_s,
     startup_timeout: Annotated[float, typer.Option(
         min=0.1, help="Seconds to wait for the broker at startup.", rich_help_panel=_LIFE)] = _D.startup_timeout_s,
     session_timeout: Annotated[float, typer.Option(
@@ -123,7 +132,8 @@ def produce(
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, drain_timeout_s=drain_timeout,
         startup_timeout_s=startup_timeout, session_timeout_s=session_timeout, metrics_port=metrics_port,
         summary_interval_s=summary_interval, generate_timeout_s=request_timeout,
-        partial_rollouts=partial_rollouts.value, sglang_sync_weights=sglang_sync_weights)
+        partial_rollouts=partial_rollouts.value, sglang_sync_weights=sglang_sync_weights, max_attempts=max_attempts,
+        drain_on_revoke_s=drain_on_revoke)
     built = make_engine(engine.value if engine else None, sglang_urls=sglang_url or (), model=model,
                         tokenizer=tokenizer, generate=generate, request_timeout_s=request_timeout,
                         partial_rollouts=settings.partial_rollouts, sglang_sync_weights=settings.sglang_sync_weights)
@@ -137,7 +147,8 @@ HELP = "\n\n".join([
     "Take prompts from NS.prompts, generate and score a group per prompt, publish it to NS.rollouts.",
     "A prompt is committed only once its group is acknowledged by the broker, so a killed producer loses nothing: "
     "its unfinished prompts are generated again (same group_id) by whoever takes its partitions. Failed groups "
-    "(engine error after retries, reward error, too large) are published as failed records.",
+    "(engine error after retries, reward error, too large) are published as failed records; a stale or "
+    "retriably failed group's prompt is requeued by the trainer up to --max-attempts.",
     "Intake pauses while the trainer group's lag on NS.rollouts exceeds --max-lag. SIGTERM/SIGINT: stop taking "
     "prompts, finish in-flight groups, flush, commit, exit 0.",
     "Examples: rollstream produce --engine sglang --sglang-url http://gpu1:30000 --tokenizer ./model --reward "

@@ -39,7 +39,7 @@ def test_every_disposition_is_recorded_and_counted(kafka_config, namespace_facto
     garbage, unknown = [d for d in batch.dispositions if d.kind == "undecodable"]
     assert garbage.offset == 1 and "not a rollstream record" in (garbage.reason or "")
     assert unknown.offset == 6 and "unknown schema fingerprint 0000000000000000" in (unknown.reason or "")
-    assert batch.counts() == {"taken": 2, "filtered": 4, "duplicate": 1, "undecodable": 2}
+    assert batch.counts() == {"taken": 2, "filtered": 4, "duplicate": 1, "undecodable": 2, "requeued": 0}
     value = registry.get_sample_value
     assert value("rollstream_consumer_groups_taken_total") == 2
     assert value("rollstream_consumer_groups_filtered_total", {"reason": "failed"}) == 1
@@ -52,7 +52,7 @@ def test_every_disposition_is_recorded_and_counted(kafka_config, namespace_facto
     assert manifest == batch.manifest() and manifest.policy_version == 10
     report = audit(kafka_config, names.namespace, group_id)
     assert report.ok, report.summary()
-    assert report.counts == {"taken": 2, "filtered": 4, "duplicate": 1, "undecodable": 2}
+    assert report.counts == {"taken": 2, "filtered": 4, "duplicate": 1, "undecodable": 2, "requeued": 0}
 
 
 def test_replay_of_a_step_is_the_same_groups_and_bytes(kafka_config, namespace_factory, group_id) -> None:

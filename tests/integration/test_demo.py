@@ -1,8 +1,10 @@
 """`rollstream demo`, shortened, end to end through the real CLI against the session broker.
 
 Pinned: it exits 0; it writes a PNG plot, one steps.jsonl line per step (a new policy version each
-step) and a summary whose replay check and audit passed; every producer it started was stopped by it
-and exited 0, and none is left running; old weight versions are pruned.
+step) and a summary whose replay check and audit passed, with 0 duplicate groups (producers starting
+together move partitions while prompts are in flight: intake drains them, nothing is generated twice);
+every producer it started was stopped by it and exited 0, and none is left running; old weight versions
+are pruned.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def test_short_demo_trains_replays_audits_and_cleans_up(bootstrap_servers: str, 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ok"] and not summary["problems"]
     assert summary["audit"]["ok"] and "OK: every committed offset" in summary["audit"]["summary"]
+    assert summary["audit"]["counts"]["duplicate"] == 0, summary["audit"]  # no rebalance wasted a group
     assert summary["replay"]["ok"] and summary["replay"]["step"] == STEPS // 2
     assert summary["groups"] == STEPS * GROUPS_PER_STEP
     producers = summary["producers"]

@@ -4,7 +4,8 @@ Pinned: an HF producer that is running loads the weights of a version announced 
 stamps that version on everything it generates from then on (and the samples really come from the new
 weights: their logprobs are the new model's); a producer whose engine cannot load weights stamps the
 latest announced version; the trainer's consumer filters groups more than ``max_staleness`` versions
-behind its policy version and records them in the step manifest, and the audit still passes.
+behind its policy version, requeues their prompts (stale is a passing reason) and records them in the step
+manifest, and the audit still passes.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import pytest
 from consumers import RolloutConsumer, audit, default_filters
 from infra import KafkaConfig, TopicNames, announce_policy_version
 from producers import ProducerSettings, RolloutProducer
-from schemas import PolicyVersion, ScoredGroup, make_group_id, write_policy_version
+from schemas import PolicyVersion, Prompt, ScoredGroup, make_group_id, write_policy_version
 from tests import plugins
-from tests.integration._kafka import count, read_all, write_prompts
+from tests.integration._kafka import count, read_all, read_records, write_prompts
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
@@ -125,9 +126,12 @@ def test_consumer_filters_groups_too_many_announced_versions_behind(kafka_config
         batch = trainer.take(3, timeout=30, policy_version=6)
     assert sorted(g.prompt_id for g in batch.groups) == ["new-0", "new-1", "new-2"]
     assert all(s.weight_versions == (5,) for g in batch.groups for s in g.samples)
-    filtered = [d for d in batch.dispositions if d.kind == "filtered"]
-    assert sorted(d.group_id or "" for d in filtered) == sorted(make_group_id(f"old-{i}", 0) for i in range(3))
-    assert all(d.reason == "stale: 5 versions behind (max 2)" for d in filtered)
+    # Stale is a passing reason: the producer's groups carry their prompt record, so they are requeued.
+    requeued = [d for d in batch.dispositions if d.kind == "requeued"]
+    assert sorted(d.group_id or "" for d in requeued) == sorted(make_group_id(f"old-{i}", 0) for i in range(3))
+    assert all(d.reason == "stale: 5 versions behind (max 2)" and d.attempt == 0 for d in requeued)
+    again = [p for _, _, p in read_records(kafka_config, names.prompts, Prompt) if p.attempt]
+    assert sorted((p.id, p.attempt, p.label) for p in again) == [(f"old-{i}", 1, "42") for i in range(3)]
     report = audit(kafka_config, names.namespace, group_id)
     assert report.ok, report.summary()
-    assert report.counts["filtered"] == 3 and report.counts["taken"] == 3
+    assert report.counts["requeued"] == 3 and report.counts["taken"] == 3

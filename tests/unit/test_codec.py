@@ -35,6 +35,12 @@ from schemas import (
 from schemas.codec import MAGIC, SCHEMA_DIR
 
 GOLDEN_HEX = (
+    "c301aaae59d2e441c2b70a702d31233206702d310400000a6770752d3080a0abfef962d0afabfef96208312b313d040c"
+    "736f757263650a67736d386b14646966666963756c747902330000000200000803000000100000000000000000020002"
+    "01080200000020030000000000000004000000000000000200080000000000080800000010616e737765722030180700"
+    "000008000000090000001800000000010000000200000018000080bf000000bf0000000000"
+)
+GOLDEN_V4_HEX = (
     "c301df2a40b840ad20ae0a702d31233206702d310400000a6770752d3080a0abfef962d0afabfef96208312b313d040c"
     "736f757263650a67736d386b14646966666963756c747902330000080300000010000000000000000002000201080200"
     "000020030000000000000004000000000000000200080000000000080800000010616e73776572203018070000000800"
@@ -111,10 +117,11 @@ def test_golden_bytes_pin_the_wire_format() -> None:
     group = make_group(n_samples=1, n_tokens=3)
     data = encode(group)
     assert data[:2] == MAGIC
-    assert data[2:10].hex() == "df2a40b840ad20ae"  # fingerprint of scored_group.avsc (v4)
+    assert data[2:10].hex() == "aaae59d2e441c2b7"  # fingerprint of scored_group.avsc (v5)
     assert data.hex() == GOLDEN_HEX
     assert decode(bytes.fromhex(GOLDEN_HEX)) == decode(data)
-    assert decode(bytes.fromhex(GOLDEN_V3_HEX), ScoredGroup) == group  # records of the previous versions decode
+    assert decode(bytes.fromhex(GOLDEN_V4_HEX), ScoredGroup) == group  # records of the previous versions decode
+    assert decode(bytes.fromhex(GOLDEN_V3_HEX), ScoredGroup) == group
     assert decode(bytes.fromhex(GOLDEN_V2_HEX), ScoredGroup) == group
     assert fingerprint('"int"').hex() == "8f5c393f1ad57572"  # the Avro spec's CRC-64-AVRO of "int"
 

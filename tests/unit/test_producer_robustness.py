@@ -4,6 +4,7 @@ hole in the watermark), shutdown is bounded by its timeouts, and a partly failed
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Mapping
 from types import SimpleNamespace
@@ -12,17 +13,17 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from infra import KafkaConfig
+from infra import KafkaConfig, ProducerState
 from producers import CustomEngine, PolicyFollower, ProducerSettings, RolloutProducer, SamplingParams, load_reward
 from producers._parts import Parts
 from producers._pipeline import GroupPipeline, GroupSettings
-from producers._watermarks import Watermarks
+from producers._watermarks import Watermarks, commit_acknowledged
 from producers.engines.base import Completion, Generation
 from producers.gate import LagGate
-from producers.intake import Intake, TakenPrompt, commit_acknowledged
+from producers.intake import Intake, TakenPrompt
 from producers.metrics import ProducerMetrics
 from producers.publisher import Publisher, PublishError
-from schemas import Prompt, ScoredGroup, decode
+from schemas import ConfigError, Prompt, ScoredGroup, decode
 
 # -- a group task ends acknowledged (ok or failed) or fatal ----------------------------------------------
 
@@ -116,8 +117,8 @@ def _running(engine: Any, publisher: _Publisher, *, hook: Any = None, drain_time
     policy = PolicyFollower(engine, KafkaConfig(), "t.control", metrics=metrics, watch=False)
     intake = _Intake()
     pipeline = GroupPipeline(
-        GroupSettings(n_samples=1, sampling=SamplingParams(), attempts=attempts, backoff_s=0.0, timeout_s=timeout_s,
-                      producer_id="p", prompts_topic="t.prompts", max_message_bytes=1 << 20),
+        GroupSettings(n_samples=1, sampling=SamplingParams(), attempts=attempts, max_attempts=1, backoff_s=0.0,
+                      timeout_s=timeout_s, producer_id="p", prompts_topic="t.prompts", max_message_bytes=1 << 20),
         engine=engine, reward=load_reward(reward), policy=policy, publisher=publisher, gate=gate,  # type: ignore[arg-type]
         metrics=metrics)
     parts = Parts(engine=engine, publisher=publisher, gate=gate, policy=policy, intake=intake,  # type: ignore[arg-type]
@@ -338,6 +339,7 @@ def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
     consumer = {"nothing-left": _GroupConsumer({0: 10}, {0: 10}), "in-flight": _GroupConsumer({0: 4}, {0: 10}),
                 "prompts-wait": _GroupConsumer({0: 4}, {0: 10}),
                 "coordinator-gone": _GroupConsumer({0: 10}, {0: 10}, fail=True)}[case]
+    intake._consumer = consumer  # type: ignore[assignment]  # the client `_serve` would run
     intake._on_assign(consumer, consumer.assignment())  # type: ignore[arg-type]
     if case == "in-flight":  # taken up to the end, not acknowledged yet: nothing waits
         for offset in range(4, 10):
@@ -347,3 +349,92 @@ def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
     monkeypatch.setattr(intake_module, "time", SimpleNamespace(monotonic=lambda: later))
     assert intake._stuck(consumer) is stuck  # type: ignore[arg-type]
     assert (intake.owned() == []) is stuck and intake.client_replacements == int(stuck)
+
+
+# -- a revocation drains what started and leaves what only waits ------------------------------------------
+
+
+def _taken(marks: Watermarks, partition: int, *offsets: int, start: bool = True) -> int:
+    generation = None
+    for offset in offsets:
+        generation = marks.take(partition, offset)
+        assert generation is not None
+        assert not start or marks.start(partition, offset, generation)
+    assert generation is not None
+    return generation
+
+
+def test_a_drain_waits_for_started_prompts_of_its_partitions_only_and_abandons_queued_ones() -> None:
+    marks = Watermarks()
+    marks.assign([0, 1])
+    g0 = _taken(marks, 0, 10, 11)
+    _taken(marks, 0, 12, start=False)  # queued for the loop, not started
+    g1 = _taken(marks, 1, 5)  # started in a partition that stays: the drain must not wait for it
+    acks = threading.Timer(0.2, lambda: (marks.ack(0, 11, g0), marks.ack(0, 10, g0)))  # the loop, later
+    acks.start()
+    drain = marks.drain([0], timeout_s=5.0, stopping=lambda: False)
+    acks.join()
+    assert (drain.finished, drain.unfinished, drain.abandoned) == (2, 0, 1)
+    assert 0.15 <= drain.waited_s < 2.0  # woken by the last ack, not by its timeout
+    assert not marks.start(0, 12, g0)  # a queued prompt of a draining partition never starts
+    assert marks.is_current(0, g0)  # still owned until revoked: the started ones could still ack
+    assert marks.revoke([0]) == {0: 12}  # the finished ones committed; the abandoned one is the next owner's
+    assert marks.ack(1, 5, g1) and marks.committable() == {1: 6}
+
+
+@pytest.mark.parametrize("how", ["timeout", "stopping"])
+def test_a_drain_gives_up_at_its_timeout_or_when_intake_stops(how: str) -> None:
+    marks = Watermarks()
+    marks.assign([0])
+    generation = _taken(marks, 0, 3, 4)
+    assert marks.ack(0, 4, generation)
+    stop = threading.Event()
+    def close() -> None:  # what `Intake.stop` does
+        stop.set()
+        marks.wake()
+
+    if how == "stopping":
+        threading.Timer(0.1, close).start()
+    drain = marks.drain([0], timeout_s=0.3 if how == "timeout" else 30.0, stopping=stop.is_set)
+    assert (drain.finished, drain.unfinished, drain.abandoned) == (0, 1, 0) and drain.waited_s < 1.0
+    assert marks.revoke([0]) == {0: 3}  # never past the unfinished prompt: its next owner regenerates it
+    assert not marks.ack(0, 3, generation)  # a late acknowledgement no longer moves anything
+
+
+def test_intake_never_hands_the_loop_a_queued_prompt_of_a_draining_partition() -> None:
+    metrics = ProducerMetrics()
+    intake = Intake(KafkaConfig(bootstrap_servers="127.0.0.1:1"), "t.prompts", "g", gate=_Gate(metrics),
+                    metrics=metrics, prefetch=4, instance_id="p-1")
+    intake._marks.assign([0, 1])
+
+    async def scenario() -> tuple[TakenPrompt, int]:
+        for partition, offset in [(0, 7), (1, 3)]:
+            generation = intake._marks.take(partition, offset)
+            assert generation is not None
+            intake._hand_over(TakenPrompt(partition, offset, generation, Prompt(id=f"p{partition}", prompt="q"),
+                                          None, 0))
+        drain = intake._marks.drain([0], timeout_s=0.0, stopping=lambda: False)  # a revocation of partition 0
+        return await anext(intake), drain.abandoned
+
+    first, abandoned = asyncio.run(scenario())
+    assert (first.partition, first.offset, abandoned) == (1, 3, 1)
+    assert intake.producer_id == "p-1" and intake._credits == 6  # both hand-overs gave their credit back
+
+
+def test_intake_commits_its_state_with_the_gate_it_saw() -> None:
+    metrics = ProducerMetrics()
+    gate = _Gate(metrics)
+    intake = Intake(KafkaConfig(bootstrap_servers="127.0.0.1:1"), "t.prompts", "g", gate=gate, metrics=metrics,
+                    prefetch=2, producer_id="p-7")
+    intake._watch_gate()
+    running = intake.state()
+    gate._measured = gate.max_lag + 1  # the trainer fell behind: the gate closes
+    intake._watch_gate()
+    paused = ProducerState.from_metadata(intake._metadata())
+    assert not running.paused and paused is not None and paused.paused
+    assert paused.producer_id == "p-7" and paused.max_lag == gate.max_lag
+    assert running.since_ms <= paused.since_ms <= paused.updated_at_ms and intake._state_stale
+    for bad, overrides in [(-1.0, {}), (30.0, {"max.poll.interval.ms": 20_000})]:
+        with pytest.raises(ConfigError, match="drain_on_revoke_s"):
+            Intake(KafkaConfig(), "t.prompts", "g", gate=gate, metrics=metrics, prefetch=2, drain_on_revoke_s=bad,
+                   overrides=overrides)
