@@ -1,4 +1,11 @@
-"""Prometheus metrics of one trainer consumer, in a registry of its own (never the global one)."""
+"""Prometheus metrics of one trainer consumer, in a registry of its own (never the global one).
+
+Names follow Prometheus' conventions (https://prometheus.io/docs/practices/naming/): base units
+(seconds, bytes) last, counters end in ``_total``. No sentinel values: ``rollstream_consumer_step`` is
+absent until the first step is taken (step numbers start at 0, so a 0 before it would read as a step).
+``filtered`` and ``requeued`` reasons are an open set (custom filters add their own), so their series
+appear with the first such group. The README's "Metrics" section lists every name and the renames.
+"""
 
 from __future__ import annotations
 
@@ -26,30 +33,32 @@ class ConsumerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.take_seconds = Histogram("rollstream_consumer_take_seconds", "Wall time of one take(n) call.",
+        c = "rollstream_consumer_"
+        self.take_seconds = Histogram(c + "take_seconds", "Wall time of one take(n) call.",
                                       buckets=_TAKE_BUCKETS, registry=r)
-        self.groups_taken = Counter("rollstream_consumer_groups_taken", "Groups handed to the trainer.", registry=r)
-        self.bytes_taken = Counter("rollstream_consumer_bytes_taken", "Encoded bytes of the groups taken.",
-                                   registry=r)
-        self.groups_filtered = Counter("rollstream_consumer_groups_filtered", "Groups skipped by a filter.",
+        self.groups_taken = Counter(c + "groups_taken_total", "Groups handed to the trainer.", registry=r)
+        self.bytes_taken = Counter(c + "taken_bytes_total", "Encoded bytes of the groups taken.", registry=r)
+        self.groups_filtered = Counter(c + "groups_filtered_total", "Groups skipped by a filter, by reason.",
                                        ["reason"], registry=r)
-        self.groups_requeued = Counter("rollstream_consumer_groups_requeued",
+        self.groups_requeued = Counter(c + "groups_requeued_total",
                                        "Groups skipped for a passing reason whose prompt was published again "
                                        "(labelled by that reason; see consumers._requeue).", ["reason"], registry=r)
-        self.duplicates = Counter("rollstream_consumer_groups_duplicate",
+        self.duplicates = Counter(c + "groups_duplicate_total",
                                   "Groups skipped because their group_id was already taken.", registry=r)
-        self.undecodable = Counter("rollstream_consumer_records_undecodable",
+        self.undecodable = Counter(c + "records_undecodable_total",
                                    "Records on the rollouts topic that are not a decodable ScoredGroup.", registry=r)
-        self.lag = Gauge("rollstream_consumer_lag_records",
+        self.lag = Gauge(c + "lag_records",
                          "Records on the rollouts topic after the trainer's position (from the last fetch).",
                          registry=r)
-        self.staleness = Histogram("rollstream_consumer_group_staleness_versions",
+        self.staleness = Histogram(c + "group_staleness_versions",
                                    "Trainer policy version minus the oldest weight version of each taken group.",
                                    buckets=_STALENESS_BUCKETS, registry=r)
-        self.step = Gauge("rollstream_consumer_step", "Number of the last step taken.", registry=r)
-        self.steps_committed = Counter("rollstream_consumer_steps_committed",
+        # Registered with the first step (`observe_step`): steps count from 0, so a 0 before would be a sentinel.
+        self.step = Gauge(c + "step", "Number of the last step taken (absent before the first).", registry=None)
+        self._step_shown = False
+        self.steps_committed = Counter(c + "steps_committed_total",
                                        "Steps whose manifest and offsets were committed.", registry=r)
-        self.client_replacements = Counter("rollstream_consumer_client_replacements",
+        self.client_replacements = Counter(c + "client_replacements_total",
                                            "Kafka clients replaced after repeated failed commits (a client that "
                                            "lost its group coordinator).", registry=r)
 
@@ -60,6 +69,9 @@ class ConsumerMetrics:
         self.groups_taken.inc(len(batch.groups))
         self.bytes_taken.inc(taken_bytes)
         self.step.set(batch.step)
+        if not self._step_shown:
+            self.registry.register(self.step)
+            self._step_shown = True
         self.lag.set(lag)
         for d in batch.dispositions:
             if d.kind == "filtered":

@@ -3,6 +3,13 @@
 No global default registry: two producers in one process (tests, a multi-engine host) never clash.
 `serve` exposes the registry over HTTP (``--metrics-port``). The event-loop lag probe is a task that
 sleeps a fixed interval and records how late it wakes: the direct measure of anything blocking the loop.
+
+Names follow Prometheus' conventions (https://prometheus.io/docs/practices/naming/): base units
+(seconds, bytes) last, counters end in ``_total``, a gauge of a count names what it counts (groups,
+prompts, records). No sentinel values: ``rollstream_producer_weight_version`` is absent from the
+scrape until the engine reports a version. Label values from a closed set (``status``, ``source``) are
+initialised at zero, so a rate over them exists before the first event. The README's "Metrics"
+section lists every name and the renames; ``infra/grafana/rollstream.json`` is the dashboard.
 """
 
 from __future__ import annotations
@@ -13,12 +20,16 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from schemas.records import GroupStatus
+
 _LOOP_LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_GROUP_STATUSES = get_args(GroupStatus)  # ok, failed
+_LAG_SOURCES = ("pushed", "read")  # producers.gate
 
 
 @dataclass(frozen=True)
@@ -66,29 +77,38 @@ class ProducerMetrics:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         p = "rollstream_producer_"
-        self.in_flight = Gauge(p + "in_flight", "Groups being generated, scored or published.", registry=r)
+        self.in_flight = Gauge(p + "in_flight_groups", "Groups being generated, scored or published.", registry=r)
         self.buffered = Gauge(p + "buffered_prompts", "Prompts taken and waiting for a generation slot.", registry=r)
         self.paused = Gauge(p + "paused", "1 while intake is paused by backpressure (trainer lag).", registry=r)
-        self.lag = Gauge(p + "lag_estimate", "Trainer lag on the rollouts topic, as the gate estimates it.",
-                         registry=r)
-        self.lag_updates = Counter(p + "lag_updates", "Trainer lag updates the gate applied, by source: the trainer's "
-                                   "pushed position on NS.control, or the gate's own read.", ["source"], registry=r)
-        self.prompts = Counter(p + "prompts_taken", "Prompts taken from the prompts topic.", registry=r)
-        self.groups = Counter(p + "groups_published", "Groups acknowledged by the broker.", ["status"], registry=r)
-        self.bytes = Counter(p + "published_bytes", "Bytes of groups acknowledged by the broker.", registry=r)
-        self.queue_full = Counter(p + "queue_full_waits", "Produces that waited off-loop for room in librdkafka's "
-                                  "queue.", registry=r)
+        self.lag = Gauge(p + "trainer_lag_records", "Trainer lag on the rollouts topic (records), as the gate "
+                         "estimates it.", registry=r)
+        self.lag_updates = Counter(p + "lag_updates_total", "Trainer lag updates the gate applied, by source: the "
+                                   "trainer's pushed position on NS.control, or the gate's own read.", ["source"],
+                                   registry=r)
+        self.prompts = Counter(p + "prompts_taken_total", "Prompts taken from the prompts topic.", registry=r)
+        self.groups = Counter(p + "groups_published_total", "Groups acknowledged by the broker, by status.",
+                              ["status"], registry=r)
+        self.bytes = Counter(p + "published_bytes_total", "Bytes of groups acknowledged by the broker.", registry=r)
+        self.queue_full = Counter(p + "queue_full_waits_total", "Produces that waited off-loop for room in "
+                                  "librdkafka's queue.", registry=r)
         self.generation = Histogram(p + "generation_seconds", "Generation plus scoring time of a group.",
                                     buckets=_LATENCY_BUCKETS, registry=r)
         self.publish = Histogram(p + "publish_seconds", "Produce-to-acknowledgement time of a group.",
                                  buckets=_LATENCY_BUCKETS, registry=r)
         self.loop_lag = Histogram(p + "event_loop_lag_seconds", "How late the event loop runs a timer.",
                                   buckets=_LOOP_LAG_BUCKETS, registry=r)
-        self.policy_version = Gauge(p + "weight_version", "Policy version of the weights the engine serves "
-                                    "(engines that load announced weights; -1 while unknown).", registry=r)
-        self.policy_version.set(-1)
-        self.weight_reloads = Counter(p + "weight_reloads", "Announced policy versions loaded into the engine, "
-                                      "by result (loaded, failed).", ["result"], registry=r)
+        # Registered on the first known version (`show_weight_version`): absent beats a -1 sentinel, which
+        # max() and alerts would take for a real version.
+        self._weight_version = Gauge(p + "weight_version", "Policy version of the weights the engine serves "
+                                     "(engines that load announced weights; absent until one is known).",
+                                     registry=None)
+        self._weight_version_shown = False
+        self.weight_reloads = Counter(p + "weight_reloads_total", "Announced policy versions loaded into the "
+                                      "engine, by result (loaded, failed).", ["result"], registry=r)
+        for status in _GROUP_STATUSES:
+            self.groups.labels(status=status)
+        for source in _LAG_SOURCES:
+            self.lag_updates.labels(source=source)
         self._http: tuple[Any, threading.Thread] | None = None
         self.tally = Tally()
 
@@ -108,6 +128,13 @@ class ProducerMetrics:
             self.tally.groups_ok += 1
         else:
             self.tally.groups_failed += 1
+
+    def show_weight_version(self, version: int) -> None:
+        """Expose the policy version the engine serves (from the first call on). Loop only; never blocks."""
+        self._weight_version.set(version)
+        if not self._weight_version_shown:
+            self.registry.register(self._weight_version)
+            self._weight_version_shown = True
 
     def count_queue_full(self) -> None:
         self.queue_full.inc()

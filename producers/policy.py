@@ -5,7 +5,7 @@ Where the engine owns its weights (`ReloadableEngine`: `HFEngine`, the in-proces
 `SGLangSyncEngine`, SGLang servers the producer updates with ``--sglang-sync-weights``), it loads each
 newer announced version that names a ``weights_path``: one load at a time, and only the newest version
 announced while a load ran (the ones in between are skipped: nobody wants to generate with them any
-more). A failed load is logged, counted (``rollstream_producer_weight_reloads{result="failed"}``) and the
+more). A failed load is logged, counted (``rollstream_producer_weight_reloads_total{result="failed"}``) and the
 engine keeps serving its current weights (a server that failed keeps reporting its old version); the next
 announcement tries again.
 
@@ -146,4 +146,4 @@ class PolicyFollower:
     def _show_serving(self) -> None:
         serving = self._reloadable.policy_version if self._reloadable is not None else None
         if serving is not None:
-            self._metrics.policy_version.set(serving)
+            self._metrics.show_weight_version(serving)

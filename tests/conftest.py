@@ -1,8 +1,9 @@
 """Shared fixtures: one real Kafka broker per test session, and a fresh namespace per test.
 
 The broker is ``ROLLSTREAM_BOOTSTRAP_SERVERS`` when set (a cluster, or a broker you started); else, with
-``ROLLSTREAM_TEST_BROKER=docker``, the apache/kafka image through testcontainers; else a local KRaft broker
-started here on a free port with a temporary data dir and stopped at the end.
+``ROLLSTREAM_TEST_BROKER=docker``, the apache/kafka image through testcontainers (``tests/_docker_broker.py``,
+configured as ``infra/kafka/docker-compose.yml``); else a local KRaft broker started here on a free port with
+a temporary data dir and stopped at the end.
 Tests isolate by namespace and consumer group, never by broker (quix-streams' topic_factory idea).
 """
 
@@ -51,11 +52,10 @@ def bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
 
 
 def _docker_broker() -> Iterator[str]:
-    """For users with a Docker engine: the official apache/kafka image through testcontainers."""
-    from testcontainers.community.kafka import KafkaContainer
+    """For users with a Docker engine: the official apache/kafka image through testcontainers, removed at the end."""
+    from tests._docker_broker import docker_broker
 
-    with KafkaContainer("apache/kafka:4.1.1").with_kraft() as kafka:
-        bootstrap = kafka.get_bootstrap_server()
+    with docker_broker(timeout=180.0) as bootstrap:
         os.environ[BOOTSTRAP_ENV] = bootstrap
         try:
             yield bootstrap

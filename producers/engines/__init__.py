@@ -1,5 +1,5 @@
-"""Generation engines behind one interface (`Engine`): SGLang over HTTP, SGLang in-process,
-transformers on CPU, and a user's generate function. Heavy libraries are imported lazily."""
+"""Generation engines behind one interface (`Engine`): SGLang over HTTP, SGLang in-process, vLLM over
+HTTP, transformers on CPU, and a user's generate function. Heavy libraries are imported lazily."""
 
 from producers.engines.base import (
     DEFAULT_REQUEST_TIMEOUT_S,
@@ -15,9 +15,10 @@ from producers.engines.hf import HFEngine
 from producers.engines.sglang_engine import SGLangEngine
 from producers.engines.sglang_http import RetryPolicy, SGLangHTTPEngine, SGLangSyncEngine, WeightSync
 from producers.engines.tiny_model import build_tiny_model
+from producers.engines.vllm_http import VLLMHTTPEngine
 
 __all__ = [
     "Completion", "CustomEngine", "DEFAULT_REQUEST_TIMEOUT_S", "Engine", "EngineError", "Generation", "HFEngine",
-    "RetryPolicy", "SGLangEngine", "SGLangHTTPEngine", "SGLangSyncEngine", "SamplingParams", "WeightSync",
-    "build_tiny_model", "make_engine",
+    "RetryPolicy", "SGLangEngine", "SGLangHTTPEngine", "SGLangSyncEngine", "SamplingParams", "VLLMHTTPEngine",
+    "WeightSync", "build_tiny_model", "make_engine",
 ]

@@ -6,21 +6,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Engine
+from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Engine, SamplingParams
 from producers.engines.custom import CustomEngine
 from producers.engines.hf import HFEngine
 from producers.engines.sglang_engine import SGLangEngine
 from producers.engines.sglang_http import PartialRollouts, SGLangHTTPEngine, SGLangSyncEngine
+from producers.engines.vllm_http import LogprobsMode, VLLMHTTPEngine
 from schemas import ConfigError
 
-EngineKind = Literal["sglang", "hf"]
-_USAGE = "choose one of: --engine sglang --sglang-url URL, --engine hf --model DIR, or --generate MODULE:FUNC"
+EngineKind = Literal["sglang", "hf", "vllm"]
+_USAGE = ("choose one of: --engine sglang --sglang-url URL, --engine vllm --vllm-url URL, --engine hf --model DIR, "
+          "or --generate MODULE:FUNC")
 
 
 def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = (), model: Path | str | None = None,
                 tokenizer: Path | str | None = None, generate: str | None = None,
                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, partial_rollouts: PartialRollouts = "continue",
-                sglang_sync_weights: bool = False) -> Engine:
+                sglang_sync_weights: bool = False, vllm_urls: Sequence[str] = (), vllm_model: str | None = None,
+                vllm_logprobs_mode: LogprobsMode = "processed_logprobs", sampling: SamplingParams | None = None
+                ) -> Engine:
     """The engine the flags describe. No I/O (the engine loads in its `start`).
 
     - ``generate``: a custom generate function ``MODULE:FUNC`` (no ``kind``).
@@ -29,19 +33,33 @@ def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = 
       servers' weights, unless `sglang_sync_weights`: then the producer does (`SGLangSyncEngine`).
     - ``sglang`` + ``model`` and no URL: SGLang in-process (``sglang.Engine``, GPU); it loads announced
       weights itself.
+    - ``vllm`` + ``vllm_urls``: vLLM's OpenAI-compatible server over HTTP; `tokenizer` (default `model`) as
+      for SGLang; `vllm_model` the served model name (default: the server's); `vllm_logprobs_mode` the
+      servers' ``--logprobs-mode``, checked against the producer's `sampling` when given. The trainer
+      updates their weights; aborted samples are restarted.
     - ``hf`` + ``model``: transformers on CPU.
     `partial_rollouts` (SGLang): ``continue`` a sample aborted by a weight update, or ``restart`` it.
     Raises:
-        ConfigError: a contradictory or incomplete combination (the message lists the valid ones), or a
-            ``--generate`` path that does not import.
+        ConfigError: a contradictory or incomplete combination (the message lists the valid ones), a
+            ``--generate`` path that does not import, or (vLLM) `sampling` whose logprobs the servers'
+            ``--logprobs-mode`` cannot give as rollstream records them.
     """
     if sglang_sync_weights and not (kind == "sglang" and sglang_urls):
         raise ConfigError("--sglang-sync-weights is for --engine sglang --sglang-url URL (the producer updates "
                           "those servers); in-process SGLang and --engine hf load announced weights anyway")
+    if vllm_urls and kind != "vllm":
+        raise ConfigError(f"--vllm-url is for --engine vllm; {_USAGE}")
     if generate is not None:
         if kind is not None or sglang_urls:
             raise ConfigError(f"--generate replaces --engine/--sglang-url; {_USAGE}")
         return CustomEngine.from_spec(generate)
+    if kind == "vllm":
+        if sglang_urls:
+            raise ConfigError("--sglang-url is for --engine sglang; give vLLM servers as --vllm-url URL")
+        if not vllm_urls:
+            raise ConfigError(f"--engine vllm needs --vllm-url URL (a `vllm serve` server); {_USAGE}")
+        return VLLMHTTPEngine(list(vllm_urls), model=vllm_model, tokenizer=tokenizer or model,
+                              timeout_s=request_timeout_s, logprobs_mode=vllm_logprobs_mode, sampling=sampling)
     if kind == "sglang":
         if sglang_urls:
             http = SGLangSyncEngine if sglang_sync_weights else SGLangHTTPEngine

@@ -16,6 +16,12 @@ from rollstream.cli._common import DEFAULT_NAMESPACE, BootstrapOpt, KafkaConfigO
 class EngineName(StrEnum):
     sglang = "sglang"
     hf = "hf"
+    vllm = "vllm"
+
+
+class VLLMLogprobsModeName(StrEnum):
+    processed_logprobs = "processed_logprobs"
+    raw_logprobs = "raw_logprobs"
 
 
 class PartialRolloutsName(StrEnum):
@@ -39,12 +45,26 @@ _LIFE = "Lifecycle"
 
 def produce(
     engine: Annotated[EngineName | None, typer.Option(
-        help="sglang: SGLang servers over HTTP (--sglang-url), or in-process with --model; hf: transformers "
-             "on CPU (--model).", rich_help_panel=_ENGINE)] = None,
+        help="sglang: SGLang servers over HTTP (--sglang-url), or in-process with --model; vllm: vLLM servers "
+             "over HTTP (--vllm-url); hf: transformers on CPU (--model).", rich_help_panel=_ENGINE)] = None,
     sglang_url: Annotated[list[str] | None, typer.Option(
         "--sglang-url", metavar="URL", help="SGLang server or router base URL; repeat (or comma-separate) for "
                                             "round robin.",
         rich_help_panel=_ENGINE)] = None,
+    vllm_url: Annotated[list[str] | None, typer.Option(
+        "--vllm-url", metavar="URL", help="vLLM server base URL (`vllm serve`, e.g. http://gpu1:8000); repeat (or "
+                                          "comma-separate) for round robin. With --tokenizer the prompt goes as "
+                                          "token ids. Aborted samples are generated again from scratch.",
+        rich_help_panel=_ENGINE)] = None,
+    vllm_model: Annotated[str | None, typer.Option(
+        "--vllm-model", metavar="NAME", help="vLLM: the served model name sent with each request (default: the "
+                                             "server's first model from /v1/models).",
+        rich_help_panel=_ENGINE)] = None,
+    vllm_logprobs_mode: Annotated[VLLMLogprobsModeName, typer.Option(
+        "--vllm-logprobs-mode", help="vLLM: the --logprobs-mode the servers were started with. processed_logprobs: "
+                                     "right at any temperature, with top-p 1 and no top-k; raw_logprobs (vLLM's "
+                                     "default): right only at temperature 1. Other combinations are refused.",
+        rich_help_panel=_ENGINE)] = VLLMLogprobsModeName.processed_logprobs,
     model: Annotated[Path | None, typer.Option(
         help="Model directory (hf, in-process sglang); also the default --tokenizer.", rich_help_panel=_ENGINE)] = None,
     tokenizer: Annotated[Path | None, typer.Option(
@@ -136,7 +156,9 @@ def produce(
         drain_on_revoke_s=drain_on_revoke)
     built = make_engine(engine.value if engine else None, sglang_urls=sglang_url or (), model=model,
                         tokenizer=tokenizer, generate=generate, request_timeout_s=request_timeout,
-                        partial_rollouts=settings.partial_rollouts, sglang_sync_weights=settings.sglang_sync_weights)
+                        partial_rollouts=settings.partial_rollouts, sglang_sync_weights=settings.sglang_sync_weights,
+                        vllm_urls=vllm_url or (), vllm_model=vllm_model, vllm_logprobs_mode=vllm_logprobs_mode.value,
+                        sampling=settings.sampling())
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-producer")
     if logging.getLogger().getEffectiveLevel() > logging.INFO:
         logging.getLogger("producers").setLevel(logging.INFO)  # a service: progress is worth showing
@@ -152,7 +174,8 @@ HELP = "\n\n".join([
     "Intake pauses while the trainer group's lag on NS.rollouts exceeds --max-lag. SIGTERM/SIGINT: stop taking "
     "prompts, finish in-flight groups, flush, commit, exit 0.",
     "Examples: rollstream produce --engine sglang --sglang-url http://gpu1:30000 --tokenizer ./model --reward "
-    "math;  rollstream produce --engine hf --model ./tiny --n-samples 4;  rollstream produce --generate "
+    "math;  rollstream produce --engine vllm --vllm-url http://gpu1:8000 --tokenizer ./model;  "
+    "rollstream produce --engine hf --model ./tiny --n-samples 4;  rollstream produce --generate "
     "mypkg.agent:generate --reward mypkg.agent:score",
 ])
 

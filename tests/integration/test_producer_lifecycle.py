@@ -50,7 +50,7 @@ def test_sigterm_drains_in_flight_groups_and_commits(kafka_config: KafkaConfig, 
                      "--summary-interval", "0", ROLLSTREAM_TEST_GEN_DELAY_S="1.5")
     try:
         deadline = time.monotonic() + 30
-        while scrape(port).get("rollstream_producer_in_flight", 0) < 4:
+        while scrape(port).get("rollstream_producer_in_flight_groups", 0) < 4:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "producer never had 4 groups in flight"
             time.sleep(0.05)

@@ -1,0 +1,169 @@
+"""vLLM's OpenAI-compatible ``/v1/completions`` request and response, as the vLLM engine uses them, and the
+check that the logprobs vLLM returns are the ones rollstream's trainer recomputes.
+
+Read in vllm-project/vllm (the code is ours; only the names and behaviours are vLLM's):
+``vllm/entrypoints/openai/completion/protocol.py`` (commit 002032ee2b18e1f7bd924ec47b62504ba3866063;
+``vllm/entrypoints/openai/protocol.py`` before the split) and ``.../completion/serving.py`` (commit
+030ea52effcb05071543c8c42b8f0145e94cee43).
+
+Request (``CompletionRequest``): ``model``, ``prompt`` (a string, or a list of token ids), ``n``,
+``max_tokens``, ``temperature``, ``top_p``, ``top_k`` (0 or -1: off; omitted here when off), ``seed``,
+``logprobs`` (an int: how many top logprobs besides the sampled token's, which is always there; 0 here),
+and vLLM's extensions ``return_tokens_as_token_ids`` (each ``logprobs.tokens[i]`` is ``"token_id:{id}"``),
+``return_token_ids`` (vLLM >= 0.10.2, PR #22587: each choice carries ``token_ids`` and
+``prompt_token_ids``), ``include_stop_str_in_output`` (True here: ``text`` keeps a stop string that
+its tokens hold, as a reward should see it), ``min_tokens``, ``stop``, ``stop_token_ids``,
+``ignore_eos``, ``skip_special_tokens`` and the penalties. One request per sample (``n`` = 1): each is
+routed, retried and re-issued on its own, as vLLM itself runs ``n`` > 1 as ``n`` child requests
+(``vllm/v1/engine/parallel_sampling.py``), the ``i``-th with ``seed + i`` when a seed is set.
+
+Response (``CompletionResponse``): ``choices[i]`` with ``text``, ``finish_reason``, ``stop_reason`` (the
+stop string or token id, None for EOS), ``logprobs`` = ``{"tokens", "token_logprobs", "top_logprobs",
+"text_offset"}`` (``token_logprobs`` clamped at -9999.0), and ``token_ids`` / ``prompt_token_ids`` when
+``return_token_ids`` was set. Token ids are read from ``token_ids`` when vLLM sends them, else from the
+``"token_id:{id}"`` strings (older vLLM), and must agree when both come. Finish reasons
+(``vllm/v1/engine/__init__.py`` ``FINISH_REASON_STRINGS``): ``stop``, ``length``, ``abort`` (a request
+aborted in flight, e.g. by ``POST /pause?mode=abort`` around a weight update: HTTP 200 with the partial
+output), ``error`` (vLLM answers HTTP 500 instead) and ``repetition`` (``repetition_detection`` ended it
+early: shipped as ``stop``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from producers.engines.base import Completion, EngineError
+
+LogprobsMode = Literal["processed_logprobs", "raw_logprobs"]
+LOGPROBS_MODES: tuple[LogprobsMode, ...] = ("processed_logprobs", "raw_logprobs")
+VLLM_GREEDY_BELOW = 1e-5  # vllm/sampling_params.py _SAMPLING_EPS: a temperature below it decodes greedily
+_TOKEN_ID_PREFIX = "token_id:"
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort", "repetition": "stop"}
+# SGLang's names (rollstream's `SamplingParams`) -> vLLM's; anything else passes through under its own name.
+_RENAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+_TRUNCATING = ("top_p", "top_k", "min_p")  # processed logprobs are of the distribution these truncate
+_OFF = {"top_p": 1.0, "top_k": -1, "min_p": 0.0}
+
+
+def request_body(text: str, ids: Sequence[int] | None, sampling: Mapping[str, Any], *,
+                 model: str | None) -> dict[str, Any]:
+    """The JSON body of one ``/v1/completions`` call for one sample (token ids when we have them, else text).
+
+    `sampling` is a `SamplingParams.to_dict()`: SGLang's names, renamed to vLLM's; a ``top_k`` of -1 (off)
+    is left out. The body asks for the sampled tokens' ids and logprobs.
+    """
+    body: dict[str, Any] = {"prompt": list(ids) if ids is not None else text, "n": 1, "logprobs": 0,
+                            "return_token_ids": True, "return_tokens_as_token_ids": True,
+                            "include_stop_str_in_output": True}
+    if model is not None:
+        body["model"] = model
+    for key, value in sampling.items():
+        if key == "top_k" and int(value) in (-1, 0):
+            continue
+        body[_RENAMES.get(key, key)] = value
+    return body
+
+
+def seeded(body: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """The body of sample `index`: its own seed (``seed + index``, as vLLM seeds its ``n`` children) when the
+    body has one, so the samples of a group differ but stay reproducible."""
+    out = dict(body)
+    if out.get("seed") is not None:
+        out["seed"] = int(out["seed"]) + index
+    return out
+
+
+def check_logprobs_contract(mode: LogprobsMode, body: Mapping[str, Any]) -> None:
+    """Refuse sampling under which vLLM's logprobs (started with ``--logprobs-mode`` `mode`) are not what
+    rollstream records: log_softmax(logits / T) of the whole vocabulary, T from `logprob_temperature`.
+
+    ``processed_logprobs`` are taken after temperature and after top-p/top-k/min-p truncation (the kept
+    tokens renormalised): right at any temperature, with no truncation. ``raw_logprobs`` (vLLM's default)
+    are taken before temperature: right at temperature 1 (and greedy), with any top-p/top-k. Greedy
+    decoding (vLLM: below 1e-5) takes log_softmax(logits) in both modes, as rollstream records it below 1e-6.
+
+    Raises:
+        EngineError (not retriable): the combination cannot give the recorded logprobs; names the fix.
+    """
+    temperature = float(body.get("temperature", 1.0))
+    if temperature < VLLM_GREEDY_BELOW:
+        if temperature >= 1e-6:  # schemas.GREEDY_BELOW: rollstream would record it as sampled at T
+            raise EngineError(f"temperature {temperature:g}: vLLM decodes greedily below 1e-5 and rollstream "
+                              "records logprobs at T below 1e-6; use 0 for greedy decoding", retriable=False)
+        return
+    truncated = [f"{k}={body[k]}" for k in _TRUNCATING if k in body and float(body[k]) != _OFF[k]]
+    if mode == "processed_logprobs" and truncated:
+        raise EngineError(f"vLLM's processed_logprobs are of the {', '.join(truncated)} truncated distribution, "
+                          "not log_softmax(logits / T) of the whole vocabulary that the trainer recomputes: "
+                          "sample without truncation (top_p 1.0, no top_k/min_p), or at temperature 1.0 with "
+                          "vLLM started with --logprobs-mode raw_logprobs and --vllm-logprobs-mode raw_logprobs",
+                          retriable=False)
+    if mode == "raw_logprobs" and temperature != 1.0:
+        raise EngineError(f"vLLM's raw_logprobs ignore the temperature ({temperature:g}): start vLLM with "
+                          "--logprobs-mode processed_logprobs and pass --vllm-logprobs-mode processed_logprobs "
+                          "(then sample with top_p 1.0), or sample at temperature 1.0", retriable=False)
+
+
+def parse_response(out: Any) -> tuple[Completion, list[int] | None]:
+    """One ``/v1/completions`` response of one sample -> (its `Completion`, the prompt's token ids if sent).
+
+    Raises:
+        EngineError (not retriable): the response does not have vLLM's shape, or its tokens and logprobs
+            disagree; (retriable) it has no finish reason.
+    """
+    choices = out.get("choices") if isinstance(out, Mapping) else None
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], Mapping):
+        raise EngineError(f"not a vLLM /v1/completions response with one choice: {str(out)[:200]}",
+                          retriable=False)
+    choice = choices[0]
+    prompt_ids = choice.get("prompt_token_ids")
+    try:
+        prompt = None if prompt_ids is None else [int(t) for t in prompt_ids]
+    except (TypeError, ValueError) as exc:
+        raise EngineError(f"malformed prompt_token_ids in vLLM response: {exc}", retriable=False) from exc
+    return parse_choice(choice), prompt
+
+
+def parse_choice(choice: Mapping[str, Any]) -> Completion:
+    """One ``choices[i]`` -> `Completion` (tokens, logprobs, text, finish reason; no policy version: vLLM
+    reports none per request). Raises EngineError as `parse_response`."""
+    finish = finish_reason(choice.get("finish_reason"))
+    tokens, logprobs = _tokens_and_logprobs(choice)
+    return Completion(text=str(choice.get("text") or ""), tokens=tokens, logprobs=logprobs, finish_reason=finish)
+
+
+def finish_reason(reason: Any) -> str:
+    """vLLM's finish reason -> rollstream's ``stop`` | ``length`` | ``abort``."""
+    if reason in _FINISH:
+        return _FINISH[reason]
+    if reason is None:
+        raise EngineError("vLLM choice has no finish_reason (an unfinished streaming chunk?)", retriable=True)
+    raise EngineError(f"vLLM finish_reason {reason!r} is not stop, length, abort or repetition", retriable=False)
+
+
+def _tokens_and_logprobs(choice: Mapping[str, Any]) -> tuple[list[int], list[float] | None]:
+    raw = choice.get("logprobs")
+    try:
+        ids = None if choice.get("token_ids") is None else [int(t) for t in choice["token_ids"]]
+        named = None if not isinstance(raw, Mapping) else [_token_id(t) for t in raw.get("tokens") or []]
+        values = None if not isinstance(raw, Mapping) else [float(v) for v in raw.get("token_logprobs") or []]
+    except (TypeError, ValueError) as exc:
+        raise EngineError(f"malformed token_ids or logprobs in vLLM response: {exc}", retriable=False) from exc
+    if ids is None and named is None:
+        raise EngineError("vLLM response has neither token_ids nor logprobs.tokens: the engine sends "
+                          "return_token_ids and logprobs=0; is this vLLM's /v1/completions?", retriable=False)
+    if ids is not None and named is not None and ids != named:
+        raise EngineError(f"vLLM token_ids {ids[:8]}... disagree with logprobs.tokens {named[:8]}...",
+                          retriable=False)
+    tokens = ids if ids is not None else (named or [])
+    if values is not None and len(values) != len(tokens):
+        raise EngineError(f"vLLM response has {len(tokens)} tokens but {len(values)} logprobs", retriable=False)
+    return tokens, values
+
+
+def _token_id(token: Any) -> int:
+    """``"token_id:123"`` -> 123 (``return_tokens_as_token_ids``). Raises ValueError for a decoded token."""
+    if not (isinstance(token, str) and token.startswith(_TOKEN_ID_PREFIX)):
+        raise ValueError(f"logprobs token {token!r} is not 'token_id:N' (return_tokens_as_token_ids ignored?)")
+    return int(token[len(_TOKEN_ID_PREFIX):])

@@ -1,0 +1,246 @@
+"""vLLM over HTTP: its OpenAI-compatible ``/v1/completions`` (``vllm serve``; wire format in `_vllm_format`).
+
+One or many server URLs, round robin (a retry moves to the next one). Each sample is its own request
+(``n`` = 1, ``seed + i`` when a seed is set), retried with exponential backoff and jitter on connection
+errors, timeouts, HTTP 408/429/5xx and malformed bodies, up to `RetryPolicy.attempts`; any other 4xx (a
+prompt or parameter the server refuses) fails at once. A sample vLLM aborted (finish reason ``abort``:
+``POST /pause?mode=abort`` around a weight update, a server shutting down) is never returned as a
+finished sample: it is issued again from scratch, at most `RetryPolicy.abort_attempts` times, whatever
+``--partial-rollouts`` says (continuing a partial output is SGLang's; here a restarted sample is simply
+generated on whatever weights serve then).
+
+Logprobs: vLLM's are what rollstream records only for some ``--logprobs-mode`` and sampling combinations
+(`_vllm_format.check_logprobs_contract`); the engine refuses the others before sending anything.
+
+Weights: vLLM has no stable HTTP endpoint that loads a checkpoint from a path. Its RL weight sync
+(``VLLM_SERVER_DEV_MODE=1``: ``/pause``, ``/init_weight_transfer_engine``, ``/start_weight_update``,
+``/update_weights``, ``/finish_weight_update``, ``/resume``) streams tensors from the trainer over
+NCCL or CUDA IPC, so the trainer drives it, not the producer; this engine only stamps versions: vLLM
+reports none per request, so each sample gets the newest version announced on NS.control when its
+generation started (`producers.policy`), never a newer one than generated a token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from producers.engines._tokenize import PromptEncoder, load_tokenizer
+from producers.engines._vllm_format import (
+    LOGPROBS_MODES,
+    LogprobsMode,
+    check_logprobs_contract,
+    parse_response,
+    request_body,
+    seeded,
+)
+from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Completion, EngineError, Generation, SamplingParams
+from producers.engines.sglang_http import RetryPolicy, gather_or_cancel
+from schemas import ConfigError
+
+__all__ = ["LOGPROBS_MODES", "LogprobsMode", "VLLMHTTPEngine", "normalize_vllm_url"]
+
+log = logging.getLogger(__name__)
+_RETRY_STATUS = frozenset({408, 429})
+_COMPLETIONS = "/v1/completions"
+_MODELS_TIMEOUT = httpx.Timeout(10.0)  # a name lookup at startup: never the generation's minutes
+
+
+def normalize_vllm_url(url: str) -> str:
+    """``host:port``, ``http://host:port/``, ``.../v1`` or ``.../v1/completions`` -> ``http://host:port``."""
+    url = url.strip().rstrip("/")
+    for suffix in (_COMPLETIONS, "/v1"):
+        if url.endswith(suffix):
+            url = url[: -len(suffix)]
+    if "://" not in url:
+        url = "http://" + url
+    if not url.split("://", 1)[1]:
+        raise ConfigError(f"--vllm-url {url!r} has no host")
+    return url
+
+
+class VLLMHTTPEngine:
+    """Generates through vLLM servers (``vllm serve``). Use on one event loop; `start` before `generate`.
+
+    Args:
+        urls: server base URLs (``http://host:8000``; a trailing ``/v1`` is fine), or comma-separated lists.
+        model: the served model name (``--served-model-name``); None: the first of the first server's
+            ``GET /v1/models`` at `start`, or none sent (vLLM then uses its only model).
+        tokenizer: a tokenizer directory (or loaded tokenizer) to send token ids (chat template applied
+            when it has one); None sends the prompt text and vLLM tokenizes it (and returns its ids).
+        timeout_s: per-request read timeout (a long generation is legitimately slow).
+        logprobs_mode: the ``--logprobs-mode`` the servers run with (see `check_logprobs_contract`).
+        sampling: the producer's sampling parameters, checked against `logprobs_mode` here (so a producer
+            fails at startup instead of failing every group); `generate` checks what it gets anyway.
+
+    Raises:
+        ConfigError: no URL, an unknown `logprobs_mode`, or `sampling` that mode cannot give logprobs for.
+    """
+
+    name = "vllm"
+
+    def __init__(self, urls: Sequence[str], *, model: str | None = None, tokenizer: str | Path | Any | None = None,
+                 chat_template: bool = True, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 connect_timeout_s: float = 10.0, retry: RetryPolicy | None = None,
+                 logprobs_mode: LogprobsMode = "processed_logprobs", max_connections: int = 512,
+                 seed: int | None = None, sampling: SamplingParams | None = None) -> None:
+        if isinstance(urls, str):
+            urls = [urls]
+        self._urls = [normalize_vllm_url(u) for part in urls for u in part.split(",") if u.strip()]
+        if not self._urls:
+            raise ConfigError("--engine vllm needs at least one --vllm-url")
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ConfigError(f"--vllm-logprobs-mode {logprobs_mode!r}: use {' or '.join(LOGPROBS_MODES)}")
+        self._model = model
+        self._tokenizer_src = tokenizer
+        self._chat_template = chat_template
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._retry = retry or RetryPolicy()
+        self._logprobs_mode: LogprobsMode = logprobs_mode
+        self._rng = random.Random(seed)
+        self._next = 0
+        self._client: httpx.AsyncClient | None = None
+        self._encoder: PromptEncoder | None = None
+        if sampling is not None:
+            self.check_sampling(sampling)
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """Raise ConfigError (naming the fix) when vLLM's logprobs under `sampling` are not what rollstream
+        records (`check_logprobs_contract`). No I/O."""
+        try:
+            check_logprobs_contract(self._logprobs_mode, request_body("", (), sampling.to_dict(), model=None))
+        except EngineError as exc:
+            raise ConfigError(str(exc)) from exc
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._urls)
+
+    @property
+    def model(self) -> str | None:
+        """The model name sent with every request (None: none sent)."""
+        return self._model
+
+    async def start(self) -> None:
+        """Load the tokenizer (in a thread), open the HTTP client and, without `model`, read the served
+        model's name (best effort: a server that does not answer yet is not an error). Idempotent."""
+        if self._tokenizer_src is not None and self._encoder is None:
+            tok = self._tokenizer_src
+            if isinstance(tok, str | Path):
+                tok = await asyncio.to_thread(load_tokenizer, tok)
+            self._encoder = PromptEncoder(tok, chat_template=self._chat_template)
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self._timeout, limits=self._limits)
+            if self._model is None:
+                self._model = await self._served_model(self._urls[0])
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
+
+    async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
+        """`n` concurrent requests for `prompt`; if one gives up, the others are cancelled.
+
+        Raises:
+            EngineError: sampling whose logprobs vLLM cannot give as rollstream records them, or a chat
+                prompt without a tokenizer (not retriable); a sample failed after its retries or kept
+                being aborted (not retriable: the engine already retried).
+        """
+        if self._client is None:
+            raise EngineError("VLLMHTTPEngine.generate called before start()", retriable=False)
+        if self._encoder is not None:
+            text, ids = await asyncio.to_thread(self._encoder.encode, prompt)
+        elif isinstance(prompt["prompt"], str):
+            text, ids = prompt["prompt"], None
+        else:
+            raise EngineError(f"prompt {prompt.get('id')!r} is a list of chat messages: pass --tokenizer so its "
+                              "chat template can render them", retriable=False)
+        body = request_body(text, ids, sampling.to_dict(), model=self._model)
+        check_logprobs_contract(self._logprobs_mode, body)
+        served_ids: list[list[int]] = []  # the prompt's ids as vLLM tokenized it, when it says
+        completions = await gather_or_cancel([self._sample(seeded(body, i), served_ids) for i in range(n)])
+        prompt_tokens = ids if ids is not None else (served_ids[0] if served_ids else ())
+        return Generation(completions=completions, prompt_text=text, prompt_tokens=prompt_tokens)
+
+    async def _sample(self, body: Mapping[str, Any], served_ids: list[list[int]]) -> Completion:
+        """One sample, retried and re-issued as the module docstring says; appends the prompt token ids
+        vLLM returns to `served_ids`."""
+        r = self._retry
+        failures = aborts = 0
+        while True:
+            url = self._pick_url()
+            result, error = await self._post_once(url, body)
+            if result is None:
+                failures += 1
+                if failures >= r.attempts:
+                    raise EngineError(f"vllm {_COMPLETIONS} failed {failures} times; last: {error}",
+                                      retriable=False)
+                log.warning("vllm %s failed (%s); retry %d/%d", _COMPLETIONS, error, failures, r.attempts - 1)
+                await asyncio.sleep(r.delay_s(failures, self._rng))
+                continue
+            completion, prompt_ids = result
+            if prompt_ids is not None:
+                served_ids.append(prompt_ids)
+            if completion.finish_reason != "abort":
+                return completion
+            aborts += 1
+            if aborts > r.abort_attempts:
+                raise EngineError(f"vllm request aborted {aborts} times (last by {url}); giving up", retriable=False)
+            log.info("vllm request aborted by %s after %d tokens; issuing it again", url, len(completion.tokens))
+            await asyncio.sleep(r.delay_s(min(aborts, 3), self._rng))  # the server may be busy updating
+
+    async def _post_once(self, url: str, body: Mapping[str, Any]
+                         ) -> tuple[tuple[Completion, list[int] | None] | None, str | None]:
+        """One POST. Returns ((completion, prompt ids), None) or (None, a retriable error).
+
+        Raises:
+            EngineError (not retriable): a 4xx the server will refuse again, or a body not of vLLM's shape.
+        """
+        if self._client is None:
+            raise EngineError("engine closed", retriable=False)
+        try:
+            resp = await self._client.post(f"{url}{_COMPLETIONS}", json=dict(body))
+        except httpx.TimeoutException as exc:
+            return None, f"{url}: timed out ({type(exc).__name__})"
+        except httpx.TransportError as exc:
+            return None, f"{url}: {type(exc).__name__}: {exc}"
+        if resp.status_code >= 500 or resp.status_code in _RETRY_STATUS:
+            return None, f"{url}: HTTP {resp.status_code}: {resp.text[:200]}"
+        if resp.status_code >= 400:
+            raise EngineError(f"{url} refused the request: HTTP {resp.status_code}: {resp.text[:300]}",
+                              retriable=False)
+        try:
+            out = resp.json()
+        except ValueError:
+            return None, f"{url}: response is not JSON: {resp.text[:200]}"
+        try:
+            return parse_response(out), None
+        except EngineError as exc:
+            if exc.retriable:
+                return None, f"{url}: {exc}"
+            raise
+
+    async def _served_model(self, url: str) -> str | None:
+        if self._client is None:
+            return None
+        try:
+            resp = await self._client.get(f"{url}/v1/models", timeout=_MODELS_TIMEOUT)
+            resp.raise_for_status()
+            return str(resp.json()["data"][0]["id"])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            log.warning("could not read the served model of %s (%s): requests name no model", url, exc)
+            return None
+
+    def _pick_url(self) -> str:
+        url = self._urls[self._next % len(self._urls)]
+        self._next += 1
+        return url
+

@@ -1,0 +1,77 @@
+"""`rollstream produce --engine vllm` end to end on a real broker, against the vLLM stand-in
+(tests/standins/vllm_server.py, which cites the vllm-project/vllm files and commits it follows).
+
+Pinned: the CLI's ``--engine vllm --vllm-url URL`` publishes one ok group per prompt, each with
+``--n-samples`` samples whose token ids and logprobs are exactly the server's, the prompt's token ids
+as vLLM tokenized it and the sampling parameters, and a `RolloutConsumer` takes them all; an in-process
+producer whose vLLM server aborts samples (a trainer's ``/pause?mode=abort``) ships only finished samples,
+stamped with the newest version announced on NS.control (vLLM reports none per request).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from consumers import RolloutConsumer
+from infra import KafkaConfig, announce_policy_version
+from producers import RolloutProducer, make_engine
+from schemas import PolicyVersion, Sampling
+from tests.integration._kafka import count, read_all, run_cli, write_prompts
+from tests.integration.test_policy_versions import running, settings, wait_for
+from tests.standins.vllm_server import VLLMStandIn, logprob_at, token_at
+
+PROMPTS, SAMPLES, TOKENS = 4, 3, 5
+
+
+@pytest.fixture
+def vllm() -> Iterator[VLLMStandIn]:
+    with VLLMStandIn() as server:
+        yield server
+
+
+def test_cli_produces_groups_a_consumer_takes(kafka_config: KafkaConfig, namespace_factory, group_id,
+                                              bootstrap_servers: str, vllm: VLLMStandIn) -> None:
+    names = namespace_factory(partitions=2)
+    write_prompts(kafka_config, names, [f"p{i}" for i in range(PROMPTS)])
+    produced = run_cli(bootstrap_servers, "produce", "--namespace", names.namespace, "--engine", "vllm",
+                       "--vllm-url", vllm.url, "--n-samples", str(SAMPLES), "--max-new-tokens", str(TOKENS),
+                       "--temperature", "0.8", "--concurrency", "2", "--max-lag", "100", "--trainer-group", group_id,
+                       "--exit-when-idle", "1.5", "--summary-interval", "0", timeout_s=90)
+    assert produced.returncode == 0, produced.stdout + produced.stderr
+    with RolloutConsumer(config=kafka_config, group_id=group_id, namespace=names.namespace, filters=()) as trainer:
+        batch = trainer.take(PROMPTS, timeout=30)
+        trainer.commit(batch)
+    assert sorted(g.prompt_id for g in batch.groups) == [f"p{i}" for i in range(PROMPTS)]
+    for group in batch.groups:
+        assert group.status == "ok" and len(group.samples) == SAMPLES
+        assert list(group.prompt_tokens) == [ord(ch) for ch in f"question {group.prompt_id}"]
+        assert group.sampling == Sampling(temperature=0.8, top_p=1.0, top_k=-1)
+        start = len(group.prompt_tokens)
+        for sample in group.samples:
+            assert list(sample.tokens) == [token_at(start + i) for i in range(TOKENS)]
+            assert sample.logprobs is not None
+            assert list(sample.logprobs) == pytest.approx([logprob_at(start + i) for i in range(TOKENS)], abs=1e-6)
+            assert sample.finish_reason == "length"
+    assert len(vllm.completions()) == PROMPTS * SAMPLES  # one request per sample, none retried
+    assert all(body["model"] == vllm.model and body["temperature"] == 0.8 for body in vllm.completions())
+
+
+def test_aborted_samples_are_regenerated_and_stamped_from_control(kafka_config: KafkaConfig, namespace_factory,
+                                                                  vllm: VLLMStandIn) -> None:
+    names = namespace_factory(partitions=1)
+    announce_policy_version(kafka_config, names, PolicyVersion(3))
+    vllm.abort_next = 2  # as a trainer's /pause?mode=abort does to the requests in flight
+    engine = make_engine("vllm", vllm_urls=[vllm.url])
+    producer = RolloutProducer(engine, settings(names, n_samples=2, max_new_tokens=TOKENS), kafka=kafka_config)
+    with running(producer):
+        wait_for(lambda: producer.policy_version == 3, "the producer to see version 3")
+        write_prompts(kafka_config, names, ["a", "b"])
+        wait_for(lambda: count(kafka_config, names.rollouts) >= 2, "2 groups")
+    groups = read_all(kafka_config, names.rollouts)
+    assert all(g.status == "ok" for g in groups), [g.error for g in groups]
+    samples = [s for g in groups for s in g.samples]
+    assert len(samples) == 4 and all(s.finish_reason == "length" and len(s.tokens) == TOKENS for s in samples)
+    assert all(s.weight_versions == (3,) for s in samples)
+    assert len(vllm.completions()) == 4 + 2  # the two aborted requests were issued again

@@ -1,0 +1,238 @@
+"""The vLLM engine (`VLLMHTTPEngine`) against the vLLM stand-in (tests/standins/vllm_server.py).
+
+What the engine and the stand-in follow, read in vllm-project/vllm on 2026-12-01:
+``vllm/entrypoints/openai/completion/protocol.py`` at 002032ee2b18e1f7bd924ec47b62504ba3866063
+(``CompletionRequest``, ``CompletionLogProbs``, ``CompletionResponseChoice``),
+``vllm/entrypoints/openai/completion/serving.py`` at 030ea52effcb05071543c8c42b8f0145e94cee43
+(``request_output_to_completion_response``, ``_create_completion_logprobs``: ``"token_id:{id}"`` tokens,
+``token_ids`` / ``prompt_token_ids`` with ``return_token_ids``, vLLM >= 0.10.2, PR #22587),
+``vllm/v1/engine/__init__.py`` (``FINISH_REASON_STRINGS``), ``vllm/v1/engine/parallel_sampling.py`` (child
+``i`` of ``n`` seeded ``seed + i``), ``vllm/config/model.py`` (``logprobs_mode``: raw before any processor,
+processed after temperature and top-k/top-p) and ``vllm/entrypoints/serve/dev/rlhf/api_router.py`` at
+0100a2129224e729af1b3b8ed42a900cdfe9a452 (``/pause?mode=abort``, ``/resume``).
+
+Pinned: the request fields (token ids as ``prompt``, ``n`` 1, ``max_tokens``, ``logprobs`` 0,
+``return_token_ids``, ``return_tokens_as_token_ids``, the served model from ``/v1/models``); token ids
+and logprobs round-trip into `Completion` (from ``token_ids``, and from ``"token_id:N"`` on a vLLM without
+``return_token_ids``); ``n`` samples with seeds ``seed + i``; finish reasons stop and length; retries on
+503, a dropped connection and a timeout, bounded; 4xx fails at once; an aborted sample (also by
+``/pause?mode=abort``) is issued again, never returned; round robin; sampling whose logprobs vLLM cannot
+give as rollstream records them is refused; the factory's and CLI's wiring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from producers.engines import EngineError, RetryPolicy, SamplingParams, VLLMHTTPEngine, make_engine
+from producers.engines._vllm_format import check_logprobs_contract, finish_reason, parse_response
+from rollstream.cli import app
+from schemas import ConfigError
+from tests.standins.sglang_server import CharTokenizer
+from tests.standins.vllm_server import VLLMStandIn, logprob_at, piece, token_at
+
+PROMPT = {"id": "p1", "prompt": "2+2?", "label": "4", "metadata": {}, "epoch": 0}
+IDS = [ord(ch) for ch in "2+2?"]
+FAST = RetryPolicy(attempts=3, abort_attempts=2, backoff_s=0.01, max_backoff_s=0.02)
+
+
+@pytest.fixture
+def vllm() -> Iterator[VLLMStandIn]:
+    with VLLMStandIn() as server:
+        yield server
+
+
+def run_engine(engine: VLLMHTTPEngine, n: int = 1, prompt: dict[str, Any] = PROMPT, **sampling: Any) -> Any:
+    params = SamplingParams(max_new_tokens=sampling.pop("max_new_tokens", 4), **sampling)
+
+    async def go() -> Any:
+        await engine.start()
+        try:
+            return await engine.generate(prompt, n, params)
+        finally:
+            await engine.close()
+    return asyncio.run(go())
+
+
+def expected_tokens(prompt_len: int, n_tokens: int) -> list[int]:
+    return [token_at(prompt_len + i) for i in range(n_tokens)]
+
+
+def test_request_fields_and_token_round_trip(vllm: VLLMStandIn) -> None:
+    gen = run_engine(VLLMHTTPEngine([vllm.url + "/v1"], tokenizer=CharTokenizer(), retry=FAST), n=2,
+                     temperature=0.7)
+    assert len(gen.completions) == 2 and len(vllm.completions()) == 2
+    assert vllm.requests[0] == ("/v1/models", {})  # the served model's name, read once at start
+    body = vllm.completions()[0]
+    assert body == {"prompt": IDS, "n": 1, "logprobs": 0, "return_token_ids": True,
+                    "return_tokens_as_token_ids": True, "include_stop_str_in_output": True,
+                    "model": "/models/base", "max_tokens": 4, "temperature": 0.7, "top_p": 1.0}
+    c = gen.completions[0]
+    assert list(c.tokens) == expected_tokens(4, 4) and c.finish_reason == "length"
+    assert list(c.logprobs) == [logprob_at(4 + i) for i in range(4)]
+    assert c.text == "".join(piece(t) for t in c.tokens) and c.policy_version is None  # NS.control stamps it
+    assert list(gen.prompt_tokens) == IDS and gen.prompt_text == "2+2?"
+
+
+def test_text_prompt_and_an_older_vllm_without_token_ids() -> None:
+    with VLLMStandIn(old_vllm=True, stop_after=3) as old:
+        gen = run_engine(VLLMHTTPEngine([old.url], model="/models/base", retry=FAST))
+        body = old.completions()[0]
+    assert body["prompt"] == "2+2?" and "/v1/models" not in [p for p, _ in old.requests]
+    c = gen.completions[0]
+    assert list(c.tokens) == expected_tokens(4, 3) and c.finish_reason == "stop"  # from "token_id:N"
+    assert list(c.logprobs) == [logprob_at(4 + i) for i in range(3)]
+    assert list(gen.prompt_tokens) == []  # an old vLLM does not say how it tokenized the text
+
+
+def test_text_prompt_gets_the_servers_prompt_ids(vllm: VLLMStandIn) -> None:
+    gen = run_engine(VLLMHTTPEngine([vllm.url], retry=FAST))
+    assert list(gen.prompt_tokens) == IDS and vllm.completions()[0]["prompt"] == "2+2?"
+
+
+def test_n_samples_get_seed_plus_index(vllm: VLLMStandIn) -> None:
+    gen = run_engine(VLLMHTTPEngine([vllm.url], retry=FAST), n=3, extra={"seed": 7, "top_k": -1})
+    assert len(gen.completions) == 3
+    assert sorted(b["seed"] for b in vllm.completions()) == [7, 8, 9]
+    assert all("top_k" not in b for b in vllm.completions())  # -1 (off) is not sent
+
+
+def test_retries_503_dropped_connection_and_timeout(vllm: VLLMStandIn) -> None:
+    vllm.fail_next, vllm.drop_next, vllm.slow_next, vllm.slow_s = 1, 1, 1, 1.0
+    engine = VLLMHTTPEngine([vllm.url], retry=RetryPolicy(attempts=4, backoff_s=0.01, max_backoff_s=0.02),
+                            timeout_s=0.3)
+    gen = run_engine(engine)
+    assert list(gen.completions[0].tokens) == expected_tokens(4, 4)
+    assert len(vllm.completions()) == 4  # drop, 503, too slow, ok
+
+
+def test_gives_up_after_bounded_retries(vllm: VLLMStandIn) -> None:
+    vllm.fail_next = 100
+    with pytest.raises(EngineError, match="failed 3 times.*HTTP 503") as err:
+        run_engine(VLLMHTTPEngine([vllm.url], retry=FAST))
+    assert not err.value.retriable and len(vllm.completions()) == 3
+
+
+def test_client_error_fails_at_once(vllm: VLLMStandIn) -> None:
+    with pytest.raises(EngineError, match="HTTP 404.*does not exist"):
+        run_engine(VLLMHTTPEngine([vllm.url], model="other", retry=FAST))
+    assert len(vllm.completions()) == 1
+
+
+def test_aborted_sample_is_issued_again_never_returned(vllm: VLLMStandIn) -> None:
+    vllm.abort_next = 2
+    gen = run_engine(VLLMHTTPEngine([vllm.url], retry=FAST))
+    assert [c.finish_reason for c in gen.completions] == ["length"]
+    assert list(gen.completions[0].tokens) == expected_tokens(4, 4)  # from scratch, not continued
+    assert [b["prompt"] for b in vllm.completions()] == ["2+2?"] * 3
+    vllm.abort_next = 100
+    with pytest.raises(EngineError, match="aborted 3 times"):
+        run_engine(VLLMHTTPEngine([vllm.url], retry=FAST))
+
+
+def test_pause_abort_in_flight_is_restarted_after_resume() -> None:
+    with VLLMStandIn(token_delay_s=0.01) as server:
+        result: list[Any] = []
+        thread = threading.Thread(target=lambda: result.append(
+            run_engine(VLLMHTTPEngine([server.url], retry=FAST), max_new_tokens=30)))
+        thread.start()
+        server.wait_until(lambda: server.in_flight() == 1, "a request in flight")
+        paused = threading.Thread(target=lambda: asyncio.run(_post(server.url + "/pause?mode=abort")))
+        paused.start()
+        server.wait_until(lambda: len(server.completions()) == 2, "the aborted request issued again")
+        asyncio.run(_post(server.url + "/resume"))
+        thread.join(10)
+        paused.join(10)
+    assert [c.finish_reason for c in result[0].completions] == ["length"]
+    assert len(result[0].completions[0].tokens) == 30
+    assert ("/pause", {"mode": "abort"}) in server.requests
+
+
+async def _post(url: str) -> None:
+    import httpx
+
+    async with httpx.AsyncClient() as client:
+        (await client.post(url)).raise_for_status()
+
+
+def test_round_robin_and_dead_server_failover(vllm: VLLMStandIn) -> None:
+    with VLLMStandIn() as other:
+        engine = VLLMHTTPEngine([vllm.url, f"{other.url},http://127.0.0.1:1"], model="/models/base", retry=FAST)
+        gen = run_engine(engine, n=6)
+        assert len(gen.completions) == 6
+        assert len(vllm.completions()) >= 2 and len(other.completions()) >= 2
+
+
+@pytest.mark.parametrize(("mode", "sampling", "refused"), [
+    ("processed_logprobs", {"temperature": 0.7, "top_p": 1.0}, None),
+    ("processed_logprobs", {"temperature": 1.0, "top_p": 0.9}, "top_p=0.9 truncated"),
+    ("processed_logprobs", {"temperature": 0.7, "top_k": 20}, "top_k=20 truncated"),
+    ("raw_logprobs", {"temperature": 1.0, "top_p": 0.9, "top_k": 5}, None),
+    ("raw_logprobs", {"temperature": 0.7}, "ignore the temperature"),
+    ("raw_logprobs", {"temperature": 0.0, "top_p": 0.5}, None),  # greedy: log_softmax(logits) in both modes
+    ("processed_logprobs", {"temperature": 5e-6}, "greedily below 1e-5"),
+])
+def test_logprobs_contract(mode: Any, sampling: dict[str, Any], refused: str | None) -> None:
+    if refused is None:
+        check_logprobs_contract(mode, sampling)
+        return
+    with pytest.raises(EngineError, match=refused) as err:
+        check_logprobs_contract(mode, sampling)
+    assert not err.value.retriable
+
+
+def test_refused_sampling_sends_nothing(vllm: VLLMStandIn) -> None:
+    with pytest.raises(EngineError, match="--logprobs-mode raw_logprobs"):
+        run_engine(VLLMHTTPEngine([vllm.url], retry=FAST), top_p=0.9)
+    assert vllm.completions() == []
+
+
+def test_parse_finish_reasons_and_foreign_shapes() -> None:
+    assert [finish_reason(r) for r in ("stop", "length", "abort", "repetition")] == ["stop", "length", "abort",
+                                                                                      "stop"]
+    with pytest.raises(EngineError, match="not stop, length"):
+        finish_reason("weird")
+    with pytest.raises(EngineError, match="one choice"):
+        parse_response({"text": "x"})
+    with pytest.raises(EngineError, match="disagree"):
+        parse_response({"choices": [{"text": "", "finish_reason": "stop", "token_ids": [1, 2],
+                                     "logprobs": {"tokens": ["token_id:1", "token_id:3"],
+                                                  "token_logprobs": [-1.0, -2.0]}}]})
+    with pytest.raises(EngineError, match="neither token_ids nor logprobs"):
+        parse_response({"choices": [{"text": "x", "finish_reason": "stop"}]})
+
+
+def test_factory_wiring() -> None:
+    engine = make_engine("vllm", vllm_urls=["gpu1:8000,gpu2:8000/v1/completions"], vllm_model="m")
+    assert isinstance(engine, VLLMHTTPEngine) and engine.urls == ["http://gpu1:8000", "http://gpu2:8000"]
+    assert engine.model == "m"
+    with pytest.raises(ConfigError, match="needs --vllm-url"):
+        make_engine("vllm")
+    with pytest.raises(ConfigError, match="--vllm-url is for --engine vllm"):
+        make_engine("sglang", sglang_urls=["x:1"], vllm_urls=["y:2"])
+    with pytest.raises(ConfigError, match="--sglang-url is for --engine sglang"):
+        make_engine("vllm", sglang_urls=["x:1"], vllm_urls=["y:2"])
+
+
+def test_cli_knows_the_vllm_options() -> None:
+    result = CliRunner().invoke(app, ["produce", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    for option in ("--vllm-url", "--vllm-model", "--vllm-logprobs-mode", "vllm"):
+        assert option in result.output
+
+
+def test_refused_sampling_fails_at_startup_not_per_group() -> None:
+    with pytest.raises(ConfigError, match="top_p=0.9 truncated"):
+        make_engine("vllm", vllm_urls=["x:1"], sampling=SamplingParams(top_p=0.9))
+    make_engine("vllm", vllm_urls=["x:1"], vllm_logprobs_mode="raw_logprobs", sampling=SamplingParams(top_p=0.9))
+    result = CliRunner().invoke(app, ["produce", "--engine", "vllm", "--vllm-url", "127.0.0.1:1", "--temperature",
+                                      "0.7", "--vllm-logprobs-mode", "raw_logprobs", "--bootstrap-servers",
+                                      "127.0.0.1:1"])
+    assert result.exit_code != 0 and isinstance(result.exception, ConfigError)
+    assert "ignore the temperature" in str(result.exception)  # before any broker or server is contacted
