@@ -41,6 +41,7 @@ from schemas import (
     int32_array,
     make_group_id,
     now_ms,
+    plain_samples,
 )
 
 log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def record_of(taken: TakenPrompt, outcome: Outcome, shape: Shape, *, producer_id
     return ScoredGroup(
         group_id=prompt.group_id, prompt_id=prompt.id, epoch=prompt.epoch, prompt=text,
         prompt_tokens=int32_array(generation.prompt_tokens if generation else (), "prompt_tokens"),
-        samples=Samples(_samples(generation, outcome) if generation else ()), started_at_ms=taken.taken_at_ms,
+        samples=_samples(generation, outcome) if generation else Samples(()), started_at_ms=taken.taken_at_ms,
         finished_at_ms=now_ms(), producer_id=producer_id, status="failed" if failed else "ok",
         error=error if failed else None, metadata={} if shape == "bare" else prompt.metadata, sampling=sampling,
         attempt=prompt.attempt, max_attempts=max_attempts, retriable=failed and outcome.retriable,
@@ -148,10 +149,20 @@ def oversize_error(size: int, limit: int) -> str:
             "--max-new-tokens, or create topics with a larger --max-message-mib")
 
 
-def _samples(generation: Generation, outcome: Outcome) -> list[Sample]:
-    rewards = outcome.rewards if outcome.rewards is not None else [None] * len(generation.completions)
-    versions = outcome.versions or [0] * len(generation.completions)
-    return [_sample(c, r, v) for c, r, v in zip(generation.completions, rewards, versions, strict=True)]
+def _samples(generation: Generation, outcome: Outcome) -> Samples:
+    """The samples of `generation`: plain responses as columns at once (`schemas.plain_samples`: no
+    `Sample` object per response), else a `Sample` each (loss masks, version spans, or a value that only
+    the per-sample checks can name)."""
+    completions = generation.completions
+    rewards = outcome.rewards if outcome.rewards is not None else [None] * len(completions)
+    versions = outcome.versions or [0] * len(completions)
+    if all(c.loss_mask is None and not c.version_spans for c in completions):
+        plain = plain_samples([c.tokens for c in completions], [c.logprobs for c in completions],
+                              [c.text for c in completions], rewards, [c.finish_reason for c in completions],
+                              versions)
+        if plain is not None:
+            return plain
+    return Samples([_sample(c, r, v) for c, r, v in zip(completions, rewards, versions, strict=True)])
 
 
 def _sample(c: Completion, reward: float | None, version: int) -> Sample:

@@ -5,8 +5,9 @@
   is full (``BufferError``) the record is handed to a worker thread that waits for room (woken by
   delivery reports) and produces it there; later records queue behind it, so order is kept and the
   loop keeps running (the fully-async bug was exactly a blocking put on the loop).
-- A dedicated thread (``rollstream-publish-poll``) serves delivery reports; each report only schedules
-  the future's result on the loop (``call_soon_threadsafe``), so a callback never blocks.
+- A dedicated thread (``rollstream-publish-poll``) serves delivery reports; each report only queues the
+  future's result, and the results of one `poll` reach the loop in one ``call_soon_threadsafe`` (one
+  wake-up of the loop per batch of reports, not per record), so a callback never blocks.
 - `close` flushes in a thread of its own, so a produce waiting for room (broker down) never holds it
   past its timeout.
 """
@@ -17,6 +18,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +72,9 @@ class Publisher(WorkerThread):
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollstream-publish")
         self._room = threading.Event()
         self._waiting = 0
+        # Delivery results not handed to the loop yet: appended by the thread serving the reports (the poll
+        # thread; the flush at close), drained by `_hand_over` (deque: appends and pops are thread-safe).
+        self._delivered: deque[tuple[asyncio.Future[Delivery], Delivery | PublishError]] = deque()
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Create the producer and its poll thread. No network round trip. Idempotent."""
@@ -90,7 +95,7 @@ class Publisher(WorkerThread):
         if self._producer is None or self._loop is None:
             raise RuntimeError("Publisher.publish before start()")
         future: asyncio.Future[Delivery] = self._loop.create_future()
-        callback = self._delivery_callback(self._loop, future)
+        callback = self._delivery_callback(future)
         if self._waiting:
             await self._produce_off_loop(key, value, callback)
         else:
@@ -134,10 +139,9 @@ class Publisher(WorkerThread):
                                        topic=self.topic, code="_DESTROY") from None
                 self._room.wait(0.05)
 
-    def _delivery_callback(self, loop: asyncio.AbstractEventLoop,
-                           future: asyncio.Future[Delivery]) -> Callable[[Any, Any], None]:
+    def _delivery_callback(self, future: asyncio.Future[Delivery]) -> Callable[[Any, Any], None]:
         def on_delivery(err: KafkaError | None, msg: Any) -> None:
-            # Poll thread: hand over and return at once.
+            # The thread serving reports: queue the result and return at once (`_hand_over` follows).
             self._room.set()
             if err is not None:
                 result: Delivery | PublishError = PublishError(
@@ -145,17 +149,27 @@ class Publisher(WorkerThread):
                     retriable=err.retriable())
             else:
                 result = Delivery(msg.topic(), msg.partition(), msg.offset())
-            try:
-                loop.call_soon_threadsafe(_resolve, future, result)
-            except RuntimeError:
-                pass  # loop closed during shutdown; nobody awaits this any more
+            self._delivered.append((future, result))
 
         return on_delivery
+
+    def _hand_over(self) -> None:
+        """Hand the queued delivery results to the loop in one call. Any thread; never blocks."""
+        batch = []
+        while self._delivered:
+            batch.append(self._delivered.popleft())
+        if not batch or self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(_resolve_all, batch)
+        except RuntimeError:
+            pass  # loop closed during shutdown; nobody awaits these any more
 
     def _poll_forever(self) -> None:
         producer = self._producer
         while producer is not None and not self._stop.is_set():
             producer.poll(0.1)
+            self._hand_over()
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -187,6 +201,7 @@ class Publisher(WorkerThread):
         self._stop.set()
         self._room.set()
         await asyncio.to_thread(self.join, 5.0)
+        self._hand_over()  # reports the flush served
         self._producer = None
         self._executor.shutdown(wait=False)
         if left:
@@ -194,10 +209,12 @@ class Publisher(WorkerThread):
         return left
 
 
-def _resolve(future: asyncio.Future[Delivery], result: Delivery | PublishError) -> None:
-    if future.done():
-        return
-    if isinstance(result, PublishError):
-        future.set_exception(result)
-    else:
-        future.set_result(result)
+def _resolve_all(batch: list[tuple[asyncio.Future[Delivery], Delivery | PublishError]]) -> None:
+    """On the loop: settle each future of `batch` with its result (a cancelled one is left)."""
+    for future, result in batch:
+        if future.done():
+            continue
+        if isinstance(result, PublishError):
+            future.set_exception(result)
+        else:
+            future.set_result(result)

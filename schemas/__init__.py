@@ -8,6 +8,7 @@ from schemas._errors import (
     SchemaError,
     UnknownSchemaError,
 )
+from schemas._layout import plain_samples
 from schemas._packing import float32_array, int32_array
 from schemas.codec import Codec, decode, default_codec, encode, fingerprint
 from schemas.policy_dir import VERSION_FILE, read_policy_version, write_policy_version
@@ -38,5 +39,6 @@ __all__ = [
     "InvalidRecordError", "OffsetDisposition", "PartitionRange", "PolicyVersion", "Prompt", "RollstreamError",
     "Sample", "Samples", "Sampling", "SchemaError", "ScoredGroup", "StepManifest", "TrainerPosition",
     "UnknownSchemaError", "VersionSpan", "decode", "default_codec", "encode", "fingerprint", "float32_array",
-    "int32_array", "logprob_temperature", "make_group_id", "now_ms", "read_policy_version", "write_policy_version",
+    "int32_array", "logprob_temperature", "make_group_id", "now_ms", "plain_samples", "read_policy_version",
+    "write_policy_version",
 ]

@@ -22,7 +22,16 @@ from typing import Any
 import numpy as np
 
 from schemas._errors import DecodeError
-from schemas._packing import FLOAT32_LE, INT32_LE, UINT8, pack_values, unpack, unpack_values
+from schemas._packing import (
+    FLOAT32_LE,
+    INT32_LE,
+    UINT8,
+    float32_array,
+    int32_array,
+    pack_values,
+    unpack,
+    unpack_values,
+)
 from schemas.records import (
     DISPOSITION_KINDS,
     FINISH_REASONS,
@@ -297,6 +306,41 @@ def _check_spans(lengths: Sequence[int], version_counts: Sequence[int], versions
                                   f"its weight versions are {own_versions}")
             at = end
         version_at += n_versions
+
+
+def plain_samples(tokens: Sequence[Sequence[int] | np.ndarray], logprobs: Sequence[Sequence[float] | np.ndarray | None],
+                  texts: Sequence[str], rewards: Sequence[float | None], finish_reasons: Sequence[str],
+                  versions: Sequence[int]) -> Samples | None:
+    """The samples of plain responses (no loss mask, no version spans, one weight version each) held as
+    columns, without a `Sample` object per response: what a producer publishes most, built with the
+    checks `Sample` makes, once per group. None when a response needs the per-sample path (a logprob
+    count that differs from its tokens, a non-finite logprob or reward, an unknown finish reason):
+    building `Sample` objects then names the problem.
+
+    Raises:
+        InvalidRecordError: a token id or logprob does not fit int32 / float32 (as `Sample` would).
+    """
+    token_parts = tuple(int32_array(t, "tokens") for t in tokens)
+    logprob_parts = tuple(float32_array(lp, "logprobs") for lp in logprobs)
+    lengths = [len(t) for t in token_parts]
+    if any(lp is not None and len(lp) != n for lp, n in zip(logprob_parts, lengths, strict=True)):
+        return None
+    present = tuple(lp for lp in logprob_parts if lp is not None)
+    if present and not np.isfinite(_joined(present, FLOAT32_LE)).all():
+        return None
+    codes = [_FINISH_CODES.get(reason) for reason in finish_reasons]
+    scored = [None if r is None else float(r) for r in rewards]
+    if None in codes or any(r is not None and math.isinf(r) for r in scored):
+        return None
+    text, text_lengths = join_strings(texts)
+    n = len(token_parts)
+    columns = SampleColumns(
+        lengths=lengths, rewards=[None if r is None or math.isnan(r) else r for r in scored],
+        finish_codes=bytes(codes),  # type: ignore[arg-type]  # no None left: checked above
+        has_logprobs=bytes(lp is not None for lp in logprob_parts), version_counts=[1] * n,
+        versions=[int(v) for v in versions], has_loss_mask=bytes(n), span_counts=[0] * n, spans=(),
+        text_lengths=text_lengths, text=text, token_parts=token_parts, logprob_parts=present, mask_parts=())
+    return Samples._of_columns(columns)
 
 
 def samples_datum(samples: Sequence[Sample]) -> dict[str, Any]:

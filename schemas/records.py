@@ -314,7 +314,8 @@ class Samples(Sequence[Sample]):
 
     @classmethod
     def _of_columns(cls, columns: SampleColumns) -> Samples:
-        """Samples that view decoded columns (the columns were checked on decode)."""
+        """Samples that view columns: decoded ones (checked on decode), or `_layout.plain_samples`' (checked
+        as `Sample` checks)."""
         obj = cls.__new__(cls)
         obj._source, obj._built = columns, None
         return obj
