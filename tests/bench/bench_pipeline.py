@@ -9,6 +9,9 @@ Raw: a confluent-kafka `Producer` (same client config: idempotent, acks=all, lz4
 records the producer would publish, byte for byte, while a `Consumer` (same config) reads them; the clock
 runs from the first produce to the last record read. No decode, no commit: the bare transport.
 Each side runs `REPEATS` times per size, alternating, on fresh topics; the best run of each counts.
+At the smallest size both sides also run with the producing side in a process of its own, as producers
+and trainers are deployed (`tests.bench._pipeline_child`): in one process they share one interpreter
+lock, which the raw side, whose work is in librdkafka's C threads, does not feel.
 
 Run alone: ``python -m tests.bench.bench_pipeline`` (uses ``ROLLSTREAM_BOOTSTRAP_SERVERS``).
 ``make bench`` calls `run`.
@@ -17,6 +20,8 @@ Run alone: ``python -m tests.bench.bench_pipeline`` (uses ``ROLLSTREAM_BOOTSTRAP
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -66,26 +71,80 @@ def _ours(config: KafkaConfig, names: TopicNames, count: int, variants: list[lis
     return seconds
 
 
-def _raw(config: KafkaConfig, names: TopicNames, count: int, payloads: list[bytes]) -> float:
-    """Seconds from the first produce to the last of `count` records read, raw confluent-kafka."""
+def raw_producer(config: KafkaConfig, names: TopicNames) -> Producer:
+    """A raw confluent-kafka producer, connected, with its producer id and metadata (as ours starts)."""
     producer = Producer(config.producer())
-    producer.list_topics(names.rollouts, timeout=10)  # connected, producer id and metadata known, as ours is
+    producer.list_topics(names.rollouts, timeout=10)
     producer.produce(names.prompts, b"warm-up")
     producer.flush(10)
+    return producer
+
+
+def _raw_consumer(config: KafkaConfig, names: TopicNames) -> Consumer:
     consumer = Consumer(config.consumer(f"bench-raw-{uuid.uuid4().hex[:8]}", {"enable.partition.eof": False}))
     consumer.assign([TopicPartition(names.rollouts, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
     consumer.consume(1, timeout=0.5)  # joins the fetchers; nothing is there yet
+    return consumer
+
+
+def _read_all(consumer: Consumer, count: int) -> None:
+    got = 0
+    while got < count:
+        msgs = consumer.consume(min(500, count - got), timeout=TIMEOUT_S)
+        if not msgs:
+            raise RuntimeError(f"bench: raw consumer got {got}/{count} records, then nothing for {TIMEOUT_S} s")
+        got += sum(1 for m in msgs if m.error() is None)
+
+
+def _child(side: str, config: KafkaConfig, names: TopicNames, group: str, group_bytes: int,
+           count: int) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tests.bench._pipeline_child", side, config.bootstrap_servers,
+                             names.namespace, group, str(group_bytes), str(count)], stdout=subprocess.PIPE, text=True)
+
+
+def _first_at(child: subprocess.Popen[str]) -> float:
+    out, _ = child.communicate(timeout=TIMEOUT_S)
+    if child.returncode != 0:
+        raise RuntimeError(f"bench: the producing process exited with {child.returncode}")
+    return float(out.strip().splitlines()[-1])
+
+
+def _ours_apart(config: KafkaConfig, names: TopicNames, count: int, group_bytes: int) -> float:
+    """Seconds from the producing process's first prompt to the last of `count` groups taken here."""
+    publish_prompts(config, names, count)
+    group = f"bench-pipeline-{uuid.uuid4().hex[:8]}"
+    with RolloutConsumer(config=config, group_id=group, namespace=names.namespace, filters=()) as consumer:
+        consumer.position()
+        child = _child("ours", config, names, group, group_bytes, count)
+        taken: set[str] = set()
+        while len(taken) < count:
+            taken.update(consumer.take(min(TAKE_N, count - len(taken)), timeout=TIMEOUT_S).group_ids)
+        done = time.time()
+    return done - _first_at(child)
+
+
+def _raw_apart(config: KafkaConfig, names: TopicNames, count: int, group_bytes: int) -> float:
+    """Seconds from the producing process's first produce to the last of `count` records read here."""
+    consumer = _raw_consumer(config, names)
+    try:
+        child = _child("raw", config, names, "unused", group_bytes, count)
+        _read_all(consumer, count)
+        done = time.time()
+    finally:
+        consumer.close()
+    return done - _first_at(child)
+
+
+def _raw(config: KafkaConfig, names: TopicNames, count: int, payloads: list[bytes]) -> float:
+    """Seconds from the first produce to the last of `count` records read, raw confluent-kafka."""
+    producer = raw_producer(config, names)
+    consumer = _raw_consumer(config, names)
     started = time.perf_counter()
     thread = threading.Thread(target=_produce_all, args=(producer, names.rollouts, count, payloads),
                               name="bench-pipeline-raw-producer", daemon=True)
     thread.start()
-    got = 0
     try:
-        while got < count:
-            msgs = consumer.consume(min(500, count - got), timeout=TIMEOUT_S)
-            if not msgs:
-                raise RuntimeError(f"bench: raw consumer got {got}/{count} records, then nothing for {TIMEOUT_S} s")
-            got += sum(1 for m in msgs if m.error() is None)
+        _read_all(consumer, count)
         seconds = time.perf_counter() - started
     finally:
         thread.join(TIMEOUT_S)
@@ -133,7 +192,28 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames], *,
             (f"{label}: ratio rollstream / raw: best of each / median of paired runs",
              f"{raw / best:.2f} / {statistics.median(r / o for r, o in zip(raws, ours, strict=True)):.2f}"),
         ]
+    rows += _apart_rows(config, names_factory, sizes[0], repeats, progress)
     return rows
+
+
+def _apart_rows(config: KafkaConfig, names_factory: Callable[..., TopicNames], size: tuple[int, int], repeats: int,
+                progress: Callable[[str], None] | None) -> list[tuple[str, str]]:
+    """The smallest size again, each side's producing half in a process of its own."""
+    group_bytes, count = size
+    ours, raws = [], []
+    for attempt in range(repeats):
+        if progress is not None:
+            progress(f"{group_bytes // KB} KB groups, producing in its own process, run {attempt + 1}/{repeats}")
+        ours.append(_ours_apart(config, names_factory(partitions=PARTITIONS), count, group_bytes))
+        raws.append(_raw_apart(config, names_factory(partitions=PARTITIONS), count, group_bytes))
+    best, raw = min(ours), min(raws)
+    label = f"{group_bytes // KB} KB, producing in its own process"
+    return [
+        (f"{label}: rollstream produce -> take groups/s", f"{count / best:,.0f}"),
+        (f"{label}: raw confluent-kafka groups/s", f"{count / raw:,.0f}"),
+        (f"{label}: ratio rollstream / raw: best of each / median of paired runs",
+         f"{raw / best:.2f} / {statistics.median(r / o for r, o in zip(raws, ours, strict=True)):.2f}"),
+    ]
 
 
 if __name__ == "__main__":

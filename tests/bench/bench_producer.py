@@ -73,9 +73,10 @@ def encoded_variants(variants: list[list[dict[str, Any]]]) -> list[bytes]:
         prompt = Prompt(id=f"b{i}", prompt=f"q{i}")
         generation = Generation(completions=[completion_from_dict(c, "bench", j) for j, c in enumerate(completions)],
                                 prompt_text=f"q{i}")
-        taken = TakenPrompt(0, i, 1, prompt, None, now_ms())
+        taken = TakenPrompt(0, i, 1, prompt, None, now_ms(), encode(prompt))  # the prompt record rides along
         outcome = Outcome(generation=generation, rewards=[None] * len(completions), versions=[0] * len(completions))
-        out.append(encode(record_of(taken, outcome, "full", producer_id="bench", prompts_topic="bench.prompts")))
+        out.append(encode(record_of(taken, outcome, "full", producer_id="bench", prompts_topic="bench.prompts",
+                                    max_attempts=ProducerSettings().max_attempts)))
     return out
 
 
