@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import httpx
 
+from producers.engines._http import RoundRobin, base_urls, post_json, prompt_input
 from producers.engines._sglang_format import (
     PARTIAL_ROLLOUTS,
     PartialRollout,
@@ -44,7 +45,6 @@ __all__ = ["PARTIAL_ROLLOUTS", "PartialRollouts", "RetryPolicy", "SGLangHTTPEngi
            "gather_or_cancel", "normalize_url"]
 
 log = logging.getLogger(__name__)
-_RETRY_STATUS = frozenset({408, 429})
 
 
 @dataclass(frozen=True)
@@ -73,14 +73,7 @@ class RetryPolicy:
 
 def normalize_url(url: str) -> str:
     """``host:port``, ``http://host:port/`` or ``.../generate`` -> ``http://host:port``."""
-    url = url.strip().rstrip("/")
-    if url.endswith("/generate"):
-        url = url[: -len("/generate")]
-    if "://" not in url:
-        url = "http://" + url
-    if not url.split("://", 1)[1]:
-        raise ConfigError(f"--sglang-url {url!r} has no host")
-    return url
+    return base_urls(url, suffixes=("/generate",), option="--sglang-url")[0]
 
 
 class SGLangHTTPEngine:
@@ -101,11 +94,7 @@ class SGLangHTTPEngine:
                  timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, connect_timeout_s: float = 10.0,
                  retry: RetryPolicy | None = None, partial_rollouts: PartialRollouts = "continue",
                  max_connections: int = 512, seed: int | None = None) -> None:
-        if isinstance(urls, str):
-            urls = [urls]
-        self._urls = [normalize_url(u) for part in urls for u in part.split(",") if u.strip()]
-        if not self._urls:
-            raise ConfigError("--engine sglang needs at least one --sglang-url")
+        self._servers = RoundRobin(base_urls(urls, suffixes=("/generate",), option="--sglang-url"))
         if partial_rollouts not in PARTIAL_ROLLOUTS:
             raise ConfigError(f"--partial-rollouts {partial_rollouts!r}: use continue or restart")
         self._tokenizer_src = tokenizer
@@ -116,13 +105,12 @@ class SGLangHTTPEngine:
         self._retry = retry or RetryPolicy()
         self._partial: PartialRollouts = partial_rollouts
         self._rng = random.Random(seed)
-        self._next = 0
         self._client: httpx.AsyncClient | None = None
         self._encoder: PromptEncoder | None = None
 
     @property
     def urls(self) -> list[str]:
-        return list(self._urls)
+        return list(self._servers.urls)
 
     async def start(self) -> None:
         """Load the tokenizer (in a thread) and open the HTTP client. Idempotent."""
@@ -148,13 +136,7 @@ class SGLangHTTPEngine:
         """
         if self._client is None:
             raise EngineError("SGLangHTTPEngine.generate called before start()", retriable=False)
-        if self._encoder is not None:
-            text, ids = await asyncio.to_thread(self._encoder.encode, prompt)
-        elif isinstance(prompt["prompt"], str):
-            text, ids = prompt["prompt"], None
-        else:
-            raise EngineError(f"prompt {prompt.get('id')!r} is a list of chat messages: pass --tokenizer so its "
-                              "chat template can render them", retriable=False)
+        text, ids = await prompt_input(self._encoder, prompt)
         payload = request_payload(text, ids, sampling.to_dict())
         completions = await gather_or_cancel([self._sample(payload) for _ in range(n)])
         return Generation(completions=completions, prompt_text=text, prompt_tokens=ids or ())
@@ -165,7 +147,7 @@ class SGLangHTTPEngine:
                                  abort_attempts=r.abort_attempts)
         failures = 0
         while True:
-            url = self._pick_url()
+            url = self._servers.pick()
             completion, error = await self._post_once(url, rollout.payload())
             if completion is None:
                 failures += 1
@@ -191,32 +173,14 @@ class SGLangHTTPEngine:
         Raises:
             EngineError (not retriable): a 4xx the server will refuse again.
         """
-        if self._client is None:
-            raise EngineError("engine closed", retriable=False)
-        try:
-            resp = await self._client.post(f"{url}/generate", json=payload)
-        except httpx.TimeoutException as exc:
-            return None, f"{url}: timed out ({type(exc).__name__})"
-        except httpx.TransportError as exc:
-            return None, f"{url}: {type(exc).__name__}: {exc}"
-        if resp.status_code >= 500 or resp.status_code in _RETRY_STATUS:
-            return None, f"{url}: HTTP {resp.status_code}: {resp.text[:200]}"
-        if resp.status_code >= 400:
-            raise EngineError(f"{url} refused the request: HTTP {resp.status_code}: {resp.text[:300]}",
-                              retriable=False)
-        try:
-            out = resp.json()
-        except ValueError:
-            return None, f"{url}: response is not JSON: {resp.text[:200]}"
+        out, error = await post_json(self._client, url, "/generate", payload)
+        if error is not None:
+            return None, error
         if isinstance(out, list) and len(out) == 1:
             out = out[0]
         completion = parse_completion(out)
         return completion, abort_message(out["meta_info"]) if completion.finish_reason == "abort" else None
 
-    def _pick_url(self) -> str:
-        url = self._urls[self._next % len(self._urls)]
-        self._next += 1
-        return url
 
 
 @dataclass(frozen=True)
@@ -255,13 +219,13 @@ class SGLangSyncEngine(SGLangHTTPEngine):
                          connect_timeout_s=connect_timeout_s, retry=retry, partial_rollouts=partial_rollouts,
                          max_connections=max_connections, seed=seed)
         self._sync = sync or WeightSync()
-        self._serving: dict[str, int | None] = dict.fromkeys(self._urls)
+        self._serving: dict[str, int | None] = dict.fromkeys(self.urls)
 
     async def start(self) -> None:
         """Open the client and read each server's ``/get_weight_version`` (best effort: unknown on failure)."""
         await super().start()
-        versions = await asyncio.gather(*(self._read_version(u) for u in self._urls))
-        self._serving.update(zip(self._urls, versions, strict=True))
+        versions = await asyncio.gather(*(self._read_version(u) for u in self.urls))
+        self._serving.update(zip(self.urls, versions, strict=True))
 
     @property
     def policy_version(self) -> int | None:

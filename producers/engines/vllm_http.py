@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from producers.engines._http import RoundRobin, base_urls, post_json, prompt_input
 from producers.engines._tokenize import PromptEncoder, load_tokenizer
 from producers.engines._vllm_format import (
     LOGPROBS_MODES,
@@ -47,22 +48,14 @@ from schemas import ConfigError
 __all__ = ["LOGPROBS_MODES", "LogprobsMode", "VLLMHTTPEngine", "normalize_vllm_url"]
 
 log = logging.getLogger(__name__)
-_RETRY_STATUS = frozenset({408, 429})
 _COMPLETIONS = "/v1/completions"
+_SUFFIXES = (_COMPLETIONS, "/v1")  # what a --vllm-url may end in
 _MODELS_TIMEOUT = httpx.Timeout(10.0)  # a name lookup at startup: never the generation's minutes
 
 
 def normalize_vllm_url(url: str) -> str:
     """``host:port``, ``http://host:port/``, ``.../v1`` or ``.../v1/completions`` -> ``http://host:port``."""
-    url = url.strip().rstrip("/")
-    for suffix in (_COMPLETIONS, "/v1"):
-        if url.endswith(suffix):
-            url = url[: -len(suffix)]
-    if "://" not in url:
-        url = "http://" + url
-    if not url.split("://", 1)[1]:
-        raise ConfigError(f"--vllm-url {url!r} has no host")
-    return url
+    return base_urls(url, suffixes=_SUFFIXES, option="--vllm-url")[0]
 
 
 class VLLMHTTPEngine:
@@ -90,11 +83,7 @@ class VLLMHTTPEngine:
                  connect_timeout_s: float = 10.0, retry: RetryPolicy | None = None,
                  logprobs_mode: LogprobsMode = "processed_logprobs", max_connections: int = 512,
                  seed: int | None = None, sampling: SamplingParams | None = None) -> None:
-        if isinstance(urls, str):
-            urls = [urls]
-        self._urls = [normalize_vllm_url(u) for part in urls for u in part.split(",") if u.strip()]
-        if not self._urls:
-            raise ConfigError("--engine vllm needs at least one --vllm-url")
+        self._servers = RoundRobin(base_urls(urls, suffixes=_SUFFIXES, option="--vllm-url"))
         if logprobs_mode not in LOGPROBS_MODES:
             raise ConfigError(f"--vllm-logprobs-mode {logprobs_mode!r}: use {' or '.join(LOGPROBS_MODES)}")
         self._model = model
@@ -105,7 +94,6 @@ class VLLMHTTPEngine:
         self._retry = retry or RetryPolicy()
         self._logprobs_mode: LogprobsMode = logprobs_mode
         self._rng = random.Random(seed)
-        self._next = 0
         self._client: httpx.AsyncClient | None = None
         self._encoder: PromptEncoder | None = None
         if sampling is not None:
@@ -121,7 +109,7 @@ class VLLMHTTPEngine:
 
     @property
     def urls(self) -> list[str]:
-        return list(self._urls)
+        return list(self._servers.urls)
 
     @property
     def model(self) -> str | None:
@@ -139,7 +127,7 @@ class VLLMHTTPEngine:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self._timeout, limits=self._limits)
             if self._model is None:
-                self._model = await self._served_model(self._urls[0])
+                self._model = await self._served_model(self._servers.urls[0])
 
     async def close(self) -> None:
         if self._client is not None:
@@ -156,13 +144,7 @@ class VLLMHTTPEngine:
         """
         if self._client is None:
             raise EngineError("VLLMHTTPEngine.generate called before start()", retriable=False)
-        if self._encoder is not None:
-            text, ids = await asyncio.to_thread(self._encoder.encode, prompt)
-        elif isinstance(prompt["prompt"], str):
-            text, ids = prompt["prompt"], None
-        else:
-            raise EngineError(f"prompt {prompt.get('id')!r} is a list of chat messages: pass --tokenizer so its "
-                              "chat template can render them", retriable=False)
+        text, ids = await prompt_input(self._encoder, prompt)
         body = request_body(text, ids, sampling.to_dict(), model=self._model)
         check_logprobs_contract(self._logprobs_mode, body)
         served_ids: list[list[int]] = []  # the prompt's ids as vLLM tokenized it, when it says
@@ -176,7 +158,7 @@ class VLLMHTTPEngine:
         r = self._retry
         failures = aborts = 0
         while True:
-            url = self._pick_url()
+            url = self._servers.pick()
             result, error = await self._post_once(url, body)
             if result is None:
                 failures += 1
@@ -204,23 +186,9 @@ class VLLMHTTPEngine:
         Raises:
             EngineError (not retriable): a 4xx the server will refuse again, or a body not of vLLM's shape.
         """
-        if self._client is None:
-            raise EngineError("engine closed", retriable=False)
-        try:
-            resp = await self._client.post(f"{url}{_COMPLETIONS}", json=dict(body))
-        except httpx.TimeoutException as exc:
-            return None, f"{url}: timed out ({type(exc).__name__})"
-        except httpx.TransportError as exc:
-            return None, f"{url}: {type(exc).__name__}: {exc}"
-        if resp.status_code >= 500 or resp.status_code in _RETRY_STATUS:
-            return None, f"{url}: HTTP {resp.status_code}: {resp.text[:200]}"
-        if resp.status_code >= 400:
-            raise EngineError(f"{url} refused the request: HTTP {resp.status_code}: {resp.text[:300]}",
-                              retriable=False)
-        try:
-            out = resp.json()
-        except ValueError:
-            return None, f"{url}: response is not JSON: {resp.text[:200]}"
+        out, error = await post_json(self._client, url, _COMPLETIONS, body)
+        if error is not None:
+            return None, error
         try:
             return parse_response(out), None
         except EngineError as exc:
@@ -238,9 +206,4 @@ class VLLMHTTPEngine:
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
             log.warning("could not read the served model of %s (%s): requests name no model", url, exc)
             return None
-
-    def _pick_url(self) -> str:
-        url = self._urls[self._next % len(self._urls)]
-        self._next += 1
-        return url
 

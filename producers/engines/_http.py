@@ -1,0 +1,90 @@
+"""What the HTTP engines (SGLang's `/generate`, vLLM's `/v1/completions`) share: their server list, the
+prompt they send, and how one POST's failure is classified. Loop-only; never blocks the loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from producers.engines._tokenize import PromptEncoder
+from producers.engines.base import EngineError
+from schemas import ConfigError
+
+RETRY_STATUS = frozenset({408, 429})  # with every 5xx: the server may answer next time
+
+
+def base_urls(urls: str | Sequence[str], *, suffixes: Iterable[str], option: str) -> list[str]:
+    """Each of `urls` (repeated or comma-separated) as ``http://host:port``, without a trailing `suffixes`
+    path. Raises ConfigError naming `option` when one has no host, or when none is given."""
+    parts = [urls] if isinstance(urls, str) else urls
+    out = []
+    for raw in (u for part in parts for u in part.split(",") if u.strip()):
+        url = raw.strip().rstrip("/")
+        for suffix in suffixes:
+            if url.endswith(suffix):
+                url = url[: -len(suffix)]
+        if "://" not in url:
+            url = "http://" + url
+        if not url.split("://", 1)[1]:
+            raise ConfigError(f"{option} {url!r} has no host")
+        out.append(url)
+    if not out:
+        raise ConfigError(f"this engine needs at least one {option}")
+    return out
+
+
+class RoundRobin:
+    """The next server of a list, in turn."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.urls = list(urls)
+        self._next = 0
+
+    def pick(self) -> str:
+        url = self.urls[self._next % len(self.urls)]
+        self._next += 1
+        return url
+
+
+async def prompt_input(encoder: PromptEncoder | None, prompt: Mapping[str, Any]) -> tuple[str, Sequence[int] | None]:
+    """The prompt text and, with a tokenizer, its token ids (chat template applied, in a thread).
+
+    Raises:
+        EngineError (not retriable): chat messages without a tokenizer to render them.
+    """
+    if encoder is not None:
+        return await asyncio.to_thread(encoder.encode, prompt)
+    if isinstance(prompt["prompt"], str):
+        return prompt["prompt"], None
+    raise EngineError(f"prompt {prompt.get('id')!r} is a list of chat messages: pass --tokenizer so its chat "
+                      "template can render them", retriable=False)
+
+
+async def post_json(client: httpx.AsyncClient | None, server: str, path: str,
+                    body: Mapping[str, Any]) -> tuple[Any, str | None]:
+    """One POST of `body` to `server` + `path`: (the decoded JSON answer, None), or (None, why) when another
+    try may work (timeout, transport error, 5xx/408/429, a body that is not JSON).
+
+    Raises:
+        EngineError (not retriable): the engine is closed, or a 4xx the server will refuse again.
+    """
+    if client is None:
+        raise EngineError("engine closed", retriable=False)
+    try:
+        resp = await client.post(f"{server}{path}", json=dict(body))
+    except httpx.TimeoutException as exc:
+        return None, f"{server}: timed out ({type(exc).__name__})"
+    except httpx.TransportError as exc:
+        return None, f"{server}: {type(exc).__name__}: {exc}"
+    if resp.status_code >= 500 or resp.status_code in RETRY_STATUS:
+        return None, f"{server}: HTTP {resp.status_code}: {resp.text[:200]}"
+    if resp.status_code >= 400:
+        raise EngineError(f"{server} refused the request: HTTP {resp.status_code}: {resp.text[:300]}",
+                          retriable=False)
+    try:
+        return resp.json(), None
+    except ValueError:
+        return None, f"{server}: response is not JSON: {resp.text[:200]}"
