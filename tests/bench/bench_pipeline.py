@@ -19,6 +19,7 @@ Run alone: ``python -m tests.bench.bench_pipeline`` (uses ``ROLLSTREAM_BOOTSTRAP
 
 from __future__ import annotations
 
+import functools
 import statistics
 import subprocess
 import sys
@@ -177,20 +178,16 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames], *,
         variants = make_variants(VARIANTS, group_bytes)
         payloads = encoded_variants(variants)
         mb = sum(len(payloads[i % len(payloads)]) for i in range(count)) / 1e6
-        ours, raws = [], []
-        for attempt in range(repeats):
-            if progress is not None:
-                progress(f"{group_bytes // KB} KB groups, run {attempt + 1}/{repeats}")
-            ours.append(_ours(config, names_factory(partitions=PARTITIONS), count, variants))
-            raws.append(_raw(config, names_factory(partitions=PARTITIONS), count, payloads))
+        ours, raws = _alternate(repeats, progress, f"{group_bytes // KB} KB groups", names_factory,
+                                functools.partial(_ours, config, count=count, variants=variants),
+                                functools.partial(_raw, config, count=count, payloads=payloads))
         best, raw = min(ours), min(raws)
         label = f"{len(payloads[0]) / KB:,.0f} KB"
         rows += [
             (f"{label}: groups per run", f"{count} ({mb:,.0f} MB)"),
             (f"{label}: rollstream produce -> take groups/s", f"{count / best:,.0f} ({mb / best:,.1f} MB/s)"),
             (f"{label}: raw confluent-kafka groups/s", f"{count / raw:,.0f} ({mb / raw:,.1f} MB/s)"),
-            (f"{label}: ratio rollstream / raw: best of each / median of paired runs",
-             f"{raw / best:.2f} / {statistics.median(r / o for r, o in zip(raws, ours, strict=True)):.2f}"),
+            (f"{label}: ratio rollstream / raw: best of each / median of paired runs", _ratios(ours, raws)),
         ]
     rows += _apart_rows(config, names_factory, sizes[0], repeats, progress)
     return rows
@@ -200,20 +197,36 @@ def _apart_rows(config: KafkaConfig, names_factory: Callable[..., TopicNames], s
                 progress: Callable[[str], None] | None) -> list[tuple[str, str]]:
     """The smallest size again, each side's producing half in a process of its own."""
     group_bytes, count = size
-    ours, raws = [], []
-    for attempt in range(repeats):
-        if progress is not None:
-            progress(f"{group_bytes // KB} KB groups, producing in its own process, run {attempt + 1}/{repeats}")
-        ours.append(_ours_apart(config, names_factory(partitions=PARTITIONS), count, group_bytes))
-        raws.append(_raw_apart(config, names_factory(partitions=PARTITIONS), count, group_bytes))
+    ours, raws = _alternate(repeats, progress, f"{group_bytes // KB} KB groups, producing in its own process",
+                            names_factory,
+                            functools.partial(_ours_apart, config, count=count, group_bytes=group_bytes),
+                            functools.partial(_raw_apart, config, count=count, group_bytes=group_bytes))
     best, raw = min(ours), min(raws)
     label = f"{group_bytes // KB} KB, producing in its own process"
     return [
         (f"{label}: rollstream produce -> take groups/s", f"{count / best:,.0f}"),
         (f"{label}: raw confluent-kafka groups/s", f"{count / raw:,.0f}"),
-        (f"{label}: ratio rollstream / raw: best of each / median of paired runs",
-         f"{raw / best:.2f} / {statistics.median(r / o for r, o in zip(raws, ours, strict=True)):.2f}"),
+        (f"{label}: ratio rollstream / raw: best of each / median of paired runs", _ratios(ours, raws)),
     ]
+
+
+def _alternate(repeats: int, progress: Callable[[str], None] | None, what: str,
+               names_factory: Callable[..., TopicNames], ours: Callable[[TopicNames], float],
+               raw: Callable[[TopicNames], float]) -> tuple[list[float], list[float]]:
+    """Seconds of `repeats` runs of each side, alternating (ours, raw, ours, ...), each on fresh topics."""
+    out: tuple[list[float], list[float]] = ([], [])
+    for attempt in range(repeats):
+        if progress is not None:
+            progress(f"{what}, run {attempt + 1}/{repeats}")
+        out[0].append(ours(names_factory(partitions=PARTITIONS)))
+        out[1].append(raw(names_factory(partitions=PARTITIONS)))
+    return out
+
+
+def _ratios(ours: list[float], raws: list[float]) -> str:
+    """rollstream / raw throughput: of the best run of each, and the median of the paired runs."""
+    paired = statistics.median(r / o for r, o in zip(raws, ours, strict=True))
+    return f"{min(raws) / min(ours):.2f} / {paired:.2f}"
 
 
 if __name__ == "__main__":
