@@ -25,6 +25,7 @@ from consumers._batch import Batch
 from consumers._errors import CommitError, GroupConflictError
 from consumers._requeue import Requeue
 from infra import (
+    BoundedCaller,
     CommitFailed,
     KafkaConfig,
     KafkaIOError,
@@ -68,6 +69,7 @@ class StepCommitter:
         self._failed_attempts = 0  # commit attempts failed in a row, across calls
         self._recorded: set[int] = set()  # id() of the uncommitted batches whose manifest is on NS.steps
         self._requeued: set[int] = set()  # id() of the uncommitted batches whose requeues are on NS.prompts
+        self._calls = BoundedCaller(f"rollstream-commit-{group_id}")  # offset checks and commits, bounded
 
     def start(self, config: KafkaConfig, consumer: Consumer, committed: Mapping[int, int | None]) -> None:
         """Remember the group's committed offsets as read at start, and open the manifest producer now
@@ -90,6 +92,7 @@ class StepCommitter:
 
     def close(self) -> None:
         """Flush the manifest producer (up to the timeout). Idempotent."""
+        self._calls.close()
         producer, self._producer = self._producer, None
         if producer is not None:
             producer.flush(self._timeout)
@@ -203,7 +206,8 @@ class StepCommitter:
         """Raise GroupConflictError when the group's committed offsets moved under this consumer."""
         topic = self.names.rollouts
         try:
-            found = committed_offsets(self._started()[1], topic, sorted(self._committed), timeout=timeout)
+            found = committed_offsets(self._started()[1], topic, sorted(self._committed), timeout=timeout,
+                                      caller=self._calls)
         except KafkaIOError as exc:
             raise CommitError(batch, f"cannot read the committed offsets of group {self.group_id}: {exc}") from exc
         moved = {p: (self._committed.get(p), o) for p, o in found.items()
@@ -256,7 +260,7 @@ class StepCommitter:
 
     def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch | None, timeout: float) -> None:
         try:
-            commit_offsets(self._started()[1], self.names.rollouts, offsets, timeout=timeout)
+            commit_offsets(self._started()[1], self.names.rollouts, offsets, timeout=timeout, caller=self._calls)
         except CommitFailed as exc:
             what = "the rewound position" if batch is None else f"step {batch.step}"
             raise CommitError(batch, f"cannot commit offsets {dict(offsets)} of {what} for group "

@@ -1,7 +1,7 @@
 """Kafka-facing plumbing: client configuration, the topic plan, the Kafka I/O both sides share (one error
 mapping), consumer-group lag, policy versions on NS.control, the local broker."""
 
-from infra._bounded import call_within
+from infra._bounded import BoundedCaller, call_within
 from infra._worker import WorkerThread
 from infra.acls import AclRule, apply_acls, plan_acls
 from infra.clients import open_admin, open_consumer, open_producer
@@ -26,7 +26,8 @@ from infra.producer_state import ProducerState
 from infra.topics import TopicNames, TopicPlan, TopicSpec, create_topics, describe_topic_configs, sized_to_topic
 
 __all__ = [
-    "AclRule", "BOOTSTRAP_ENV", "CommitFailed", "ControlWatcher", "DEFAULT_BOOTSTRAP", "DEFAULT_TRAINER_GROUP",
+    "AclRule", "BOOTSTRAP_ENV", "BoundedCaller", "CommitFailed", "ControlWatcher", "DEFAULT_BOOTSTRAP",
+    "DEFAULT_TRAINER_GROUP",
     "GroupLag", "KafkaConfig", "KafkaIOError", "LagReader", "PartitionLag", "PolicyAnnouncer", "ProducerState",
     "REACH_TIMEOUT_S",
     "TopicNames", "TopicPlan", "TopicSpec", "WorkerThread", "announce_policy_version", "apply_acls", "call_within",

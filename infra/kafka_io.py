@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from infra._bounded import call_within
+from infra._bounded import BoundedCaller, call_within
 from infra._reach import REACH_TIMEOUT_S as REACH_TIMEOUT_S  # re-exported: the startup check
 from infra._reach import require_topics as require_topics
 from infra.clients import open_consumer
@@ -97,12 +97,14 @@ def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes,
 
 
 def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *,
-                   timeout: float | None = None, metadata: str | None = None) -> None:
+                   timeout: float | None = None, metadata: str | None = None,
+                   caller: BoundedCaller | None = None) -> None:
     """Commit `offsets` (partition -> offset of the next record to read) for the consumer's group,
     each with `metadata` (Kafka's per-offset metadata string; None: none) when given.
 
     Blocks until the group coordinator answered, or at most `timeout` s (None: librdkafka's own wait,
     which has no deadline). When it returns, every partition in `offsets` is committed at exactly that offset.
+    A bounded commit runs in `caller`'s thread (None: a thread of its own).
 
     Raises:
         CommitFailed: some partitions (``failed``: partition -> error) or the whole call failed
@@ -121,7 +123,8 @@ def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *
         if timeout is None:
             result = commit()
         else:
-            finished, result = call_within(commit, timeout, "rollstream-commit")
+            finished, result = (caller.call(commit, timeout) if caller is not None
+                                else call_within(commit, timeout, "rollstream-commit"))
             if not finished:
                 raise CommitFailed(f"commit of offsets {dict(offsets)} on {topic} got no answer within {timeout:g} s; "
                                    "retrying may help (it may still land)", {p: "timed out" for p in offsets},
@@ -171,10 +174,10 @@ def partitions_of(consumer: Consumer, topic: str, *, timeout: float) -> list[int
     return sorted(info.partitions)
 
 
-def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float
-                      ) -> dict[int, int | None]:
+def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float,
+                      caller: BoundedCaller | None = None) -> dict[int, int | None]:
     """The consumer group's committed offsets on `topic` (None where it committed nothing). Blocks up to
-    `timeout` s.
+    `timeout` s; the lookup runs in `caller`'s thread (None: a thread of its own).
 
     Raises:
         KafkaIOError: the coordinator did not answer (retriable), or refused for a partition.
@@ -184,7 +187,8 @@ def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int],
 
     try:
         # Bounded from outside too, as commits are: a client that lost its coordinator may not keep its timeout.
-        finished, answer = call_within(lookup, timeout + 1.0, "rollstream-committed")
+        finished, answer = (caller.call(lookup, timeout + 1.0) if caller is not None
+                            else call_within(lookup, timeout + 1.0, "rollstream-committed"))
         if not finished or answer is None:
             raise KafkaIOError(f"cannot read committed offsets on {topic}: no answer within {timeout:g} s; retrying "
                                "may help", topic=topic, code="_TIMED_OUT", retriable=True)

@@ -79,7 +79,7 @@ class LagGate(WorkerThread):
         base, as_of = self._produced, now_ms()
         lag = await asyncio.to_thread(lambda: reader.group_lag(self.trainer_group, self.topic, timeout=timeout).total)
         self._measured, self._base, self._as_of_ms = lag, base, as_of
-        self._metrics.lag.set(lag)
+        self._metrics.lag.set_function(lambda: self.estimate)  # read when scraped, not set per record
         if self.is_open():
             self._opened.set()
         else:
@@ -139,7 +139,6 @@ class LagGate(WorkerThread):
     def _evaluate(self) -> None:
         was_open = self._opened.is_set()
         now_open = self.is_open()
-        self._metrics.lag.set(self.estimate)
         if now_open == was_open:
             return
         if now_open:

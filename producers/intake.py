@@ -169,9 +169,10 @@ class Intake(WorkerThread):
             log.debug("%s[%d]@%d: partition revoked (or being revoked) while queued; the new owner takes it",
                       self.topic, taken.partition, taken.offset)
 
-    def _hand_over(self, taken: TakenPrompt) -> None:
-        self._queue.put_nowait(taken)  # never full: the thread holds a credit for it
-        self._metrics.count_prompt()
+    def _hand_over(self, batch: list[TakenPrompt]) -> None:
+        for taken in batch:
+            self._queue.put_nowait(taken)  # never full: the thread holds a credit for it
+        self._metrics.count_prompt(len(batch))
 
     def is_current(self, taken: TakenPrompt) -> bool:
         """Whether `taken`'s partition is still owned under the assignment it was taken in."""
@@ -251,8 +252,7 @@ class Intake(WorkerThread):
                            on_lost=self._on_lost)
         last_commit = 0.0
         while not self._stop.is_set():
-            for msg in self._step(consumer):
-                self._handle(msg)
+            self._hand_over_all([taken for msg in self._step(consumer) if (taken := self._handle(msg))])
             self._watch_gate()
             if time.monotonic() - last_commit >= self._commit_interval_s:
                 commit_acknowledged(consumer, self.topic, self.group_id, self._marks, metadata=self._metadata())
@@ -390,19 +390,25 @@ class Intake(WorkerThread):
             (consumer.pause if paused else consumer.resume)(assignment)
         self._paused = paused
 
-    def _handle(self, msg: Message) -> None:
+    def _hand_over_all(self, batch: list[TakenPrompt]) -> None:
+        """Intake thread: hand a fetched batch to the loop in one call (one wake-up of the loop per batch)."""
+        if batch and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._hand_over, batch)
+
+    def _handle(self, msg: Message) -> TakenPrompt | None:
+        """The prompt of `msg`, taken (its credit spent), or None: an error event, or a partition lost."""
         err = msg.error()
         if err is not None:
             if err.fatal():
                 raise kafka_error(f"prompt consumer of group {self.group_id}", err, topic=self.topic)
             if err.code() != KafkaError._PARTITION_EOF:
                 log.warning("prompt consumer %s: %s", self.group_id, err.str())
-            return
+            return None
         partition, offset = position_of(msg)
         generation = self._marks.take(partition, offset)
         if generation is None:
             log.debug("message %s[%d]@%d from a partition no longer owned; skipped", self.topic, partition, offset)
-            return
+            return None
         prompt, error = None, None
         try:
             prompt = decode(msg.value() or b"", Prompt)
@@ -412,9 +418,7 @@ class Intake(WorkerThread):
         with self._lock:
             self._credits -= 1
         self.last_message_at = time.monotonic()
-        taken = TakenPrompt(partition, offset, generation, prompt, error, now_ms(), msg.value() or b"")
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._hand_over, taken)
+        return TakenPrompt(partition, offset, generation, prompt, error, now_ms(), msg.value() or b"")
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         if consumer is not self._consumer:

@@ -105,8 +105,7 @@ class ProducerMetrics:
         self._weight_version_shown = False
         self.weight_reloads = Counter(p + "weight_reloads_total", "Announced policy versions loaded into the "
                                       "engine, by result (loaded, failed).", ["result"], registry=r)
-        for status in _GROUP_STATUSES:
-            self.groups.labels(status=status)
+        self._groups_by_status = {status: self.groups.labels(status=status) for status in _GROUP_STATUSES}
         for source in _LAG_SOURCES:
             self.lag_updates.labels(source=source)
         self._http: tuple[Any, threading.Thread] | None = None
@@ -115,13 +114,13 @@ class ProducerMetrics:
     # What `stats()` reports is counted here beside the Prometheus series, so nothing reads a metric back
     # by its name. Each is called on the event loop.
 
-    def count_prompt(self) -> None:
-        self.prompts.inc()
-        self.tally.prompts_taken += 1
+    def count_prompt(self, count: int = 1) -> None:
+        self.prompts.inc(count)
+        self.tally.prompts_taken += count
 
     def count_published(self, status: str, nbytes: int, seconds: float) -> None:
         self.publish.observe(seconds)
-        self.groups.labels(status=status).inc()
+        self._groups_by_status[status].inc()
         self.bytes.inc(nbytes)
         self.tally.bytes_published += nbytes
         if status == "ok":

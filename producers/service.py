@@ -74,6 +74,7 @@ class RolloutProducer:
         self._force = False
         self._fatal: BaseException | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
+        self.metrics.in_flight.set_function(self._in_flight.__len__)  # read when scraped, not set per group
 
     # -- public, thread-safe ---------------------------------------------------------------------
 
@@ -187,11 +188,9 @@ class RolloutProducer:
     def _spawn(self, parts: Parts, taken: TakenPrompt, slots: asyncio.Semaphore) -> None:
         task = asyncio.create_task(self._group(parts, taken), name=f"group-{taken.partition}-{taken.offset}")
         self._in_flight.add(task)
-        self.metrics.in_flight.set(len(self._in_flight))
 
         def done(finished: asyncio.Task[None]) -> None:
             self._in_flight.discard(finished)
-            self.metrics.in_flight.set(len(self._in_flight))
             slots.release()
 
         task.add_done_callback(done)

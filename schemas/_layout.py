@@ -326,7 +326,7 @@ def plain_samples(tokens: Sequence[Sequence[int] | np.ndarray], logprobs: Sequen
     if any(lp is not None and len(lp) != n for lp, n in zip(logprob_parts, lengths, strict=True)):
         return None
     present = tuple(lp for lp in logprob_parts if lp is not None)
-    if present and not np.isfinite(_joined(present, FLOAT32_LE)).all():
+    if not _all_finite(present):
         return None
     codes = [_FINISH_CODES.get(reason) for reason in finish_reasons]
     scored = [None if r is None else float(r) for r in rewards]
@@ -341,6 +341,18 @@ def plain_samples(tokens: Sequence[Sequence[int] | np.ndarray], logprobs: Sequen
         versions=[int(v) for v in versions], has_loss_mask=bytes(n), span_counts=[0] * n, spans=(),
         text_lengths=text_lengths, text=text, token_parts=token_parts, logprob_parts=present, mask_parts=())
     return Samples._of_columns(columns)
+
+
+_LOCK_HELD_ELEMENTS = 500  # numpy releases the interpreter lock for a loop over more elements than this
+
+
+def _all_finite(parts: tuple[np.ndarray, ...]) -> bool:
+    """Whether every value of `parts` is finite, with as few releases of the interpreter lock as can be: on
+    the event loop each release may wait for the lock behind another thread (intake, delivery reports).
+    Short parts are checked one by one (numpy keeps the lock), long ones joined (three releases in all)."""
+    if all(len(part) <= _LOCK_HELD_ELEMENTS for part in parts):
+        return all(np.isfinite(part).all() for part in parts)
+    return bool(np.isfinite(_joined(parts, FLOAT32_LE)).all())
 
 
 def samples_datum(samples: Sequence[Sample]) -> dict[str, Any]:

@@ -8,9 +8,10 @@ schema is read with it; one written with an older schema is read with that older
 its upgrader (`_upgrade`), which turns it into a datum of the current layout. So evolution lives in
 one place, and what builds records from a datum (`_layout`) knows only the current layout.
 
-Trailing ``bytes`` fields of a schema (ScoredGroup's packed token columns, of old versions too) do not go
-through fastavro: the codec writes and reads the fields before them with fastavro and the trailing ones itself
-(a varint length, then the bytes). Encoding copies them once; decoding hands them to the layout as
+Trailing ``bytes`` fields of a schema (ScoredGroup's packed token columns, of old versions too) are written
+and read by the codec itself (a varint length, then the bytes), the fields before them are read with
+fastavro and written by a writer compiled from the schema once (`schemas._avro_writer`: the same bytes as
+fastavro's, without its fixed cost per call). Encoding copies them once; decoding hands them to the layout as
 memoryviews of the record's bytes, so decoded token arrays are views, not copies.
 
 Pure: no Kafka, no torch, no I/O beyond reading the bundled ``.avsc`` files once. Thread-safe.
@@ -31,6 +32,7 @@ import numpy as np
 from fastavro.schema import fingerprint as _avro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
+from schemas._avro_writer import Writer, compile_writer, write_long
 from schemas._errors import DecodeError, InvalidRecordError, SchemaError, UnknownSchemaError
 from schemas._layout import LAYOUTS
 from schemas._upgrade import UPGRADERS
@@ -58,7 +60,9 @@ class _WriterSchema:
 
     `upgrade`: for an older schema, its upgrader to the current layout (None for a current schema).
     `head`, `tail`: for a schema that ends in ``bytes`` fields, the leading part fastavro reads and
-    writes, and the trailing fields the codec handles in place (None and () otherwise).
+    the trailing fields the codec handles in place (None and () otherwise).
+    `write`: for a current schema, its compiled writer (`schemas._avro_writer`) of the head, or of the
+    whole record when there is no tail.
     """
 
     name: str
@@ -67,6 +71,7 @@ class _WriterSchema:
     upgrade: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     head: dict[str, Any] | None = None
     tail: tuple[str, ...] = ()
+    write: Writer | None = None
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -108,7 +113,8 @@ class Codec:
             self._header[cls] = MAGIC + fingerprint(parsed)
             self._class_by_name[parsed["name"]] = cls
             head, tail = _split_tail(json.loads((schema_dir / filename).read_text()))
-            writer = _WriterSchema(parsed["name"], parsed, schema_dir / filename, head=head, tail=tail)
+            writer = _WriterSchema(parsed["name"], parsed, schema_dir / filename, head=head, tail=tail,
+                                   write=compile_writer(head or parsed))
             self._writers[fingerprint(parsed)] = self._current_writer[cls] = writer
         for path in sorted(schema_dir.glob("history/*.avsc")):
             upgrade = UPGRADERS.get(path.name)
@@ -137,21 +143,23 @@ class Codec:
         record_type = type(record)
         if record_type not in self._current:
             raise InvalidRecordError(f"cannot encode a {record_type.__name__}: not a rollstream record")
-        schema = self._current[record_type]
         writer = self._current_writer[record_type]
         datum = LAYOUTS[record_type].to_datum(record)
-        out = io.BytesIO()
-        out.write(self._header[record_type])
+        out = bytearray(self._header[record_type])
         try:
-            fastavro.schemaless_writer(out, writer.head or schema, datum)
+            writer.write(datum, out)  # type: ignore[misc]  # every current schema has its writer
             tail = [_bytes_field(datum[name]) for name in writer.tail]
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
-            raise InvalidRecordError(_explain_invalid(schema, datum, exc)) from exc
+            raise InvalidRecordError(_explain_invalid(writer.parsed, datum, exc)) from exc
         if not tail:
-            return out.getvalue()
+            return bytes(out)
         # Any: numpy arrays are buffers, which numpy's stubs declare only for Python >= 3.12
-        chunks: list[Any] = [out.getbuffer(), *(part for field in tail for part in field)]
-        return b"".join(chunks)
+        chunks: list[Any] = [out, *(part for field in tail for part in field)]
+        try:
+            return b"".join(chunks)
+        except (TypeError, BufferError) as exc:  # a part that is no contiguous buffer (e.g. a strided array)
+            raise InvalidRecordError(f"{writer.name} does not fit its schema: a bytes field of "
+                                     f"{', '.join(writer.tail)} is not a contiguous buffer: {exc}") from exc
 
     def decode(self, data: bytes, expected: type[R] | None = None) -> R:
         """Decode single-object Avro bytes into a record (of type `expected`, if given).
@@ -230,25 +238,16 @@ def _read_tail(data: bytes, pos: int, names: tuple[str, ...], datum: dict[str, A
 
 def _bytes_field(value: Buffer | tuple[Buffer, ...]) -> tuple[Buffer, ...]:
     """An Avro ``bytes`` value as the parts to write: its zig-zag varint length, then the bytes, not
-    copied. A record may give the value as a contiguous numpy array, or in parts (a tuple of them),
-    written back to back."""
-    parts = value if isinstance(value, tuple) else (value,)
+    copied. A record may give the value as a numpy array, bytes, or in parts (a tuple of them), written
+    back to back. A part that is not a contiguous buffer fails when the record's bytes are joined."""
+    parts = value if type(value) is tuple else (value,)
     size = 0
     for part in parts:
-        if isinstance(part, bytes | bytearray):
-            size += len(part)
-        elif isinstance(part, np.ndarray) and part.flags.c_contiguous:
-            size += part.nbytes
-        elif isinstance(part, memoryview) and part.c_contiguous:
-            size += part.nbytes
-        else:
-            raise TypeError(f"expected bytes or a contiguous array, got {type(part).__name__}")
-    size, out = size << 1, bytearray()  # zig-zag of a length (never negative)
-    while size >= 0x80:
-        out.append(size & 0x7F | 0x80)
-        size >>= 7
-    out.append(size)
-    return (bytes(out), *parts)
+        kind = type(part)
+        size += len(part) if kind is bytes or kind is bytearray else part.nbytes  # type: ignore[union-attr]
+    length = bytearray()
+    write_long(size, length)
+    return (bytes(length), *parts)
 
 
 def _read_long(data: bytes, pos: int) -> tuple[int, int]:

@@ -124,32 +124,40 @@ def completion_from_dict(item: Any, label: str, index: int) -> Completion:
     ``tokens``, ``logprobs`` and ``loss_mask`` may be lists or 1-D numpy arrays (checked vectorised, not
     per element). Raises EngineError (not retriable).
     """
-    where = f"{label} completion {index}"
     if not isinstance(item, Mapping):
-        raise EngineError(f"{where}: expected a dict, got {type(item).__name__}", retriable=False)
+        raise EngineError(f"{_where(label, index)}: expected a dict, got {type(item).__name__}", retriable=False)
     text = item.get("text", "")
     if not isinstance(text, str):
-        raise EngineError(f"{where}: 'text' must be a string", retriable=False)
-    tokens = _array(item.get("tokens"), "iu", f"{where}: 'tokens' must be a list of ints")
+        raise EngineError(f"{_where(label, index)}: 'text' must be a string", retriable=False)
+    tokens = _array(item.get("tokens"), "iu", label, index, "'tokens' must be a list of ints")
     logprobs = item.get("logprobs")
     if logprobs is not None:
-        logprobs = _array(logprobs, "iuf", f"{where}: 'logprobs' must be a list of floats or absent")
+        logprobs = _array(logprobs, "iuf", label, index, "'logprobs' must be a list of floats or absent")
     mask = item.get("loss_mask")
     if mask is not None:
-        mask = _array(mask, "iub", f"{where}: 'loss_mask' must be a list of 0/1 ints or absent")
-    version = _int_or_none(item.get("weight_version"), f"{where}: 'weight_version' must be an int or absent")
-    spans = _spans(item.get("weight_versions"), where)
+        mask = _array(mask, "iub", label, index, "'loss_mask' must be a list of 0/1 ints or absent")
+    version = item.get("weight_version")
+    if version is not None:
+        version = _int_or_none(version, f"{_where(label, index)}: 'weight_version' must be an int or absent")
+    spans = _spans(item.get("weight_versions"), _where(label, index)) if "weight_versions" in item else ()
     if spans and version is not None and version != spans[-1].version:
-        raise EngineError(f"{where}: 'weight_version' {version} is not the newest of 'weight_versions' "
-                          f"({spans[-1].version}); give the newest, or leave it out", retriable=False)
-    _check_against_tokens(tokens, mask, spans, where)
+        raise EngineError(f"{_where(label, index)}: 'weight_version' {version} is not the newest of "
+                          f"'weight_versions' ({spans[-1].version}); give the newest, or leave it out",
+                          retriable=False)
+    if mask is not None or spans:
+        _check_against_tokens(tokens, mask, spans, _where(label, index))
     try:
         return Completion(text=text, tokens=tokens, logprobs=logprobs,
                           finish_reason=item.get("finish_reason", "stop"),
                           policy_version=spans[-1].version if spans else version, loss_mask=mask,
                           version_spans=spans)
     except EngineError as exc:
-        raise EngineError(f"{where}: {exc}", retriable=False) from exc
+        raise EngineError(f"{_where(label, index)}: {exc}", retriable=False) from exc
+
+
+def _where(label: str, index: int) -> str:
+    """How errors name a completion (built only when one is raised: most completions are fine)."""
+    return f"{label} completion {index}"
 
 
 def _check_against_tokens(tokens: np.ndarray, mask: np.ndarray | None, spans: tuple[VersionSpan, ...],
@@ -196,13 +204,15 @@ def _span(span: Any, where: str) -> VersionSpan:
 
 def _prompt_of(items: Sequence[Mapping[str, Any]], label: str) -> tuple[str, tuple[int, ...]]:
     """The ``prompt_text`` and ``prompt_tokens`` the dicts carry (the same in each), or ("", ())."""
+    if not any("prompt_text" in item or "prompt_tokens" in item for item in items):
+        return "", ()
     texts, token_lists = set(), set()
     for i, item in enumerate(items):
         text = item.get("prompt_text", "")
         if not isinstance(text, str):
             raise EngineError(f"{label} completion {i}: 'prompt_text' must be a string or absent", retriable=False)
-        tokens = _array(item.get("prompt_tokens", ()), "iu",
-                        f"{label} completion {i}: 'prompt_tokens' must be a list of ints or absent")
+        tokens = _array(item.get("prompt_tokens", ()), "iu", label, i,
+                        "'prompt_tokens' must be a list of ints or absent")
         texts.add(text)
         token_lists.add(tuple(tokens.tolist()))
     if len(texts) > 1 or len(token_lists) > 1:
@@ -220,13 +230,17 @@ def _int_or_none(value: Any, message: str) -> int | None:
     return int(value)
 
 
-def _array(values: Any, kinds: str, message: str) -> np.ndarray:
-    if not isinstance(values, list | tuple | np.ndarray):
-        raise EngineError(message, retriable=False)
-    try:
-        array = np.asarray(values)
-    except (TypeError, ValueError) as exc:
-        raise EngineError(message, retriable=False) from exc
+def _array(values: Any, kinds: str, label: str, index: int, problem: str) -> np.ndarray:
+    """`values` as a 1-D array of one of numpy's `kinds`; else EngineError: "<completion>: <problem>"."""
+    if type(values) is np.ndarray:  # what a fast generate function returns: nothing to convert
+        array = values
+    elif not isinstance(values, list | tuple | np.ndarray):
+        raise EngineError(f"{_where(label, index)}: {problem}", retriable=False)
+    else:
+        try:
+            array = np.asarray(values)
+        except (TypeError, ValueError) as exc:
+            raise EngineError(f"{_where(label, index)}: {problem}", retriable=False) from exc
     if array.ndim != 1 or (array.size and array.dtype.kind not in kinds):
-        raise EngineError(message, retriable=False)
+        raise EngineError(f"{_where(label, index)}: {problem}", retriable=False)
     return array

@@ -15,6 +15,7 @@ markdown table). ``make bench`` calls `run`.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +47,18 @@ class _Run:
     groups: int
     nbytes: int
     loop_lag_p99_ms: float = 0.0
+    cpu_wait_share: float | None = None  # of the loop thread's wall time: runnable, waiting for a CPU
+
+
+def _schedstat() -> tuple[int, int] | None:
+    """The calling thread's (ns on a CPU, ns runnable but waiting for one) from Linux's schedstat; None
+    where the kernel does not keep it."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            on_cpu, waiting, _ = f.read().split()
+    except (OSError, ValueError):
+        return None
+    return int(on_cpu), int(waiting)
 
 
 def make_variants(count: int = VARIANTS, group_bytes: int = GROUP_BYTES) -> list[list[dict[str, Any]]]:
@@ -92,22 +105,24 @@ def _rollstream(config: KafkaConfig, names: TopicNames, groups: int, concurrency
     producer = RolloutProducer(instant_generator(variants), settings, kafka=config)
     probe = LoopLagProbe(interval_s=0.01)
 
-    async def scenario() -> tuple[float, float]:
+    async def scenario() -> tuple[float, float, float | None]:
         run = asyncio.create_task(producer.run())
         probe_task = asyncio.create_task(probe.run())
         while producer.stats().prompts_taken == 0:  # the clock starts with the first prompt, as for raw
             await asyncio.sleep(0.001)
-        started = time.perf_counter()
+        started, sched_at_start = time.perf_counter(), _schedstat()
         while producer.stats().groups_published < groups:
             await asyncio.sleep(0.002)
-        seconds = time.perf_counter() - started
+        seconds, sched_at_end = time.perf_counter() - started, _schedstat()
         probe_task.cancel()
         producer.stop()
         await run
-        return seconds, probe.percentile_ms(0.99)
+        waiting = (None if sched_at_start is None or sched_at_end is None
+                   else (sched_at_end[1] - sched_at_start[1]) / 1e9 / seconds)
+        return seconds, probe.percentile_ms(0.99), waiting
 
-    seconds, lag_p99 = asyncio.run(scenario())
-    return _Run(seconds, groups, producer.stats().bytes_published, lag_p99)
+    seconds, lag_p99, waiting = asyncio.run(scenario())
+    return _Run(seconds, groups, producer.stats().bytes_published, lag_p99, waiting)
 
 
 def _raw(config: KafkaConfig, names: TopicNames, groups: int, payloads: list[bytes]) -> _Run:
@@ -188,6 +203,8 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames] | None = N
         ("raw confluent-kafka MB/s", f"{raw.nbytes / raw.seconds / 1e6:,.1f}"),
         ("ratio producer / raw (target >= 0.8)", f"{raw.seconds / best.seconds:.2f}"),
         ("event-loop lag p99 ms while publishing flat out", f"{best.loop_lag_p99_ms:.1f}"),
+        ("loop thread runnable but waiting for a CPU while publishing flat out (share of the run)",
+         "unknown (no /proc schedstat)" if best.cpu_wait_share is None else f"{best.cpu_wait_share:.0%}"),
         ("event-loop lag p99 ms while paused by backpressure (target < 10)", f"{paused_p99:.2f}"),
         ("event-loop lag max ms while paused by backpressure", f"{paused_max:.2f} ({held} groups held at max_lag 8)"),
     ]

@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from infra import (
+    BoundedCaller,
     CommitFailed,
     KafkaIOError,
     commit_offsets,
@@ -135,6 +136,28 @@ def test_a_commit_without_an_answer_is_bounded_by_its_timeout() -> None:
     assert time.monotonic() - started < 5.0
     assert err.value.code == "_TIMED_OUT" and err.value.retriable and set(err.value.failed) == {0, 1}
     commit_offsets(_Consumer([_Committed(0)]), "ns.rollouts", {0: 3}, timeout=5.0)  # type: ignore[arg-type]
+
+
+def test_a_bounded_caller_keeps_its_thread_and_replaces_one_that_overran() -> None:
+    caller = BoundedCaller("test-calls")
+    try:
+        first = caller.call(threading.get_ident, 5.0)
+        assert first[0] and caller.call(threading.get_ident, 5.0) == first  # the same thread, kept
+        with pytest.raises(ZeroDivisionError):
+            caller.call(lambda: 1 // 0, 5.0)  # what the call raised, raised to the caller
+        release = threading.Event()
+        assert caller.call(lambda: release.wait(30), 0.2) == (False, None)  # overran: left in its thread
+        finished, ident = caller.call(threading.get_ident, 5.0)
+        assert finished and ident != first[1]  # a fresh thread: the overrunning one still waits
+        release.set()
+        hanging = _Hanging()
+        with pytest.raises(CommitFailed, match="no answer"):
+            commit_offsets(hanging, "ns.rollouts", {0: 3}, timeout=0.2, caller=caller)  # type: ignore[arg-type]
+        hanging.release.set()
+        commit_offsets(_Consumer([_Committed(0)]), "ns.rollouts", {0: 3}, timeout=5.0,  # type: ignore[arg-type]
+                       caller=caller)
+    finally:
+        caller.close()
 
 
 class _Message:

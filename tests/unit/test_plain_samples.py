@@ -11,7 +11,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from schemas import InvalidRecordError, Sample, Samples, ScoredGroup, decode, encode, make_group_id, plain_samples
+from schemas import (
+    InvalidRecordError,
+    Sample,
+    Samples,
+    ScoredGroup,
+    decode,
+    encode,
+    float32_array,
+    int32_array,
+    make_group_id,
+    plain_samples,
+)
 
 
 def _group(samples: Samples) -> ScoredGroup:
@@ -53,6 +64,43 @@ def test_what_only_the_sample_checks_can_name_takes_that_path(change: dict[str, 
                  for t, lp, x, r, f, v in zip(*c.values(), strict=True)])
 
 
+@pytest.mark.parametrize("length", [7, 501, 5000])  # short parts are checked one by one, long ones joined
+def test_a_non_finite_logprob_anywhere_takes_the_sample_path(length: int) -> None:
+    logprobs = [np.zeros(length, np.float32), np.zeros(length, np.float32)]
+    logprobs[1][length - 1] = np.inf
+    tokens = [np.zeros(length, np.int32)] * 2
+    assert plain_samples(tokens, logprobs, ["a", "b"], [None, None], ["stop", "stop"], [0, 0]) is None
+    logprobs[1][length - 1] = 0.0
+    assert plain_samples(tokens, logprobs, ["a", "b"], [None, None], ["stop", "stop"], [0, 0]) is not None
+
+
 def test_a_token_beyond_int32_raises_as_sample_does() -> None:
     with pytest.raises(InvalidRecordError, match="tokens"):
         plain_samples([[2**31]], [None], ["x"], [None], ["stop"], [0])
+
+
+def test_token_and_logprob_lists_convert_as_numpy_does_and_read_only() -> None:
+    rng = np.random.default_rng(1)
+    tokens, logprobs = rng.integers(0, 150_000, 700).tolist(), (-rng.random(700)).tolist()  # what JSON gives
+    fast = plain_samples([tokens, tuple(tokens[:3])], [logprobs, None], ["a", "b"], [None, 1.0], ["stop", "length"],
+                         [0, 0])
+    assert fast is not None
+    as_numpy = plain_samples([np.asarray(tokens, np.int32), np.asarray(tokens[:3], np.int32)],
+                             [np.asarray(logprobs, np.float32), None], ["a", "b"], [None, 1.0],
+                             ["stop", "length"], [0, 0])
+    assert encode(_group(fast)) == encode(_group(as_numpy))
+    converted = int32_array(tokens, "tokens"), float32_array(logprobs, "logprobs")
+    assert [a.dtype for a in converted] == [np.int32, np.float32] and not any(a.flags.writeable for a in converted)
+
+
+@pytest.mark.parametrize(("tokens", "words"), [
+    ([1, 2.5], "expected integers"),
+    ([True, False], "expected integers"),
+    ([1, 2**31], "must fit int32"),
+    ([-2**31 - 1], "must fit int32"),
+    (["7"], "expected integers"),
+    ([[1], [2]], "1-D"),
+])
+def test_lists_that_are_no_token_ids_are_refused_naming_the_field(tokens: list, words: str) -> None:
+    with pytest.raises(InvalidRecordError, match=f"tokens.*{words}"):
+        plain_samples([tokens], [None], ["x"], [None], ["stop"], [0])

@@ -411,8 +411,8 @@ def test_intake_never_hands_the_loop_a_queued_prompt_of_a_draining_partition() -
         for partition, offset in [(0, 7), (1, 3)]:
             generation = intake._marks.take(partition, offset)
             assert generation is not None
-            intake._hand_over(TakenPrompt(partition, offset, generation, Prompt(id=f"p{partition}", prompt="q"),
-                                          None, 0))
+            intake._hand_over([TakenPrompt(partition, offset, generation, Prompt(id=f"p{partition}", prompt="q"),
+                                           None, 0)])
         drain = intake._marks.drain([0], timeout_s=0.0, stopping=lambda: False)  # a revocation of partition 0
         return await anext(intake), drain.abandoned
 
