@@ -45,3 +45,22 @@ def test_a_burst_yields_to_timers_within_its_budget() -> None:
     assert done_without == done_with == 40
     assert held >= 0.035  # without: the timer waits for the whole burst
     assert served < held / 2, (served, held)
+
+
+def test_groups_wait_in_line_in_order_and_a_cancelled_one_leaves_it() -> None:
+    async def scenario() -> list[int]:
+        budget = LoopBudget(0.0)  # every group past the first waits for a turn of its own
+        order: list[int] = []
+
+        async def group(i: int) -> None:
+            await budget.turn()
+            order.append(i)
+
+        await asyncio.sleep(0.001)  # the budget's first turn is used up
+        tasks = [asyncio.create_task(group(i)) for i in range(6)]
+        await asyncio.sleep(0)
+        tasks[2].cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return order
+
+    assert asyncio.run(scenario()) == [0, 1, 3, 4, 5]
