@@ -80,7 +80,7 @@ def _specs() -> list[_Spec]:
               "(max_lag 8, no trainer), p99 over the window.",
               lambda c, f, p: bench_producer.run(c, f)),
         _Spec("baseline", "The original in-process queue design vs rollstream",
-              "A faithful small reproduction of the buggy original of `shared/reference/fully-async-fix.md` "
+              "A faithful small reproduction of the buggy original of `docs/origin.md` "
               "(asyncio worker thread topping up `concurrency` generate tasks, done-callback doing a blocking "
               "`queue.Queue(maxsize).put`, `generate_rollout` draining everything and returning "
               "`sorted(...)[:target]`; top-up poll 50 ms instead of the original's 1 s, in its favour) vs "

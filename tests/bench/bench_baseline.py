@@ -1,7 +1,7 @@
 """The design users switch from, side by side with rollstream on the same synthetic workload.
 
 `_OriginalWorker` and `_original_generate_rollout` are a small, faithful REPRODUCTION OF THE BUGGY
-ORIGINAL described in ``shared/reference/fully-async-fix.md`` (slime's fully-async rollout before the
+ORIGINAL described in ``docs/origin.md`` (slime's fully-async rollout before the
 fix). They exist only to be measured here; nothing else imports them, and they must not be reused:
 
 - an asyncio loop in a daemon thread tops up to `concurrency` generate tasks from a data buffer, then
