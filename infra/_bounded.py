@@ -5,10 +5,9 @@ whose coordinator is gone for good (confluentinc/librdkafka#5511) would hold its
 call runs in a daemon thread instead, and the caller waits at most `timeout`: on a timeout the call
 may still finish (and its commit land) later, which callers must allow for.
 
-`call_within` starts a thread per call (for calls made once, such as closing a client). `BoundedCaller`
-keeps its thread between calls, for a client that commits every step: starting and joining a thread
-cost a trainer's take about as much as the commit itself. A call that overruns keeps that thread, and
-the next call gets a fresh one.
+`call_within` starts a thread per call (for calls made once, such as closing a client), unless given a
+`BoundedCaller`, which keeps its thread between calls (for a client that commits every step: no thread
+started and joined per commit). A call that overruns keeps that thread, and the next call gets a fresh one.
 """
 
 from __future__ import annotations
@@ -21,25 +20,17 @@ from typing import Any, TypeVar
 _T = TypeVar("_T")
 
 
-def call_within(fn: Callable[[], _T], timeout: float, name: str) -> tuple[bool, _T | None]:
-    """Run `fn` in daemon thread `name`; wait up to `timeout` s. Returns (finished, result); re-raises
-    what `fn` raised when it finished by raising."""
-    outcome: dict[str, object] = {}
-
-    def run() -> None:
-        try:
-            outcome["result"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        return False, None
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return True, outcome.get("result")  # type: ignore[return-value]
+def call_within(fn: Callable[[], _T], timeout: float, name: str, *,
+                caller: BoundedCaller | None = None) -> tuple[bool, _T | None]:
+    """Run `fn` in `caller`'s kept thread, or in a daemon thread `name` of its own; wait up to `timeout` s.
+    Returns (finished, result); re-raises what `fn` raised when it finished by raising."""
+    if caller is not None:
+        return caller.call(fn, timeout)
+    once = BoundedCaller(name)
+    try:
+        return once.call(fn, timeout)
+    finally:
+        once.close()
 
 
 _Job = tuple[Callable[[], Any], dict[str, Any], threading.Event]

@@ -123,8 +123,7 @@ def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *
         if timeout is None:
             result = commit()
         else:
-            finished, result = (caller.call(commit, timeout) if caller is not None
-                                else call_within(commit, timeout, "rollstream-commit"))
+            finished, result = call_within(commit, timeout, "rollstream-commit", caller=caller)
             if not finished:
                 raise CommitFailed(f"commit of offsets {dict(offsets)} on {topic} got no answer within {timeout:g} s; "
                                    "retrying may help (it may still land)", {p: "timed out" for p in offsets},
@@ -187,8 +186,7 @@ def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int],
 
     try:
         # Bounded from outside too, as commits are: a client that lost its coordinator may not keep its timeout.
-        finished, answer = (caller.call(lookup, timeout + 1.0) if caller is not None
-                            else call_within(lookup, timeout + 1.0, "rollstream-committed"))
+        finished, answer = call_within(lookup, timeout + 1.0, "rollstream-committed", caller=caller)
         if not finished or answer is None:
             raise KafkaIOError(f"cannot read committed offsets on {topic}: no answer within {timeout:g} s; retrying "
                                "may help", topic=topic, code="_TIMED_OUT", retriable=True)

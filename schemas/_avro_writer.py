@@ -53,24 +53,16 @@ def write_int(value: int, out: bytearray) -> None:
 
 def write_bytes(value: bytes | bytearray | memoryview, out: bytearray) -> None:
     """Avro ``bytes``: the length, then the bytes (any contiguous buffer: its size in bytes)."""
-    size = len(value) if type(value) is bytes else memoryview(value).nbytes
-    if size < 64:
-        out.append(size << 1)
-    else:
-        write_long(size, out)
+    write_long(len(value) if type(value) is bytes else memoryview(value).nbytes, out)
     out += value
 
 
 def write_string(value: str, out: bytearray) -> None:
     """Avro ``string``: the UTF-8 bytes, as ``bytes``. A non-str raises TypeError (as fastavro's writer)."""
-    if type(value) is not str and not isinstance(value, str):
+    if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__}")
     encoded = value.encode()
-    size = len(encoded)
-    if size < 64:
-        out.append(size << 1)
-    else:
-        write_long(size, out)
+    write_long(len(encoded), out)
     out += encoded
 
 

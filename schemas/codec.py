@@ -61,8 +61,6 @@ class _WriterSchema:
     `upgrade`: for an older schema, its upgrader to the current layout (None for a current schema).
     `head`, `tail`: for a schema that ends in ``bytes`` fields, the leading part fastavro reads and
     the trailing fields the codec handles in place (None and () otherwise).
-    `write`: for a current schema, its compiled writer (`schemas._avro_writer`) of the head, or of the
-    whole record when there is no tail.
     """
 
     name: str
@@ -71,7 +69,6 @@ class _WriterSchema:
     upgrade: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     head: dict[str, Any] | None = None
     tail: tuple[str, ...] = ()
-    write: Writer | None = None
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -107,14 +104,15 @@ class Codec:
         self._class_by_name: dict[str, type] = {}
         self._writers: dict[bytes, _WriterSchema] = {}
         self._current_writer: dict[type, _WriterSchema] = {}
+        self._write: dict[type, Writer] = {}  # the current schema's head (or whole record), compiled
         for cls, filename in _FILES.items():
             parsed = _load(schema_dir / filename)
             self._current[cls] = parsed
             self._header[cls] = MAGIC + fingerprint(parsed)
             self._class_by_name[parsed["name"]] = cls
             head, tail = _split_tail(json.loads((schema_dir / filename).read_text()))
-            writer = _WriterSchema(parsed["name"], parsed, schema_dir / filename, head=head, tail=tail,
-                                   write=compile_writer(head or parsed))
+            writer = _WriterSchema(parsed["name"], parsed, schema_dir / filename, head=head, tail=tail)
+            self._write[cls] = compile_writer(head or parsed)
             self._writers[fingerprint(parsed)] = self._current_writer[cls] = writer
         for path in sorted(schema_dir.glob("history/*.avsc")):
             upgrade = UPGRADERS.get(path.name)
@@ -147,7 +145,7 @@ class Codec:
         datum = LAYOUTS[record_type].to_datum(record)
         out = bytearray(self._header[record_type])
         try:
-            writer.write(datum, out)  # type: ignore[misc]  # every current schema has its writer
+            self._write[record_type](datum, out)
             tail = [_bytes_field(datum[name]) for name in writer.tail]
         except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
             raise InvalidRecordError(_explain_invalid(writer.parsed, datum, exc)) from exc

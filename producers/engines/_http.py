@@ -1,15 +1,17 @@
-"""What the HTTP engines (SGLang's `/generate`, vLLM's `/v1/completions`) share: their server list, the
-prompt they send, and how one POST's failure is classified. Loop-only; never blocks the loop."""
+"""What the HTTP engines (SGLang's `/generate`, vLLM's `/v1/completions`) share: their server list, their
+client and prompt encoder, the prompt they send, and how one POST's failure is classified. Loop-only;
+never blocks the loop."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from producers.engines._tokenize import PromptEncoder
+from producers.engines._tokenize import PromptEncoder, load_tokenizer
 from producers.engines.base import EngineError
 from schemas import ConfigError
 
@@ -47,6 +49,39 @@ class RoundRobin:
         url = self.urls[self._next % len(self.urls)]
         self._next += 1
         return url
+
+
+class HTTPSession:
+    """An HTTP engine's client (opened by `start`, closed by `close`) and, with a tokenizer (a name or
+    path loaded at start, or a tokenizer object), its prompt encoder. Loop-only."""
+
+    def __init__(self, tokenizer: str | Path | Any | None, *, chat_template: bool, timeout_s: float,
+                 connect_timeout_s: float, max_connections: int) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.client: httpx.AsyncClient | None = None
+        self.encoder: PromptEncoder | None = None
+        self._tokenizer = tokenizer
+        self._chat_template = chat_template
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+
+    async def start(self) -> bool:
+        """Load the tokenizer (in a thread) and open the client. Idempotent; True when it opened the client."""
+        if self._tokenizer is not None and self.encoder is None:
+            tok = self._tokenizer
+            if isinstance(tok, str | Path):
+                tok = await asyncio.to_thread(load_tokenizer, tok)
+            self.encoder = PromptEncoder(tok, chat_template=self._chat_template)
+        if self.client is not None:
+            return False
+        self.client = httpx.AsyncClient(timeout=self._timeout, limits=self._limits)
+        return True
+
+    async def close(self) -> None:
+        """Close the client. Idempotent."""
+        if self.client is not None:
+            client, self.client = self.client, None
+            await client.aclose()
 
 
 async def prompt_input(encoder: PromptEncoder | None, prompt: Mapping[str, Any]) -> tuple[str, Sequence[int] | None]:

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import httpx
 
-from producers.engines._http import RoundRobin, base_urls, post_json, prompt_input
+from producers.engines._http import HTTPSession, RoundRobin, base_urls, post_json, prompt_input
 from producers.engines._sglang_format import (
     PARTIAL_ROLLOUTS,
     PartialRollout,
@@ -37,7 +37,6 @@ from producers.engines._sglang_format import (
     parse_policy_version,
     request_payload,
 )
-from producers.engines._tokenize import PromptEncoder, load_tokenizer
 from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Completion, EngineError, Generation, SamplingParams
 from schemas import ConfigError
 
@@ -97,16 +96,11 @@ class SGLangHTTPEngine:
         self._servers = RoundRobin(base_urls(urls, suffixes=("/generate",), option="--sglang-url"))
         if partial_rollouts not in PARTIAL_ROLLOUTS:
             raise ConfigError(f"--partial-rollouts {partial_rollouts!r}: use continue or restart")
-        self._tokenizer_src = tokenizer
-        self._chat_template = chat_template
-        self._connect_timeout_s = connect_timeout_s
-        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._http = HTTPSession(tokenizer, chat_template=chat_template, timeout_s=timeout_s,
+                                 connect_timeout_s=connect_timeout_s, max_connections=max_connections)
         self._retry = retry or RetryPolicy()
         self._partial: PartialRollouts = partial_rollouts
         self._rng = random.Random(seed)
-        self._client: httpx.AsyncClient | None = None
-        self._encoder: PromptEncoder | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -114,18 +108,10 @@ class SGLangHTTPEngine:
 
     async def start(self) -> None:
         """Load the tokenizer (in a thread) and open the HTTP client. Idempotent."""
-        if self._tokenizer_src is not None and self._encoder is None:
-            tok = self._tokenizer_src
-            if isinstance(tok, str | Path):
-                tok = await asyncio.to_thread(load_tokenizer, tok)
-            self._encoder = PromptEncoder(tok, chat_template=self._chat_template)
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self._timeout, limits=self._limits)
+        await self._http.start()
 
     async def close(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
+        await self._http.close()
 
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
         """`n` concurrent requests for `prompt`; if one gives up, the others are cancelled.
@@ -134,9 +120,9 @@ class SGLangHTTPEngine:
             EngineError: a sample failed after its retries (not retriable: the engine already retried), or
                 was aborted more than ``max_continuations`` times with partial output (retriable).
         """
-        if self._client is None:
+        if self._http.client is None:
             raise EngineError("SGLangHTTPEngine.generate called before start()", retriable=False)
-        text, ids = await prompt_input(self._encoder, prompt)
+        text, ids = await prompt_input(self._http.encoder, prompt)
         payload = request_payload(text, ids, sampling.to_dict())
         completions = await gather_or_cancel([self._sample(payload) for _ in range(n)])
         return Generation(completions=completions, prompt_text=text, prompt_tokens=ids or ())
@@ -173,7 +159,7 @@ class SGLangHTTPEngine:
         Raises:
             EngineError (not retriable): a 4xx the server will refuse again.
         """
-        out, error = await post_json(self._client, url, "/generate", payload)
+        out, error = await post_json(self._http.client, url, "/generate", payload)
         if error is not None:
             return None, error
         if isinstance(out, list) and len(out) == 1:
@@ -288,11 +274,11 @@ class SGLangSyncEngine(SGLangHTTPEngine):
 
     async def _control(self, url: str, endpoint: str, body: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
         """POST one control request. Raises EngineError naming the server on an HTTP error or ``success: false``."""
-        if self._client is None:
+        if self._http.client is None:
             raise EngineError("SGLangSyncEngine used before start()", retriable=False)
         try:
-            resp = await self._client.post(f"{url}/{endpoint}", json=dict(body),
-                                           timeout=httpx.Timeout(timeout_s, connect=self._connect_timeout_s))
+            resp = await self._http.client.post(f"{url}/{endpoint}", json=dict(body),
+                                           timeout=httpx.Timeout(timeout_s, connect=self._http.connect_timeout_s))
         except httpx.HTTPError as exc:
             raise EngineError(f"{url}/{endpoint}: {type(exc).__name__}: {exc}", retriable=True) from exc
         try:
@@ -306,12 +292,12 @@ class SGLangSyncEngine(SGLangHTTPEngine):
         return out
 
     async def _read_version(self, url: str) -> int | None:
-        if self._client is None:
+        if self._http.client is None:
             return None
         try:
-            resp = await self._client.get(f"{url}/get_weight_version",
+            resp = await self._http.client.get(f"{url}/get_weight_version",
                                           timeout=httpx.Timeout(self._sync.control_timeout_s,
-                                                                connect=self._connect_timeout_s))
+                                                                connect=self._http.connect_timeout_s))
             resp.raise_for_status()
             return parse_policy_version(resp.json().get("weight_version"))
         except (httpx.HTTPError, ValueError, AttributeError) as exc:

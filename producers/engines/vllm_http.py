@@ -31,8 +31,7 @@ from typing import Any
 
 import httpx
 
-from producers.engines._http import RoundRobin, base_urls, post_json, prompt_input
-from producers.engines._tokenize import PromptEncoder, load_tokenizer
+from producers.engines._http import HTTPSession, RoundRobin, base_urls, post_json, prompt_input
 from producers.engines._vllm_format import (
     LOGPROBS_MODES,
     LogprobsMode,
@@ -87,15 +86,11 @@ class VLLMHTTPEngine:
         if logprobs_mode not in LOGPROBS_MODES:
             raise ConfigError(f"--vllm-logprobs-mode {logprobs_mode!r}: use {' or '.join(LOGPROBS_MODES)}")
         self._model = model
-        self._tokenizer_src = tokenizer
-        self._chat_template = chat_template
-        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
-        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._http = HTTPSession(tokenizer, chat_template=chat_template, timeout_s=timeout_s,
+                                 connect_timeout_s=connect_timeout_s, max_connections=max_connections)
         self._retry = retry or RetryPolicy()
         self._logprobs_mode: LogprobsMode = logprobs_mode
         self._rng = random.Random(seed)
-        self._client: httpx.AsyncClient | None = None
-        self._encoder: PromptEncoder | None = None
         if sampling is not None:
             self.check_sampling(sampling)
 
@@ -119,20 +114,11 @@ class VLLMHTTPEngine:
     async def start(self) -> None:
         """Load the tokenizer (in a thread), open the HTTP client and, without `model`, read the served
         model's name (best effort: a server that does not answer yet is not an error). Idempotent."""
-        if self._tokenizer_src is not None and self._encoder is None:
-            tok = self._tokenizer_src
-            if isinstance(tok, str | Path):
-                tok = await asyncio.to_thread(load_tokenizer, tok)
-            self._encoder = PromptEncoder(tok, chat_template=self._chat_template)
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self._timeout, limits=self._limits)
-            if self._model is None:
-                self._model = await self._served_model(self._servers.urls[0])
+        if await self._http.start() and self._model is None:
+            self._model = await self._served_model(self._servers.urls[0])
 
     async def close(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
+        await self._http.close()
 
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
         """`n` concurrent requests for `prompt`; if one gives up, the others are cancelled.
@@ -142,9 +128,9 @@ class VLLMHTTPEngine:
                 prompt without a tokenizer (not retriable); a sample failed after its retries or kept
                 being aborted (not retriable: the engine already retried).
         """
-        if self._client is None:
+        if self._http.client is None:
             raise EngineError("VLLMHTTPEngine.generate called before start()", retriable=False)
-        text, ids = await prompt_input(self._encoder, prompt)
+        text, ids = await prompt_input(self._http.encoder, prompt)
         body = request_body(text, ids, sampling.to_dict(), model=self._model)
         check_logprobs_contract(self._logprobs_mode, body)
         served_ids: list[list[int]] = []  # the prompt's ids as vLLM tokenized it, when it says
@@ -186,7 +172,7 @@ class VLLMHTTPEngine:
         Raises:
             EngineError (not retriable): a 4xx the server will refuse again, or a body not of vLLM's shape.
         """
-        out, error = await post_json(self._client, url, _COMPLETIONS, body)
+        out, error = await post_json(self._http.client, url, _COMPLETIONS, body)
         if error is not None:
             return None, error
         try:
@@ -197,10 +183,10 @@ class VLLMHTTPEngine:
             raise
 
     async def _served_model(self, url: str) -> str | None:
-        if self._client is None:
+        if self._http.client is None:
             return None
         try:
-            resp = await self._client.get(f"{url}/v1/models", timeout=_MODELS_TIMEOUT)
+            resp = await self._http.client.get(f"{url}/v1/models", timeout=_MODELS_TIMEOUT)
             resp.raise_for_status()
             return str(resp.json()["data"][0]["id"])
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:

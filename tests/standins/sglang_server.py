@@ -42,15 +42,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found"}
+from tests.standins._http_server import StandInServer
+
 _PAUSE_MODES = ("abort", "retract", "in_place")
 _ABORT = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 
@@ -86,13 +85,14 @@ class _Request:
     versions: list[str] = field(default_factory=list)
 
 
-class SGLangStandIn:
+class SGLangStandIn(StandInServer):
     """One stand-in server. Knobs (`token_delay_s`, `fail_updates`, `abort_after_tokens`, `report_spans`)
     may be changed from any thread; `requests` logs ``(path, body)`` of every request in arrival order."""
 
     def __init__(self, *, weight_version: str = "default", model_path: str = "/models/base",
                  token_delay_s: float = 0.005, update_delay_s: float = 0.0, abort_after_tokens: int | None = None,
                  report_spans: bool = True) -> None:
+        super().__init__("SGLang")
         self.weight_version = weight_version
         self.model_path = model_path
         self.token_delay_s = token_delay_s
@@ -100,82 +100,16 @@ class SGLangStandIn:
         self.abort_after_tokens = abort_after_tokens
         self.report_spans = report_spans
         self.fail_updates = False
-        self.requests: list[tuple[str, dict[str, Any]]] = []
         self.tokens_generated = 0
         self._paused = False
         self._updating = False
         self._running: set[str] = set()
         self._by_rid: dict[str, _Request] = {}
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-standin", daemon=True)
-        self._changed: asyncio.Condition | None = None
-        self._server: asyncio.Server | None = None
-        self.url = ""
-
-    # -- lifecycle (any thread) -------------------------------------------------------------------
-
-    def start(self) -> SGLangStandIn:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(10)
-        return self
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            asyncio.run_coroutine_threadsafe(self._shut(), self._loop).result(10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-
-    def __enter__(self) -> SGLangStandIn:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def paths(self) -> list[str]:
         return [path for path, _ in list(self.requests)]
 
-    def wait_until(self, condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"stand-in SGLang: timed out waiting for {what}")
-            time.sleep(0.005)
-
-    async def _open(self) -> None:
-        self._changed = asyncio.Condition()
-        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-
-    async def _shut(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    # -- HTTP/1.1 (keep-alive, Content-Length bodies: what httpx sends) ----------------------------
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while line := await reader.readline():
-                method, target, _ = line.decode().split(" ", 2)
-                headers = {}
-                while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    name, value = header.decode().split(":", 1)
-                    headers[name.strip().lower()] = value.strip()
-                raw = await reader.readexactly(int(headers.get("content-length", 0)))
-                status, reply = await self._route(method, target.split("?", 1)[0], raw)
-                data = b"" if reply is None else json.dumps(reply).encode()
-                writer.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: application/json\r\n"
-                             f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    async def _route(self, method: str, path: str, raw: bytes) -> tuple[int, Any]:
+    async def _route(self, method: str, path: str, query: str, raw: bytes) -> tuple[int, Any]:
         try:
             body = json.loads(raw) if raw else {}
         except ValueError as exc:
@@ -195,16 +129,6 @@ class SGLangStandIn:
         return 404, {"detail": "Not Found"}
 
     # -- the engine --------------------------------------------------------------------------------
-
-    async def _notify(self) -> None:
-        assert self._changed is not None
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def _wait_for(self, condition: Callable[[], bool]) -> None:
-        assert self._changed is not None
-        async with self._changed:
-            await self._changed.wait_for(condition)
 
     async def _generate(self, body: dict[str, Any]) -> tuple[int, Any]:
         if body.get("stream"):

@@ -42,14 +42,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}
+from tests.standins._http_server import StandInServer
+
 _PAUSE_MODES = ("abort", "wait", "keep")
 _LOGPROB_FLOOR = -9999.0  # serving.py: max(step_token.logprob, -9999.0)
 
@@ -67,12 +66,13 @@ def piece(token: int) -> str:
     return f"<{token}>"
 
 
-class VLLMStandIn:
+class VLLMStandIn(StandInServer):
     """One stand-in server. Knobs may be changed from any thread; `requests` logs ``(path, body)`` of every
     request in arrival order (``/pause`` with its query as the body)."""
 
     def __init__(self, *, model: str = "/models/base", token_delay_s: float = 0.0, old_vllm: bool = False,
                  stop_after: int | None = None, abort_after_tokens: int = 1, slow_s: float = 1.0) -> None:
+        super().__init__("vLLM")
         self.model = model
         self.token_delay_s = token_delay_s
         self.old_vllm = old_vllm
@@ -80,34 +80,9 @@ class VLLMStandIn:
         self.abort_after_tokens = abort_after_tokens
         self.slow_s = slow_s
         self.drop_next = self.fail_next = self.slow_next = self.abort_next = 0
-        self.requests: list[tuple[str, dict[str, Any]]] = []
         self._paused = False
         self._aborting: set[str] = set()
         self._running: set[str] = set()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-standin", daemon=True)
-        self._changed: asyncio.Condition | None = None
-        self._server: asyncio.Server | None = None
-        self.url = ""
-
-    # -- lifecycle (any thread) -------------------------------------------------------------------
-
-    def start(self) -> VLLMStandIn:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._open(), self._loop).result(10)
-        return self
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            asyncio.run_coroutine_threadsafe(self._shut(), self._loop).result(10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-
-    def __enter__(self) -> VLLMStandIn:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def completions(self) -> list[dict[str, Any]]:
         """The bodies of every ``/v1/completions`` request so far."""
@@ -117,57 +92,15 @@ class VLLMStandIn:
         """How many ``/v1/completions`` requests are generating now."""
         return len(self._running)
 
-    def wait_until(self, condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"stand-in vLLM: timed out waiting for {what}")
-            time.sleep(0.005)
-
-    async def _open(self) -> None:
-        self._changed = asyncio.Condition()
-        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-
-    async def _shut(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    # -- HTTP/1.1 (keep-alive, Content-Length bodies: what httpx sends) ----------------------------
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while line := await reader.readline():
-                method, target, _ = line.decode().split(" ", 2)
-                headers = {}
-                while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    name, value = header.decode().split(":", 1)
-                    headers[name.strip().lower()] = value.strip()
-                raw = await reader.readexactly(int(headers.get("content-length", 0)))
-                path, _, query = target.partition("?")
-                if path == "/v1/completions" and self.drop_next > 0:
-                    self.drop_next -= 1
-                    self.requests.append((path, json.loads(raw) if raw else {}))
-                    break  # closed without an answer: httpx sees RemoteProtocolError
-                status, reply = await self._route(method, path, query, raw)
-                data = b"" if reply is None else json.dumps(reply).encode()
-                writer.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: application/json\r\n"
-                             f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    async def _route(self, method: str, path: str, query: str, raw: bytes) -> tuple[int, Any]:
+    async def _route(self, method: str, path: str, query: str, raw: bytes) -> tuple[int, Any] | None:
         try:
             body = json.loads(raw) if raw else {}
         except ValueError as exc:
             return 400, _error(f"invalid JSON: {exc}")
+        if path == "/v1/completions" and self.drop_next > 0:
+            self.drop_next -= 1
+            self.requests.append((path, body))
+            return None
         if method == "POST" and path == "/pause":
             body = {k: v[-1] for k, v in parse_qs(query).items()}
         self.requests.append((path, body))
@@ -190,16 +123,6 @@ class VLLMStandIn:
         return 404, {"detail": "Not Found"}
 
     # -- the engine --------------------------------------------------------------------------------
-
-    async def _notify(self) -> None:
-        assert self._changed is not None
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def _wait_for(self, condition: Callable[[], bool]) -> None:
-        assert self._changed is not None
-        async with self._changed:
-            await self._changed.wait_for(condition)
 
     async def _completions(self, body: dict[str, Any]) -> tuple[int, Any]:
         if body.get("model") not in (None, self.model):  # serving.py _check_model
