@@ -4,16 +4,16 @@
 step (with `to_tensors`); filters decide what is skipped (always recorded, never dropped silently);
 `replay_step` / `replay_range` / `replay_since` read back what was published or taken; `audit` proves
 every committed offset was accounted for once; `status` says why a trainer would wait (`TakeTimeout` too).
-`consumers.slime.generate_rollout` plugs it into slime.
+`rollstream.consumers.slime.generate_rollout` plugs it into slime.
 """
 
-from consumers._audit import AuditReport, audit
-from consumers._batch import Batch, TensorBatch, grpo_advantages
-from consumers._consumer import DEFAULT_GROUP, RolloutConsumer
-from consumers._epoch_audit import EpochAuditReport, audit_epochs
-from consumers._errors import CommitError, FilterError, GroupConflictError, TakeTimeout
-from consumers._metrics import ConsumerMetrics
-from consumers._replay import (
+from rollstream.consumers._audit import AuditReport, audit
+from rollstream.consumers._batch import Batch, TensorBatch, grpo_advantages
+from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
+from rollstream.consumers._epoch_audit import EpochAuditReport, audit_epochs
+from rollstream.consumers._errors import CommitError, FilterError, GroupConflictError, TakeTimeout
+from rollstream.consumers._metrics import ConsumerMetrics
+from rollstream.consumers._replay import (
     ReplayedRecord,
     ReplayedStep,
     group_to_json,
@@ -23,8 +23,8 @@ from consumers._replay import (
     replay_step,
     since_bounds,
 )
-from consumers._status import Diagnosis, StatusReport, status
-from consumers.filters import (
+from rollstream.consumers._status import Diagnosis, StatusReport, status
+from rollstream.consumers.filters import (
     FilterContext,
     GroupFilter,
     all_rewards_equal,

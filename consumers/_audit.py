@@ -2,7 +2,7 @@
 
 For a consumer group, `audit` reads all its manifests on NS.steps and its committed offsets on
 NS.rollouts, decides which manifests count with the same rules as the consumer
-(`consumers._ledger`: re-taken steps supersede their first manifest; manifests past the committed
+(`rollstream.consumers._ledger`: re-taken steps supersede their first manifest; manifests past the committed
 offsets are pending, not counted), then checks, per partition of NS.rollouts:
 
 - inside each manifest, every offset of its ranges has exactly one disposition;
@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from consumers._ledger import StepLedger
-from consumers._manifests import read_manifests
-from infra import REACH_TIMEOUT_S, KafkaConfig, LagReader, TopicNames, require_topics
-from schemas import DISPOSITION_KINDS, SchemaError, StepManifest
+from rollstream.consumers._ledger import StepLedger
+from rollstream.consumers._manifests import read_manifests
+from rollstream.infra import REACH_TIMEOUT_S, KafkaConfig, LagReader, TopicNames, require_topics
+from rollstream.schemas import DISPOSITION_KINDS, SchemaError, StepManifest
 
 
 @dataclass(frozen=True)

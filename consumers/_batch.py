@@ -10,8 +10,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from consumers._requeue import Requeue
-from schemas import DISPOSITION_KINDS, OffsetDisposition, PartitionRange, RollstreamError, ScoredGroup, StepManifest
+from rollstream.consumers._requeue import Requeue
+from rollstream.schemas import (
+    DISPOSITION_KINDS,
+    OffsetDisposition,
+    PartitionRange,
+    RollstreamError,
+    ScoredGroup,
+    StepManifest,
+)
 
 if TYPE_CHECKING:
     import torch

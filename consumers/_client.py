@@ -14,9 +14,8 @@ from collections import deque
 from collections.abc import Mapping
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-
-from consumers._gather import Entry
-from infra import (
+from rollstream.consumers._gather import Entry
+from rollstream.infra import (
     KafkaConfig,
     KafkaIOError,
     call_within,
@@ -26,7 +25,7 @@ from infra import (
     open_consumer,
     position_of,
 )
-from schemas import RollstreamError
+from rollstream.schemas import RollstreamError
 
 log = logging.getLogger(__name__)
 _CLOSE_TIMEOUT_S = 5.0

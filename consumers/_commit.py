@@ -2,8 +2,8 @@
 
 A step's manifest is written once, at the latest when the step is committed: `record` writes it as
 soon as the step is taken (so that a restarted consumer can take the same batch again, see
-`consumers._resume`), and `commit` then writes only the manifests not recorded yet, before the offsets.
-The prompts a step requeues (`consumers._requeue`) are published to NS.prompts and acknowledged before
+`rollstream.consumers._resume`), and `commit` then writes only the manifests not recorded yet, before the offsets.
+The prompts a step requeues (`rollstream.consumers._requeue`) are published to NS.prompts and acknowledged before
 its manifest is written, so a manifest never records a requeue that did not happen.
 
 `StepCommitter` owns the manifest producer and what the consumer knows of the group's committed
@@ -20,11 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Producer
-
-from consumers._batch import Batch
-from consumers._errors import CommitError, GroupConflictError
-from consumers._requeue import Requeue
-from infra import (
+from rollstream.consumers._batch import Batch
+from rollstream.consumers._errors import CommitError, GroupConflictError
+from rollstream.consumers._requeue import Requeue
+from rollstream.infra import (
     BoundedCaller,
     CommitFailed,
     KafkaConfig,
@@ -36,7 +35,7 @@ from infra import (
     open_producer,
     produce_and_wait,
 )
-from schemas import RollstreamError, StepManifest, encode
+from rollstream.schemas import RollstreamError, StepManifest, encode
 
 log = logging.getLogger(__name__)
 _RETRY_PAUSE_S = 0.2

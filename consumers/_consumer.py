@@ -14,13 +14,13 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
   last offset of the step (the next record to read).
 - The same batch after a crash: a step handed over and never committed is recorded by its manifest,
   so a restarted consumer's first takes are those recorded steps again, each the same batch (group
-  ids, order, step number), for any partition count (`consumers._resume`). `seek_to_step(k)` goes
+  ids, order, step number), for any partition count (`rollstream.consumers._resume`). `seek_to_step(k)` goes
   back to a trainer checkpoint's step k and takes the steps after it again the same way.
 - Partitions are assigned explicitly (no group membership, no session timeout): a trainer that does
   not call in for hours keeps its position and commits fine, under the group id.
 - A group id already taken (in an earlier step of this consumer group, also before a restart, or
   earlier in this step) is skipped as ``duplicate``. Across restarts the taken ids are rebuilt from
-  the group's manifests (see `consumers._ledger` for which manifests count); the ledger is the one
+  the group's manifests (see `rollstream.consumers._ledger` for which manifests count); the ledger is the one
   owner of taken ids, also of those in uncommitted steps.
 - One consumer per group at a time: two trainers sharing a group id would both read everything.
   Kafka does not keep them apart (no membership), so every commit first checks that the group's
@@ -37,21 +37,20 @@ from types import TracebackType
 
 from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
-
-from consumers._batch import Batch
-from consumers._client import TrainerClient
-from consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
-from consumers._errors import TakeTimeout
-from consumers._gather import Entry, Gathering
-from consumers._ledger import StepLedger
-from consumers._manifests import read_manifests
-from consumers._metrics import ConsumerMetrics
-from consumers._position import PositionPublisher
-from consumers._replay import read_taken
-from consumers._resume import chained, latest_by_step, position_after
-from consumers._status import Diagnosis, TimeoutDiagnoser
-from consumers.filters import GroupFilter, default_filters
-from infra import (
+from rollstream.consumers._batch import Batch
+from rollstream.consumers._client import TrainerClient
+from rollstream.consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
+from rollstream.consumers._errors import TakeTimeout
+from rollstream.consumers._gather import Entry, Gathering
+from rollstream.consumers._ledger import StepLedger
+from rollstream.consumers._manifests import read_manifests
+from rollstream.consumers._metrics import ConsumerMetrics
+from rollstream.consumers._position import PositionPublisher
+from rollstream.consumers._replay import read_taken
+from rollstream.consumers._resume import chained, latest_by_step, position_after
+from rollstream.consumers._status import Diagnosis, TimeoutDiagnoser
+from rollstream.consumers.filters import GroupFilter, default_filters
+from rollstream.infra import (
     DEFAULT_TRAINER_GROUP,
     REACH_TIMEOUT_S,
     GroupLag,
@@ -64,10 +63,10 @@ from infra import (
     sized_to_topic,
     watermarks,
 )
-from schemas import RollstreamError, StepManifest, now_ms
+from rollstream.schemas import RollstreamError, StepManifest, now_ms
 
 log = logging.getLogger(__name__)
-DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`consumers.DEFAULT_GROUP`)
+DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`rollstream.consumers.DEFAULT_GROUP`)
 _MAX_PULL = 1000
 
 
@@ -91,7 +90,7 @@ class RolloutConsumer:
             Without manifests, dedupe only covers this process and audit/replay have nothing to read.
         dedupe_epochs: remember taken ids only for the newest this-many epochs (None: all).
         requeue: publish again to NS.prompts the prompt of a group skipped for a passing reason (stale, a
-            retriable failure) while its attempts last (`consumers._requeue`); False: every filter is final.
+            retriable failure) while its attempts last (`rollstream.consumers._requeue`); False: every filter is final.
         metrics: a `ConsumerMetrics`, or a registry to create them in (default: a registry of its own).
         overrides: extra librdkafka consumer properties (e.g. fetch tuning).
         timeout: seconds to wait for the broker when starting and committing.
@@ -396,12 +395,14 @@ class RolloutConsumer:
         log.info("step %d committed: group %s offsets %s", batch.step, self.group_id, offsets)
 
     def _publish_position(self, step: int) -> None:
-        """Tell the producers' backpressure where the group is now (see `consumers._position`). Never blocks."""
+        """Tell the producers' backpressure where the group is now (see `rollstream.consumers._position`).
+
+        Never blocks."""
         committed = self._committer.committed
         self._positions.publish(step, committed, self._client.end_offsets(list(committed)))
 
     def _replace_client(self, cause: BaseException) -> None:
-        """A fresh Kafka client at this consumer's position (see `consumers._client`). Records fetched and
+        """A fresh Kafka client at this consumer's position (see `rollstream.consumers._client`). Records fetched and
         not looked at are dropped from the buffer and fetched again, in order: none skipped, none twice."""
         self._committer.use(self._client.replace(self.config, self._position))
         self._buffer.clear()
@@ -520,7 +521,7 @@ class RolloutConsumer:
                  self.group_id, step, self._position, [m.step for m in self._redo])
 
     def lag(self, timeout: float = 10.0) -> GroupLag:
-        """The group's committed lag on NS.rollouts (`infra.LagReader`). Blocks up to about `timeout` s.
+        """The group's committed lag on NS.rollouts (`rollstream.infra.LagReader`). Blocks up to about `timeout` s.
 
         Raises:
             RollstreamError (retriable): the broker did not answer in time.
@@ -529,7 +530,7 @@ class RolloutConsumer:
             return reader.group_lag(self.group_id, self.names.rollouts, timeout=timeout)
 
     def _diagnose(self, gathering: Gathering, timeout: float | None) -> Diagnosis | str:
-        """Why a take timed out, for its `TakeTimeout` (see `consumers._status.TimeoutDiagnoser`: the cluster
+        """Why a take timed out, for its `TakeTimeout` (see `rollstream.consumers._status.TimeoutDiagnoser`: the cluster
         is read at most every 30 s; waits at most a quarter of `timeout` and 5 s for it). Never raises."""
         try:
             diagnoser = self._diagnoser

@@ -3,7 +3,8 @@
 A *loaded* prompt is a decodable Prompt record on NS.prompts with ``attempt == 0``; its group id is
 ``make_group_id(prompt.id, prompt.epoch)``. Records with ``attempt > 0`` are requeues (the trainer published
 the prompt again): not new prompts, but they can hold a prompt in flight. Which step manifests of the
-trainer group count is decided by `consumers._ledger.StepLedger`, the consumer's own rules. Per loaded prompt:
+trainer group count is decided by `rollstream.consumers._ledger.StepLedger`, the consumer's own rules.
+Per loaded prompt:
 
 - taken once in the effective manifests: ok. Taken two or more times: a problem (the steps are named).
 - not taken, and a ``filtered`` disposition (terminal: data filters, or stale / failed after the last
@@ -31,11 +32,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers._ledger import StepLedger, epoch_of
-from consumers._manifests import read_manifests
-from consumers.filters import reason_label
-from infra import REACH_TIMEOUT_S, KafkaConfig, LagReader, TopicNames, position_of, read_ranges, require_topics
-from schemas import Prompt, SchemaError, ScoredGroup, StepManifest, decode, make_group_id
+from rollstream.consumers._ledger import StepLedger, epoch_of
+from rollstream.consumers._manifests import read_manifests
+from rollstream.consumers.filters import reason_label
+from rollstream.infra import (
+    REACH_TIMEOUT_S,
+    KafkaConfig,
+    LagReader,
+    TopicNames,
+    position_of,
+    read_ranges,
+    require_topics,
+)
+from rollstream.schemas import Prompt, SchemaError, ScoredGroup, StepManifest, decode, make_group_id
 
 _OPEN_END = 2**62  # read_ranges clamps an end to what the partition holds when it starts reading
 _SHOWN = 10  # in-flight prompts and problems listed in the summary (the JSON lists all)

@@ -1,13 +1,13 @@
-"""Errors of the trainer side. All derive from `schemas.RollstreamError`."""
+"""Errors of the trainer side. All derive from `rollstream.schemas.RollstreamError`."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from schemas import RollstreamError
+from rollstream.schemas import RollstreamError
 
 if TYPE_CHECKING:
-    from consumers._status import Diagnosis
+    from rollstream.consumers._status import Diagnosis
 
 
 class TakeTimeout(RollstreamError):
@@ -30,7 +30,7 @@ class TakeTimeout(RollstreamError):
         wanted: the n that was asked for.
         gathered: acceptable groups found before the timeout (kept for the next call).
         timeout: the timeout in seconds.
-        diagnosis: a `consumers._status.Diagnosis` (``causes``, ``seen``, ``note``; ``str()`` gives the
+        diagnosis: a `rollstream.consumers._status.Diagnosis` (``causes``, ``seen``, ``note``; ``str()`` gives the
             two lines), a plain string, or None when the raiser gave none.
     """
 

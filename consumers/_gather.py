@@ -3,7 +3,7 @@
 Order of the checks: undecodable, then duplicate (group id already taken, here or in an earlier
 step), then the filters in order. The first that applies is the offset's disposition; otherwise
 the group is taken. A filter's reason that may pass (stale, a retriable failure) requeues the prompt
-while attempts remain (`consumers._requeue`): the offset is ``requeued``, unless the same attempt was
+while attempts remain (`rollstream.consumers._requeue`): the offset is ``requeued``, unless the same attempt was
 requeued already (then it is a ``duplicate`` of that requeue).
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from consumers._errors import FilterError
-from consumers._ledger import StepLedger
-from consumers._requeue import Requeue, requeue_of, terminal_reason
-from consumers.filters import FilterContext, GroupFilter, filter_name
-from schemas import OffsetDisposition, PartitionRange, SchemaError, ScoredGroup, decode
+from rollstream.consumers._errors import FilterError
+from rollstream.consumers._ledger import StepLedger
+from rollstream.consumers._requeue import Requeue, requeue_of, terminal_reason
+from rollstream.consumers.filters import FilterContext, GroupFilter, filter_name
+from rollstream.schemas import OffsetDisposition, PartitionRange, SchemaError, ScoredGroup, decode
 
 _MAX_REASON = 500
 

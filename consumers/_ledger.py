@@ -12,7 +12,7 @@ cannot disagree:
 2. A manifest supersedes every earlier manifest that reaches, on some partition, past where the new
    one starts (the trainer's position went back: `seek_to` an older checkpoint).
    Rules 1 and 2 do not apply to a *rewrite*: a manifest identical in step, ranges and taken groups to
-   one already counted (a recorded step taken again as it was, see `consumers._resume`) supersedes
+   one already counted (a recorded step taken again as it was, see `rollstream.consumers._resume`) supersedes
    only that one, so the recorded steps after it stay and are taken again as they were too.
 3. After all manifests are read, a manifest whose ranges go past the group's committed offsets was
    never committed (crash between manifest and commit); it is pending, not effective, and its groups
@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from schemas import StepManifest
+from rollstream.schemas import StepManifest
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Reading a consumer group's step manifests back from NS.steps (the consumer at start, replay, audit).
 
-Built on the readers of `infra.kafka_io`: explicit assignment, nothing committed, no group membership. The
+Built on the readers of `rollstream.infra.kafka_io`: explicit assignment, nothing committed, no group membership. The
 reader's group id is the trainer's own group, so a principal granted only its own group reads manifests.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from infra import KafkaConfig, partitions_of, position_of, read_ranges, reader, watermarks
-from schemas import SchemaError, StepManifest, decode
+from rollstream.infra import KafkaConfig, partitions_of, position_of, read_ranges, reader, watermarks
+from rollstream.schemas import SchemaError, StepManifest, decode
 
 log = logging.getLogger(__name__)
 

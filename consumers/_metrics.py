@@ -12,11 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-from consumers.filters import reason_label, staleness_of
+from rollstream.consumers.filters import reason_label, staleness_of
 
 if TYPE_CHECKING:
-    from consumers._batch import Batch
+    from rollstream.consumers._batch import Batch
 
 _TAKE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, float("inf"))
 _STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, float("inf"))
@@ -42,7 +41,8 @@ class ConsumerMetrics:
                                        ["reason"], registry=r)
         self.groups_requeued = Counter(c + "groups_requeued_total",
                                        "Groups skipped for a passing reason whose prompt was published again "
-                                       "(labelled by that reason; see consumers._requeue).", ["reason"], registry=r)
+                                       "(labelled by that reason; see rollstream.consumers._requeue).", ["reason"],
+                                       registry=r)
         self.duplicates = Counter(c + "groups_duplicate_total",
                                   "Groups skipped because their group_id was already taken.", registry=r)
         self.undecodable = Counter(c + "records_undecodable_total",

@@ -20,9 +20,8 @@ import logging
 from collections.abc import Mapping
 
 from confluent_kafka import KafkaException, Producer
-
-from infra import KafkaConfig, TopicNames, open_producer, publish_position
-from schemas import TrainerPosition, now_ms
+from rollstream.infra import KafkaConfig, TopicNames, open_producer, publish_position
+from rollstream.schemas import TrainerPosition, now_ms
 
 log = logging.getLogger(__name__)
 _FLUSH_S = 1.0

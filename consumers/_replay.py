@@ -15,13 +15,21 @@ from datetime import datetime
 from typing import Any
 
 from confluent_kafka import KafkaException, Message, TopicPartition
-
-from consumers._batch import Batch
-from consumers._gather import key_text
-from consumers._ledger import StepLedger
-from consumers._manifests import read_manifests
-from infra import KafkaConfig, TopicNames, kafka_error, partitions_of, position_of, read_ranges, reader, watermarks
-from schemas import RollstreamError, SchemaError, ScoredGroup, StepManifest, decode
+from rollstream.consumers._batch import Batch
+from rollstream.consumers._gather import key_text
+from rollstream.consumers._ledger import StepLedger
+from rollstream.consumers._manifests import read_manifests
+from rollstream.infra import (
+    KafkaConfig,
+    TopicNames,
+    kafka_error,
+    partitions_of,
+    position_of,
+    read_ranges,
+    reader,
+    watermarks,
+)
+from rollstream.schemas import RollstreamError, SchemaError, ScoredGroup, StepManifest, decode
 
 Progress = Callable[[int], None]
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
@@ -112,7 +120,7 @@ def replay_since(config: KafkaConfig, namespace: str, since_ms: int, *, timeout:
 
 def find_step(config: KafkaConfig, namespace: str, consumer_group: str, step: int, *, timeout: float = 30.0
               ) -> StepManifest:
-    """The manifest of `step` that counts (the latest one not superseded; see `consumers._ledger`).
+    """The manifest of `step` that counts (the latest one not superseded; see `rollstream.consumers._ledger`).
 
     Raises:
         RollstreamError: the group has no such step.

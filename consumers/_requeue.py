@@ -13,7 +13,7 @@ reason saying it was the last attempt. Filters that reflect the data (all reward
 are terminal at once.
 
 Requeue is idempotent where it matters: the requeue records of a step are acknowledged before its
-manifest is written (`consumers._commit`), and a step recorded before a crash is taken again as
+manifest is written (`rollstream.consumers._commit`), and a step recorded before a crash is taken again as
 recorded, without republishing. A take that times out publishes the requeues it found at once (the
 groups it waits for may be the regenerated ones) and remembers where: the next take records those
 offsets as ``requeued`` without publishing them again. A crash after the requeue and before the
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from consumers.filters import reason_label
-from schemas import Prompt, SchemaError, ScoredGroup, decode, encode
+from rollstream.consumers.filters import reason_label
+from rollstream.schemas import Prompt, SchemaError, ScoredGroup, decode, encode
 
 REQUEUE_LABELS = ("stale", "failed")  # reason labels that may pass; "failed" only when the group is retriable
 

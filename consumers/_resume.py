@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 
-from schemas import StepManifest
+from rollstream.schemas import StepManifest
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,8 @@
 
 - producers: the members of the producers' consumer group on NS.prompts (DescribeConsumerGroups: member,
   client and instance ids, host, assigned partitions) and the state each producer writes into the metadata
-  of its prompt-offset commits (`infra.ProducerState`: paused by backpressure or open, since when, when written);
+  of its prompt-offset commits (`rollstream.infra.ProducerState`: paused by backpressure or open, since when,
+  when written);
 - prompts: NS.prompts past the producers' committed offsets (no commit: from the log start), counted
   exactly from the offsets, and decoded by epoch up to `max_prompts` records (beyond that the epochs are
   "at least"); requeued prompts (attempt > 0) counted apart, undecodable records too;
@@ -35,10 +36,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaException, TopicPartition
-
-from consumers._ledger import StepLedger
-from consumers.filters import FilterContext, GroupFilter, default_filters, reason_label
-from infra import (
+from rollstream.consumers._ledger import StepLedger
+from rollstream.consumers.filters import FilterContext, GroupFilter, default_filters, reason_label
+from rollstream.infra import (
     DEFAULT_TRAINER_GROUP,
     KafkaConfig,
     LagReader,
@@ -52,7 +52,16 @@ from infra import (
     reader,
     watermarks,
 )
-from schemas import OffsetDisposition, Prompt, RollstreamError, SchemaError, ScoredGroup, StepManifest, decode, now_ms
+from rollstream.schemas import (
+    OffsetDisposition,
+    Prompt,
+    RollstreamError,
+    SchemaError,
+    ScoredGroup,
+    StepManifest,
+    decode,
+    now_ms,
+)
 
 log = logging.getLogger(__name__)
 PARTS: tuple[str, ...] = ("producers", "prompts", "trainer")
@@ -150,7 +159,7 @@ class TrainerReport:
     """The trainer group on NS.rollouts and NS.steps.
 
     Attributes:
-        lag: committed lag on NS.rollouts (`infra.LagReader`); committed: per partition (None: nothing).
+        lag: committed lag on NS.rollouts (`rollstream.infra.LagReader`); committed: per partition (None: nothing).
         last_step, last_step_at_ms, policy_version: the newest effective step, when it was taken, at which
             policy version (None: no step found).
         recent_steps: the step numbers counted in `recent` (kind -> reason label -> offsets).
@@ -317,7 +326,7 @@ def _why(exc: BaseException) -> str:
 
 def _committed(config: KafkaConfig, topic: str, group: str, timeout: float) -> dict[int, tuple[int | None, str | None]]:
     """partition -> (committed offset or None, its metadata) of `group` on `topic`, through a consumer that
-    never joins (the admin API's ListConsumerGroupOffsets is avoided, as `infra.lag` explains)."""
+    never joins (the admin API's ListConsumerGroupOffsets is avoided, as `rollstream.infra.lag` explains)."""
     with reader(config, group) as consumer:
         parts = partitions_of(consumer, topic, timeout=timeout)
         try:
@@ -448,7 +457,7 @@ def _newest_manifests(config: KafkaConfig, topic: str, group: str, window: int, 
                       ) -> tuple[list[StepManifest], bool]:
     """`group`'s manifests among the newest `window` records of each partition of NS.steps, in log order."""
     key = group.encode()
-    with reader(config, group) as consumer:  # the trainer's own group, as `consumers._manifests` reads them
+    with reader(config, group) as consumer:  # the trainer's own group, as `rollstream.consumers._manifests` reads them
         bounds = {p: watermarks(consumer, topic, p, timeout=timeout) for p in partitions_of(consumer, topic,
                                                                                            timeout=timeout)}
     ranges = {p: (max(low, high - window), high) for p, (low, high) in bounds.items() if high > low}
@@ -488,7 +497,7 @@ def _peek(config: KafkaConfig, topic: str, group: str, bounds: Mapping[int, tupl
 
 
 def _judge(value: bytes, ledger: StepLedger, filters: Sequence[GroupFilter], context: FilterContext) -> str | None:
-    """None when a take would take the group, else the label of why not (as `consumers._gather` decides)."""
+    """None when a take would take the group, else the label of why not (as `rollstream.consumers._gather` decides)."""
     try:
         group = decode(value, ScoredGroup)
     except SchemaError:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from schemas import ScoredGroup
+from rollstream.schemas import ScoredGroup
 
 
 @dataclass(frozen=True)

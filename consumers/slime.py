@@ -2,8 +2,8 @@
 
 Point slime at it with::
 
-    --rollout-function-path consumers.slime.generate_rollout
-    --data-source-path consumers.slime.RollstreamDataSource     # checkpoint save/load of the Kafka position
+    --rollout-function-path rollstream.consumers.slime.generate_rollout
+    --data-source-path rollstream.consumers.slime.RollstreamDataSource     # checkpoint save/load of the Kafka position
     --num-rollout N                                             # a stream has no length to derive it from
 
 and tell the adapter which loop calls it: ``args.rollstream_slime_loop`` / ``ROLLSTREAM_SLIME_LOOP`` =
@@ -74,10 +74,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from consumers._batch import Batch
-from consumers._consumer import DEFAULT_GROUP, RolloutConsumer
-from consumers.filters import FilterContext, default_filters, staleness_of
-from schemas import RollstreamError, ScoredGroup
+from rollstream.consumers._batch import Batch
+from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
+from rollstream.consumers.filters import FilterContext, default_filters, staleness_of
+from rollstream.schemas import RollstreamError, ScoredGroup
 
 log = logging.getLogger(__name__)
 _STATE_ATTR = "_rollstream_slime_rollout"
@@ -95,8 +95,8 @@ def sample_class() -> type:
     try:
         from slime.utils.types import Sample  # type: ignore[import-not-found]
     except ImportError as exc:
-        raise RollstreamError(f"consumers.slime runs inside slime, which is not importable here ({exc}); install "
-                              "slime (github.com/THUDM/slime) in this environment") from exc
+        raise RollstreamError(f"rollstream.consumers.slime runs inside slime, which is not importable here ({exc}); "
+                              "install slime (github.com/THUDM/slime) in this environment") from exc
     return Sample
 
 
@@ -345,7 +345,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any = None, evalua
 
 
 class RollstreamDataSource:
-    """slime's data source (``--data-source-path consumers.slime.RollstreamDataSource``): checkpoints the
+    """slime's data source (``--data-source-path rollstream.consumers.slime.RollstreamDataSource``): checkpoints the
     Kafka position with slime's checkpoints. slime calls ``save(k)`` after training rollout k and ``load(k)``
     when it restores checkpoint k (both only with slime's default ``rollout_global_dataset``).
 
@@ -406,8 +406,8 @@ class RollstreamDataSource:
         state.resume(rollout_id, int(saved["step"]))
 
     def get_samples(self, num_samples: int) -> list[list[Any]]:
-        raise RollstreamError("RollstreamDataSource feeds consumers.slime.generate_rollout only; set "
-                              "--rollout-function-path consumers.slime.generate_rollout")
+        raise RollstreamError("RollstreamDataSource feeds rollstream.consumers.slime.generate_rollout only; set "
+                              "--rollout-function-path rollstream.consumers.slime.generate_rollout")
 
     def add_samples(self, samples: list[list[Any]]) -> None:
         raise RollstreamError("RollstreamDataSource takes no samples back: aborted or partial groups are requeued "

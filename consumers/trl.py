@@ -50,20 +50,19 @@ from hashlib import blake2b
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from consumers._batch import Batch, grpo_advantages
-from consumers._consumer import DEFAULT_GROUP, RolloutConsumer
-from consumers._errors import TakeTimeout
-from consumers.filters import FilterContext, default_filters, reason_label
-from infra import KafkaConfig, PolicyAnnouncer, TopicNames
-from schemas import PolicyVersion, RollstreamError, ScoredGroup
+from rollstream.consumers._batch import Batch, grpo_advantages
+from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
+from rollstream.consumers._errors import TakeTimeout
+from rollstream.consumers.filters import FilterContext, default_filters, reason_label
+from rollstream.infra import KafkaConfig, PolicyAnnouncer, TopicNames
+from rollstream.schemas import PolicyVersion, RollstreamError, ScoredGroup
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
 else:
     try:
         from transformers import TrainerCallback
-    except ImportError:  # `import consumers.trl` works without TRL; commit_callback() then says what is missing
+    except ImportError:  # `import rollstream.consumers.trl` works without TRL; commit_callback() says what is missing
         TrainerCallback = object
 
 log = logging.getLogger(__name__)

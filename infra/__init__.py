@@ -1,14 +1,32 @@
 """Kafka-facing plumbing: client configuration, the topic plan, the Kafka I/O both sides share (one error
 mapping), consumer-group lag, policy versions on NS.control, the local broker."""
 
-from infra._bounded import BoundedCaller, call_within
-from infra._worker import WorkerThread
-from infra.acls import AclRule, apply_acls, plan_acls
-from infra.clients import open_admin, open_consumer, open_producer
-from infra.config import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, DEFAULT_TRAINER_GROUP, KafkaConfig, default_bootstrap
-from infra.control import ControlWatcher, PolicyAnnouncer, announce_policy_version, position_key, publish_position
-from infra.kafka_errors import CommitFailed, KafkaIOError, kafka_error, missing_topic_error, not_authorized_error
-from infra.kafka_io import (
+from rollstream.infra._bounded import BoundedCaller, call_within
+from rollstream.infra._worker import WorkerThread
+from rollstream.infra.acls import AclRule, apply_acls, plan_acls
+from rollstream.infra.clients import open_admin, open_consumer, open_producer
+from rollstream.infra.config import (
+    BOOTSTRAP_ENV,
+    DEFAULT_BOOTSTRAP,
+    DEFAULT_TRAINER_GROUP,
+    KafkaConfig,
+    default_bootstrap,
+)
+from rollstream.infra.control import (
+    ControlWatcher,
+    PolicyAnnouncer,
+    announce_policy_version,
+    position_key,
+    publish_position,
+)
+from rollstream.infra.kafka_errors import (
+    CommitFailed,
+    KafkaIOError,
+    kafka_error,
+    missing_topic_error,
+    not_authorized_error,
+)
+from rollstream.infra.kafka_io import (
     REACH_TIMEOUT_S,
     commit_offsets,
     committed_offsets,
@@ -21,9 +39,16 @@ from infra.kafka_io import (
     require_topics,
     watermarks,
 )
-from infra.lag import GroupLag, LagReader, PartitionLag
-from infra.producer_state import ProducerState
-from infra.topics import TopicNames, TopicPlan, TopicSpec, create_topics, describe_topic_configs, sized_to_topic
+from rollstream.infra.lag import GroupLag, LagReader, PartitionLag
+from rollstream.infra.producer_state import ProducerState
+from rollstream.infra.topics import (
+    TopicNames,
+    TopicPlan,
+    TopicSpec,
+    create_topics,
+    describe_topic_configs,
+    sized_to_topic,
+)
 
 __all__ = [
     "AclRule", "BOOTSTRAP_ENV", "BoundedCaller", "CommitFailed", "ControlWatcher", "DEFAULT_BOOTSTRAP",

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from infra._broker_spec import CONTROLLER_PORT_OFFSET, BrokerError, BrokerSpec, hostport
+from rollstream.infra._broker_spec import CONTROLLER_PORT_OFFSET, BrokerError, BrokerSpec, hostport
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from infra._broker_files import TAIL_LINES, locked, read_text
-from infra._broker_spec import BrokerError
+from rollstream.infra._broker_files import TAIL_LINES, locked, read_text
+from rollstream.infra._broker_spec import BrokerError
 
 log = logging.getLogger(__name__)
 

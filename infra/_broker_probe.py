@@ -17,11 +17,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-
-from infra._broker_files import log_tail
-from infra._broker_procs import is_ours
-from infra._broker_sasl import client_properties, credentials
-from infra._broker_spec import CONTROLLER_PORT_OFFSET, PROBE_TOPIC, BrokerError, BrokerSpec
+from rollstream.infra._broker_files import log_tail
+from rollstream.infra._broker_procs import is_ours
+from rollstream.infra._broker_sasl import client_properties, credentials
+from rollstream.infra._broker_spec import CONTROLLER_PORT_OFFSET, PROBE_TOPIC, BrokerError, BrokerSpec
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra._broker_files import TAIL_LINES
-from infra._broker_spec import BrokerError
+from rollstream.infra._broker_files import TAIL_LINES
+from rollstream.infra._broker_spec import BrokerError
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The local broker's value types and its one error. Import them from ``infra.broker``, which re-exports them.
+"""The local broker's value types and its one error. Import them from ``rollstream.infra.broker``, which
+re-exports them.
 
 ``BrokerSpec`` validates itself (each bad value is named); ``BrokerStatus`` is what ``broker_status`` saw.
 """
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from schemas import ConfigError, RollstreamError
+from rollstream.schemas import ConfigError, RollstreamError
 
 CONTROLLER_PORT_OFFSET = 100
 PROBE_TOPIC = "__rollstream_probe"
@@ -32,7 +33,7 @@ class BrokerSpec:
     """What to start. ``nodes=3`` gives three combined KRaft nodes (rf 3, min.insync.replicas 2).
 
     ``sasl=True`` starts it secured: SASL/SCRAM-SHA-512 for clients, the StandardAuthorizer, SCRAM users
-    admin (super user), producer and trainer, and a client config file per user (see ``infra._broker_sasl``).
+    admin (super user), producer and trainer, and a client config file per user (see ``rollstream.infra._broker_sasl``).
 
     Node ``i`` (1-based) serves clients on ``port + i - 1`` and runs its KRaft controller on
     ``controller_port + i - 1``; ``controller_port=None`` means ``port + CONTROLLER_PORT_OFFSET``.

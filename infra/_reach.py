@@ -1,6 +1,6 @@
 """The startup check every command and client makes first: the cluster answers, this principal may log in,
 and the topics it needs exist and are visible to it; one clear line for each way that fails, within a
-bounded time, with librdkafka's own log lines captured instead of printed. Re-exported by `infra.kafka_io`.
+bounded time, with librdkafka's own log lines captured instead of printed. Re-exported by `rollstream.infra.kafka_io`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata
-
-from infra.clients import open_admin
-from infra.config import BOOTSTRAP_ENV, KafkaConfig
-from infra.kafka_errors import (
+from rollstream.infra.clients import open_admin
+from rollstream.infra.config import BOOTSTRAP_ENV, KafkaConfig
+from rollstream.infra.kafka_errors import (
     NOT_AUTHORIZED,
     KafkaIOError,
     authentication_error,

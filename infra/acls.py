@@ -34,12 +34,11 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
-
-from infra.clients import open_admin
-from infra.config import DEFAULT_TRAINER_GROUP, KafkaConfig
-from infra.kafka_errors import KafkaIOError, kafka_error
-from infra.topics import TopicNames
-from schemas import ConfigError
+from rollstream.infra.clients import open_admin
+from rollstream.infra.config import DEFAULT_TRAINER_GROUP, KafkaConfig
+from rollstream.infra.kafka_errors import KafkaIOError, kafka_error
+from rollstream.infra.topics import TopicNames
+from rollstream.schemas import ConfigError
 
 Role = Literal["producer", "trainer"]
 Resource = Literal["TOPIC", "GROUP", "CLUSTER"]

@@ -36,7 +36,7 @@ import logging
 import time
 from pathlib import Path
 
-from infra._broker_files import (
+from rollstream.infra._broker_files import (
     cluster_id,
     drop_record,
     locked,
@@ -45,10 +45,10 @@ from infra._broker_files import (
     write_config,
     write_record,
 )
-from infra._broker_jars import ensure_kafka_jars, find_java
-from infra._broker_probe import check_ports_free, free_port, free_ports, wait_ready
-from infra._broker_procs import format_storage, is_ours, spawn, terminate
-from infra._broker_sasl import (
+from rollstream.infra._broker_jars import ensure_kafka_jars, find_java
+from rollstream.infra._broker_probe import check_ports_free, free_port, free_ports, wait_ready
+from rollstream.infra._broker_procs import format_storage, is_ours, spawn, terminate
+from rollstream.infra._broker_sasl import (
     PRINCIPALS,
     client_config_path,
     credentials,
@@ -56,7 +56,7 @@ from infra._broker_sasl import (
     server_properties,
     write_client_configs,
 )
-from infra._broker_spec import (
+from rollstream.infra._broker_spec import (
     CONTROLLER_PORT_OFFSET,
     PROBE_TOPIC,
     BrokerError,

@@ -13,8 +13,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
-
-from schemas import ConfigError
+from rollstream.schemas import ConfigError
 
 _C = TypeVar("_C")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from schemas import ConfigError
+from rollstream.schemas import ConfigError
 
 BOOTSTRAP_ENV = "ROLLSTREAM_BOOTSTRAP_SERVERS"
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"

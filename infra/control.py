@@ -24,14 +24,13 @@ from collections.abc import Callable
 from types import TracebackType
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
-
-from infra._worker import WorkerThread
-from infra.clients import open_consumer, open_producer
-from infra.config import KafkaConfig
-from infra.kafka_errors import KafkaIOError
-from infra.kafka_io import position_of, produce_and_wait
-from infra.topics import TopicNames
-from schemas import DecodeError, PolicyVersion, TrainerPosition, decode, encode
+from rollstream.infra._worker import WorkerThread
+from rollstream.infra.clients import open_consumer, open_producer
+from rollstream.infra.config import KafkaConfig
+from rollstream.infra.kafka_errors import KafkaIOError
+from rollstream.infra.kafka_io import position_of, produce_and_wait
+from rollstream.infra.topics import TopicNames
+from rollstream.schemas import DecodeError, PolicyVersion, TrainerPosition, decode, encode
 
 log = logging.getLogger(__name__)
 CONTROL_KEY = b"policy"

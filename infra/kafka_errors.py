@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from confluent_kafka import KafkaError, KafkaException
-
-from schemas import RollstreamError
+from rollstream.schemas import RollstreamError
 
 # librdkafka's codes for "the broker did not answer" (none listening, too slow, connection lost).
 UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,

@@ -1,5 +1,5 @@
 """The Kafka reads and writes both sides need. Every failure is a `KafkaIOError` from the one mapping of
-librdkafka errors (`infra.kafka_errors.kafka_error`): what failed, where, librdkafka's code, retriable.
+librdkafka errors (`rollstream.infra.kafka_errors.kafka_error`): what failed, where, librdkafka's code, retriable.
 
 - Writes: `produce_and_wait` (produce, flush, raise unless every record was acknowledged);
   `commit_offsets` (a synchronous commit that says which partitions failed: `CommitFailed`).
@@ -19,13 +19,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-
-from infra._bounded import BoundedCaller, call_within
-from infra._reach import REACH_TIMEOUT_S as REACH_TIMEOUT_S  # re-exported: the startup check
-from infra._reach import require_topics as require_topics
-from infra.clients import open_consumer
-from infra.config import KafkaConfig
-from infra.kafka_errors import (
+from rollstream.infra._bounded import BoundedCaller, call_within
+from rollstream.infra._reach import REACH_TIMEOUT_S as REACH_TIMEOUT_S  # re-exported: the startup check
+from rollstream.infra._reach import require_topics as require_topics
+from rollstream.infra.clients import open_consumer
+from rollstream.infra.config import KafkaConfig
+from rollstream.infra.kafka_errors import (
     HINTS,
     NO_LEADER,
     NO_TOPIC,

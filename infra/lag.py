@@ -16,12 +16,11 @@ import time
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException
-
-from infra.clients import open_consumer
-from infra.config import KafkaConfig
-from infra.kafka_errors import KafkaIOError
-from infra.kafka_io import committed_offsets, partitions_of, watermarks
-from schemas import RollstreamError
+from rollstream.infra.clients import open_consumer
+from rollstream.infra.config import KafkaConfig
+from rollstream.infra.kafka_errors import KafkaIOError
+from rollstream.infra.kafka_io import committed_offsets, partitions_of, watermarks
+from rollstream.schemas import RollstreamError
 
 # Retrying a read that failed for a passing reason (coordinator loading, reconnecting).
 _FIRST_BACKOFF_S = 0.1
@@ -84,7 +83,7 @@ class LagReader:
         """Partition ids of `topic`. Blocks up to `timeout` s.
 
         Raises:
-            KafkaIOError: the topic does not exist (`infra.missing_topic_error`), or (retriable) no answer.
+            KafkaIOError: the topic does not exist (`rollstream.infra.missing_topic_error`), or (retriable) no answer.
         """
         return self._partitions(self._consumer(_METADATA_GROUP), topic, timeout)
 

@@ -7,7 +7,7 @@ the producer group's committed offsets (`status`, `TakeTimeout`'s diagnosis) the
 state at no cost to the fleet: no extra topic, no extra record that every producer would have to read.
 
 The state is as fresh as the producer's last commit: a producer commits again, with the same offsets,
-when its backpressure gate opens or closes (see `producers.intake`). Metadata that is not ours (another
+when its backpressure gate opens or closes (see `rollstream.producers.intake`). Metadata that is not ours (another
 tool committed with the group) reads as None.
 """
 

@@ -18,11 +18,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
-
-from infra.clients import open_admin
-from infra.config import DEFAULT_MAX_MESSAGE_BYTES, KafkaConfig
-from infra.kafka_errors import UNREACHABLE, KafkaIOError, kafka_error
-from schemas import ConfigError, RollstreamError
+from rollstream.infra.clients import open_admin
+from rollstream.infra.config import DEFAULT_MAX_MESSAGE_BYTES, KafkaConfig
+from rollstream.infra.kafka_errors import UNREACHABLE, KafkaIOError, kafka_error
+from rollstream.schemas import ConfigError, RollstreamError
 
 log = logging.getLogger(__name__)
 _TOLERATED = object()  # what `_answer` returns for the error it was told to accept
@@ -220,7 +219,7 @@ def _answer(future: Future[Any], what: str, config: KafkaConfig, timeout: float,
             ok: int | None = None) -> Any:
     """The result of an admin `future` about `topic`, or `_TOLERATED` when it failed with the error code `ok`.
 
-    Raises KafkaIOError saying `what` failed (mapped by `infra.kafka_error`; retriable when the broker
+    Raises KafkaIOError saying `what` failed (mapped by `rollstream.infra.kafka_error`; retriable when the broker
     did not answer within `timeout`)."""
     try:
         value = future.result(timeout=timeout)

@@ -1,7 +1,7 @@
 """Rollout producers: take prompts from NS.prompts, generate and score a group per prompt, publish it to
 NS.rollouts, and commit a prompt only once its group is durably written. Lag-gated, never blocking the loop."""
 
-from producers.engines import (
+from rollstream.producers.engines import (
     DEFAULT_REQUEST_TIMEOUT_S,
     Completion,
     CustomEngine,
@@ -17,13 +17,13 @@ from producers.engines import (
     build_tiny_model,
     make_engine,
 )
-from producers.metrics import ProducerStats
-from producers.policy import PolicyFollower
-from producers.prompts import PromptFileError, load_prompts
-from producers.publisher import PublishError
-from producers.rewards import Reward, RewardError, load_reward
-from producers.service import RolloutProducer
-from producers.settings import ProducerSettings
+from rollstream.producers.metrics import ProducerStats
+from rollstream.producers.policy import PolicyFollower
+from rollstream.producers.prompts import PromptFileError, load_prompts
+from rollstream.producers.publisher import PublishError
+from rollstream.producers.rewards import Reward, RewardError, load_reward
+from rollstream.producers.service import RolloutProducer
+from rollstream.producers.settings import ProducerSettings
 
 __all__ = [
     "Completion", "CustomEngine", "DEFAULT_REQUEST_TIMEOUT_S", "Engine", "EngineError", "Generation", "HFEngine",

@@ -1,6 +1,6 @@
 """From a taken prompt and what became of it to the bytes of its `ScoredGroup` record. Pure functions.
 
-A group's stages (`producers._pipeline`) end in an `Outcome`: ok, or failed with its error (the prompt
+A group's stages (`rollstream.producers._pipeline`) end in an `Outcome`: ok, or failed with its error (the prompt
 did not decode, the engine gave up, the reward raised). `record_of` turns a taken prompt and its outcome
 into the record in one of four shapes, and `encode_within` tries them in order until one encodes within
 the topic's limit, so every prompt is accounted by exactly one record:
@@ -15,7 +15,7 @@ the topic's limit, so every prompt is accounted by exactly one record:
 
 Every record of a decoded prompt carries the producer's sampling parameters (`sampling_of`): the trainer
 recomputes logprobs at that temperature. A sample carries its completion's loss mask (tool and
-environment tokens 0) and version spans; without spans, the one version `producers.policy` stamped.
+environment tokens 0) and version spans; without spans, the one version `rollstream.producers.policy` stamped.
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
-
-from producers.engines.base import Completion, Generation, SamplingParams
-from producers.intake import TakenPrompt
-from schemas import (
+from rollstream.producers.engines.base import Completion, Generation, SamplingParams
+from rollstream.producers.intake import TakenPrompt
+from rollstream.schemas import (
     InvalidRecordError,
     Prompt,
     Sample,
@@ -58,7 +57,7 @@ class Outcome:
     Attributes:
         generation: the engine's output (None when generation failed or never ran).
         rewards: one per completion (None: not scored, because scoring failed or never ran).
-        versions: the policy version of each completion (see `producers.policy`).
+        versions: the policy version of each completion (see `rollstream.producers.policy`).
         error: None when ok; else what failed, e.g. ``generation failed: ...``.
         retriable: the failure may pass (an engine timeout or restart, a reward that timed out): another
             attempt of the prompt is worth it (the trainer requeues it, see `ScoredGroup.max_attempts`).
@@ -150,7 +149,7 @@ def oversize_error(size: int, limit: int) -> str:
 
 
 def _samples(generation: Generation, outcome: Outcome) -> Samples:
-    """The samples of `generation`: plain responses as columns at once (`schemas.plain_samples`: no
+    """The samples of `generation`: plain responses as columns at once (`rollstream.schemas.plain_samples`: no
     `Sample` object per response), else a `Sample` each (loss masks, version spans, or a value that only
     the per-sample checks can name)."""
     completions = generation.completions

@@ -14,16 +14,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from infra import KafkaConfig, require_topics, sized_to_topic
-from producers._pipeline import GroupPipeline, GroupSettings
-from producers.engines.base import Engine
-from producers.gate import LagGate
-from producers.intake import Intake
-from producers.metrics import ProducerMetrics
-from producers.policy import PolicyFollower
-from producers.publisher import Publisher
-from producers.rewards import Reward
-from producers.settings import ProducerSettings
+from rollstream.infra import KafkaConfig, require_topics, sized_to_topic
+from rollstream.producers._pipeline import GroupPipeline, GroupSettings
+from rollstream.producers.engines.base import Engine
+from rollstream.producers.gate import LagGate
+from rollstream.producers.intake import Intake
+from rollstream.producers.metrics import ProducerMetrics
+from rollstream.producers.policy import PolicyFollower
+from rollstream.producers.publisher import Publisher
+from rollstream.producers.rewards import Reward
+from rollstream.producers.settings import ProducerSettings
 
 log = logging.getLogger(__name__)
 _JOIN_TIMEOUT_S = 5.0
@@ -31,7 +31,7 @@ _JOIN_TIMEOUT_S = 5.0
 
 @dataclass(frozen=True)
 class Parts:
-    """A running producer's parts. Each owns its state; only `producers.service` holds them all."""
+    """A running producer's parts. Each owns its state; only `rollstream.producers.service` holds them all."""
 
     engine: Engine
     publisher: Publisher

@@ -1,6 +1,6 @@
 """One group's path on the event loop: generate (bounded retries) -> score -> record -> publish.
 
-The stages end in an `Outcome` (`producers._groups`): ok, or failed with its error, so every prompt is
+The stages end in an `Outcome` (`rollstream.producers._groups`): ok, or failed with its error, so every prompt is
 accounted: the prompt did not decode, the engine gave up, a reward raised or returned junk, or an
 unforeseen error (a bug) happened anywhere before the broker acknowledged. `encode_within` turns the
 outcome into a record that fits the topic (falling back to a failed record). Only a failed
@@ -17,16 +17,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers._budget import LoopBudget
-from producers._groups import SHAPES, Outcome, Shape, encode_within, oversize_error, sampling_of
-from producers.engines.base import Engine, EngineError, Generation, SamplingParams
-from producers.gate import LagGate
-from producers.intake import TakenPrompt
-from producers.metrics import ProducerMetrics
-from producers.policy import PolicyFollower
-from producers.publisher import Publisher, PublishError
-from producers.rewards import Reward, RewardError
-from schemas import ConfigError, InvalidRecordError, Sampling, ScoredGroup
+from rollstream.producers._budget import LoopBudget
+from rollstream.producers._groups import SHAPES, Outcome, Shape, encode_within, oversize_error, sampling_of
+from rollstream.producers.engines.base import Engine, EngineError, Generation, SamplingParams
+from rollstream.producers.gate import LagGate
+from rollstream.producers.intake import TakenPrompt
+from rollstream.producers.metrics import ProducerMetrics
+from rollstream.producers.policy import PolicyFollower
+from rollstream.producers.publisher import Publisher, PublishError
+from rollstream.producers.rewards import Reward, RewardError
+from rollstream.schemas import ConfigError, InvalidRecordError, Sampling, ScoredGroup
 
 log = logging.getLogger(__name__)
 _ENCODE_OFF_LOOP_BYTES = 1 << 20
@@ -92,7 +92,7 @@ class GroupPipeline:
         if taken.prompt is None:
             return Outcome(error=f"undecodable prompt: {taken.error}")
         prompt = taken.prompt.to_dict()
-        version_at_start = self.policy.policy_version  # before generating: see producers.policy
+        version_at_start = self.policy.policy_version  # before generating: see rollstream.producers.policy
         try:
             generation = await self.generate(prompt)
         except Exception as exc:
@@ -162,7 +162,7 @@ class GroupPipeline:
         """Encode the outcome within the topic's limit (off-loop when large) and publish it.
 
         A broker that refuses a record as too large (its limit is below ours) gets a smaller failed one:
-        stripped, then bare (see `producers._groups`).
+        stripped, then bare (see `rollstream.producers._groups`).
         Raises:
             PublishError: the broker did not acknowledge the record (not even the bare one).
         """

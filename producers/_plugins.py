@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from schemas import ConfigError
+from rollstream.schemas import ConfigError
 
 
 def load_callable(spec: str, option: str) -> Callable[..., Any]:

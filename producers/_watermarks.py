@@ -32,8 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer
-
-from infra import CommitFailed, commit_offsets
+from rollstream.infra import CommitFailed, commit_offsets
 
 log = logging.getLogger(__name__)
 

@@ -2,11 +2,11 @@
 
 Two sources of the lag, each with the moment it was true:
 
-- pushed: the trainer's `RolloutConsumer` publishes its position (`schemas.TrainerPosition`: committed
+- pushed: the trainer's `RolloutConsumer` publishes its position (`rollstream.schemas.TrainerPosition`: committed
   and end offsets, and when it saw the ends) on NS.control after every commit; the producer's control
   watcher hands it to `follow`, and the gate re-evaluates on the loop within milliseconds of the commit.
   One record per trainer step, whatever the number of producers.
-- read: a thread (``rollstream-lag``) reads the lag itself (`infra.LagReader`, a blocking call, never on
+- read: a thread (``rollstream-lag``) reads the lag itself (`rollstream.infra.LagReader`, a blocking call, never on
   the loop) every `interval_s`; once a pushed position of its trainer group came, only when none came
   for `fallback_s` (a trainer in a long step, or down; a lost position costs seconds at most), and then
   every `fallback_s`. A trainer that never publishes (not rollstream's consumer) is polled as before.
@@ -30,9 +30,9 @@ import logging
 import time
 from collections import deque
 
-from infra import KafkaConfig, LagReader, WorkerThread
-from producers.metrics import ProducerMetrics
-from schemas import TrainerPosition, now_ms
+from rollstream.infra import KafkaConfig, LagReader, WorkerThread
+from rollstream.producers.metrics import ProducerMetrics
+from rollstream.schemas import TrainerPosition, now_ms
 
 log = logging.getLogger(__name__)
 

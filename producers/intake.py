@@ -26,7 +26,7 @@ Contract:
   no longer move the watermark, and the next owner regenerates them with the same group_id
   (duplicates, never a loss). Once intake is stopping (`close`) nothing more can be acknowledged, so a
   drain returns at once; lost partitions (session expired) are not drained: they are someone else's.
-- Every commit carries this producer's state (`infra.ProducerState`) as the offsets' metadata; when the
+- Every commit carries this producer's state (`rollstream.infra.ProducerState`) as the offsets' metadata; when the
   lag gate opens or closes, the known offsets are committed again with the new state (at most once per
   `_STATE_COMMIT_S`), so `rollstream status` sees a paused producer within about a second.
 - The watermarks and the credits are this object's own; every librdkafka call (poll, pause, commit,
@@ -46,12 +46,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-
-from infra import KafkaConfig, ProducerState, WorkerThread, kafka_error, open_consumer, position_of
-from producers._watermarks import Drain, Watermarks, commit_acknowledged, commit_partitions
-from producers.gate import LagGate
-from producers.metrics import ProducerMetrics
-from schemas import ConfigError, DecodeError, Prompt, decode, now_ms
+from rollstream.infra import KafkaConfig, ProducerState, WorkerThread, kafka_error, open_consumer, position_of
+from rollstream.producers._watermarks import Drain, Watermarks, commit_acknowledged, commit_partitions
+from rollstream.producers.gate import LagGate
+from rollstream.producers.metrics import ProducerMetrics
+from rollstream.schemas import ConfigError, DecodeError, Prompt, decode, now_ms
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1

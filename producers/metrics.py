@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-
-from schemas.records import GroupStatus
+from rollstream.schemas.records import GroupStatus
 
 _LOOP_LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _GROUP_STATUSES = get_args(GroupStatus)  # ok, failed
-_LAG_SOURCES = ("pushed", "read")  # producers.gate
+_LAG_SOURCES = ("pushed", "read")  # rollstream.producers.gate
 
 
 @dataclass(frozen=True)

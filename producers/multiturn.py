@@ -5,7 +5,7 @@ an environment answered (a calculator's result, a code runner's output, a game's
 trainer must learn from the policy's tokens only, so the sample carries a loss mask: 1 on policy tokens,
 0 on tool tokens (whose logprob is recorded as 0.0: the policy did not sample them). `run_episodes` plays
 `n` such rollouts of one prompt and returns them as completion dicts of the custom generate contract
-(`producers.engines.custom`), so a generate function for ``rollstream produce --generate`` is a few lines
+(`rollstream.producers.engines.custom`), so a generate function for ``rollstream produce --generate`` is a few lines
 (`rollstream/examples/calculator.py` is a complete one)::
 
     class MyAgent:                                  # --generate mymodule:MyAgent
@@ -51,8 +51,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
-
-from producers.engines.base import Completion, EngineError, SamplingParams
+from rollstream.producers.engines.base import Completion, EngineError, SamplingParams
 
 TokenPolicy = Callable[[Sequence[int], int, SamplingParams], Awaitable[Sequence[Completion]]]
 """``(input_ids, n, sampling) -> n completions`` continuing `input_ids` as given (`HFEngine.generate_tokens`)."""

@@ -1,6 +1,6 @@
 """The producer's policy follower: which policy version generated a sample, and loading announced weights.
 
-It follows NS.control (`infra.ControlWatcher`, its own thread) for the versions the trainer announces.
+It follows NS.control (`rollstream.infra.ControlWatcher`, its own thread) for the versions the trainer announces.
 Where the engine owns its weights (`ReloadableEngine`: `HFEngine`, the in-process `SGLangEngine`, and
 `SGLangSyncEngine`, SGLang servers the producer updates with ``--sglang-sync-weights``), it loads each
 newer announced version that names a ``weights_path``: one load at a time, and only the newest version
@@ -28,10 +28,10 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
-from infra import ControlWatcher, KafkaConfig
-from producers.engines.base import Completion, Engine, EngineError, ReloadableEngine
-from producers.metrics import ProducerMetrics
-from schemas import PolicyVersion, TrainerPosition
+from rollstream.infra import ControlWatcher, KafkaConfig
+from rollstream.producers.engines.base import Completion, Engine, EngineError, ReloadableEngine
+from rollstream.producers.metrics import ProducerMetrics
+from rollstream.schemas import PolicyVersion, TrainerPosition
 
 log = logging.getLogger(__name__)
 

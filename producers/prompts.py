@@ -18,8 +18,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from infra import KafkaConfig, TopicNames, open_producer, produce_and_wait, require_topics, sized_to_topic
-from schemas import ConfigError, InvalidRecordError, Prompt, encode
+from rollstream.infra import KafkaConfig, TopicNames, open_producer, produce_and_wait, require_topics, sized_to_topic
+from rollstream.schemas import ConfigError, InvalidRecordError, Prompt, encode
 
 log = logging.getLogger(__name__)
 _KEYS = frozenset({"id", "prompt", "label", "metadata"})

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-
-from infra import KafkaConfig, KafkaIOError, WorkerThread, open_producer
+from rollstream.infra import KafkaConfig, KafkaIOError, WorkerThread, open_producer
 
 log = logging.getLogger(__name__)
 

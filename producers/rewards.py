@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
-from producers._plugins import load_callable
-from schemas import RollstreamError
+from rollstream.producers._plugins import load_callable
+from rollstream.schemas import RollstreamError
 
 RewardFn = Callable[[dict[str, Any], dict[str, Any]], Any]
 
@@ -76,7 +76,7 @@ def load_reward(spec: str | RewardFn | Reward | None) -> Reward | None:
     if spec in BUILTIN_REWARDS:
         return Reward(BUILTIN_REWARDS[spec], name=spec, inline=True)
     if ":" not in spec:
-        from schemas import ConfigError
+        from rollstream.schemas import ConfigError
 
         raise ConfigError(f"--reward {spec!r}: not a built-in ({', '.join(sorted(BUILTIN_REWARDS))}) "
                           "and not MODULE:FUNC")

@@ -10,7 +10,7 @@ Three behaviours are pinned by tests against a real broker (tests/integration/te
 3. The event loop never blocks: polling, committing, lag reads, a full producer queue, flushing and
    any sync user code run in named threads or executors; delivery reports only schedule callbacks.
 
-The parts (`producers._parts`) each own their state: intake (prompts, watermarks, credits), the lag
+The parts (`rollstream.producers._parts`) each own their state: intake (prompts, watermarks, credits), the lag
 gate (what was produced, the lag), the policy follower (versions, weights), the publisher, the group
 pipeline. This module keeps the lifecycle and the dispatch loop:
 ``await slots.acquire(); await gate.wait_open(); taken = await anext(intake); spawn(group)``.
@@ -29,15 +29,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from infra import KafkaConfig, LagReader
-from producers._parts import Parts, open_parts
-from producers.engines.base import Engine
-from producers.engines.custom import CustomEngine
-from producers.intake import TakenPrompt
-from producers.metrics import LoopLagProbe, ProducerMetrics, ProducerStats
-from producers.rewards import Reward, RewardFn, load_reward
-from producers.settings import ProducerSettings
-from schemas import RollstreamError
+from rollstream.infra import KafkaConfig, LagReader
+from rollstream.producers._parts import Parts, open_parts
+from rollstream.producers.engines.base import Engine
+from rollstream.producers.engines.custom import CustomEngine
+from rollstream.producers.intake import TakenPrompt
+from rollstream.producers.metrics import LoopLagProbe, ProducerMetrics, ProducerStats
+from rollstream.producers.rewards import Reward, RewardFn, load_reward
+from rollstream.producers.settings import ProducerSettings
+from rollstream.schemas import RollstreamError
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class RolloutProducer:
     def policy_version(self) -> int:
         """The newest policy version announced on NS.control (0 before any, and before `run`).
 
-        It is what samples are stamped with when their engine reports no version (see `producers.policy`)."""
+        It is what samples are stamped with when their engine reports no version (see `rollstream.producers.policy`)."""
         parts = self._parts
         return parts.policy.policy_version if parts is not None else 0
 

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from infra import DEFAULT_TRAINER_GROUP, TopicNames
-from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, EngineError, SamplingParams
-from producers.engines.sglang_http import PARTIAL_ROLLOUTS, PartialRollouts
-from schemas import ConfigError
+from rollstream.infra import DEFAULT_TRAINER_GROUP, TopicNames
+from rollstream.producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, EngineError, SamplingParams
+from rollstream.producers.engines.sglang_http import PARTIAL_ROLLOUTS, PartialRollouts
+from rollstream.schemas import ConfigError
 
 Backpressure = Literal["pushed", "poll"]
 BACKPRESSURE: tuple[Backpressure, ...] = ("pushed", "poll")

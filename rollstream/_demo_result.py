@@ -2,7 +2,7 @@
 
 `fingerprint` keeps, for one step, the group ids, their positions, a digest of the record bytes and a
 digest of the tensors the trainer trained on; `replay_matches` rebuilds that step from its manifest with
-`consumers.replay_step` and compares all four. `DemoResult` is what `run_demo` returns and
+`rollstream.consumers.replay_step` and compares all four. `DemoResult` is what `run_demo` returns and
 `write_summary` stores as ``summary.json``.
 """
 
@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from consumers import Batch, replay_step
-from infra import KafkaConfig
 from rollstream._demo_display import StepRow, window_mean
 from rollstream._demo_services import ProducerExit
-from schemas import encode
+from rollstream.consumers import Batch, replay_step
+from rollstream.infra import KafkaConfig
+from rollstream.schemas import encode
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from infra import BOOTSTRAP_ENV
-from infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
-from schemas import RollstreamError
+from rollstream.infra import BOOTSTRAP_ENV
+from rollstream.infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
+from rollstream.schemas import RollstreamError
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class LocalBroker:
     left running. Exiting stops the broker this object started and removes `data_dir`, unless `keep`.
 
     Raises:
-        BrokerError: the broker cannot be started (see `infra.broker.start_broker`).
+        BrokerError: the broker cannot be started (see `rollstream.infra.broker.start_broker`).
     """
 
     def __init__(self, data_dir: Path, *, keep: bool = False) -> None:

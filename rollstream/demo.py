@@ -30,15 +30,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from consumers import Batch, RolloutConsumer, TakeTimeout, audit, default_filters
-from consumers.filters import reason_label, staleness_of
-from infra import BOOTSTRAP_ENV, KafkaConfig, PolicyAnnouncer, TopicNames, TopicPlan, create_topics
-from producers import load_prompts
 from rollstream._demo_display import ProgressDisplay, StepRow, write_plot
 from rollstream._demo_result import DemoResult, TakenStep, fingerprint, replay_matches, write_summary
 from rollstream._demo_services import DemoError, LocalBroker, ProducerExit, ProducerFleet, ProducerSpec
+from rollstream.consumers import Batch, RolloutConsumer, TakeTimeout, audit, default_filters
+from rollstream.consumers.filters import reason_label, staleness_of
 from rollstream.demo_task import DEMO_RECIPE, PAD_ID, build_demo_model, make_prompts, write_prompts
-from schemas import PolicyVersion, write_policy_version
+from rollstream.infra import BOOTSTRAP_ENV, KafkaConfig, PolicyAnnouncer, TopicNames, TopicPlan, create_topics
+from rollstream.producers import load_prompts
+from rollstream.schemas import PolicyVersion, write_policy_version
 
 log = logging.getLogger(__name__)
 TRAINER_GROUP = "demo-trainer"

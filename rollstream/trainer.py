@@ -1,6 +1,6 @@
 """A minimal GRPO learner for the demo: one policy-gradient step per taken batch, weights saved per version.
 
-`GRPOLearner.step` takes the tensors of one batch (`consumers.Batch.to_tensors()`: right-padded
+`GRPOLearner.step` takes the tensors of one batch (`rollstream.consumers.Batch.to_tensors()`: right-padded
 ``input_ids``, ``attention_mask``, ``loss_mask`` on the response tokens to train, group-normalised
 ``advantages``, ``rollout_logprobs`` at the response positions) and takes one optimizer step on the
 token-mean policy-gradient loss. The loss counts only the tokens ``loss_mask`` keeps: a multi-turn
@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schemas import VERSION_FILE, ConfigError, ScoredGroup, write_policy_version
+from rollstream.schemas import VERSION_FILE, ConfigError, ScoredGroup, write_policy_version
 
 if TYPE_CHECKING:
     import torch
 
-    from consumers import TensorBatch
+    from rollstream.consumers import TensorBatch
 
 log = logging.getLogger(__name__)
 _MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",

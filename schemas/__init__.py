@@ -1,6 +1,6 @@
 """The rollstream contract: Avro schemas, record dataclasses and a pure codec (no Kafka, no torch)."""
 
-from schemas._errors import (
+from rollstream.schemas._errors import (
     ConfigError,
     DecodeError,
     InvalidRecordError,
@@ -8,11 +8,11 @@ from schemas._errors import (
     SchemaError,
     UnknownSchemaError,
 )
-from schemas._layout import plain_samples
-from schemas._packing import float32_array, int32_array
-from schemas.codec import Codec, decode, default_codec, encode, fingerprint
-from schemas.policy_dir import VERSION_FILE, read_policy_version, write_policy_version
-from schemas.records import (
+from rollstream.schemas._layout import plain_samples
+from rollstream.schemas._packing import float32_array, int32_array
+from rollstream.schemas.codec import Codec, decode, default_codec, encode, fingerprint
+from rollstream.schemas.policy_dir import VERSION_FILE, read_policy_version, write_policy_version
+from rollstream.schemas.records import (
     DISPOSITION_KINDS,
     FINISH_REASONS,
     GREEDY_BELOW,

@@ -21,7 +21,7 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from schemas._errors import SchemaError
+from rollstream.schemas._errors import SchemaError
 
 Writer = Callable[[Any, bytearray], None]
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1

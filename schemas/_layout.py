@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from schemas._errors import DecodeError
-from schemas._packing import (
+from rollstream.schemas._errors import DecodeError
+from rollstream.schemas._packing import (
     FLOAT32_LE,
     INT32_LE,
     UINT8,
@@ -32,7 +31,7 @@ from schemas._packing import (
     unpack,
     unpack_values,
 )
-from schemas.records import (
+from rollstream.schemas.records import (
     DISPOSITION_KINDS,
     FINISH_REASONS,
     OffsetDisposition,

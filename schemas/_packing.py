@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-from schemas._errors import DecodeError, InvalidRecordError
+from rollstream.schemas._errors import DecodeError, InvalidRecordError
 
 INT32_LE = np.dtype("<i4")
 FLOAT32_LE = np.dtype("<f4")

@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from schemas._layout import dispositions_datum, samples_datum, unmasked_columns
-from schemas._packing import FLOAT32_LE, INT32_LE, unpack
-from schemas.records import OffsetDisposition, Sample
+from rollstream.schemas._layout import dispositions_datum, samples_datum, unmasked_columns
+from rollstream.schemas._packing import FLOAT32_LE, INT32_LE, unpack
+from rollstream.schemas.records import OffsetDisposition, Sample
 
 Datum = dict[str, Any]
 

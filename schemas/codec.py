@@ -10,7 +10,7 @@ one place, and what builds records from a datum (`_layout`) knows only the curre
 
 Trailing ``bytes`` fields of a schema (ScoredGroup's packed token columns, of old versions too) are written
 and read by the codec itself (a varint length, then the bytes), the fields before them are read with
-fastavro and written by a writer compiled from the schema once (`schemas._avro_writer`: the same bytes as
+fastavro and written by a writer compiled from the schema once (`rollstream.schemas._avro_writer`: the same bytes as
 fastavro's, without its fixed cost per call). Encoding copies them once; decoding hands them to the layout as
 memoryviews of the record's bytes, so decoded token arrays are views, not copies.
 
@@ -31,12 +31,11 @@ import fastavro
 import numpy as np
 from fastavro.schema import fingerprint as _avro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
-
-from schemas._avro_writer import Writer, compile_writer, write_long
-from schemas._errors import DecodeError, InvalidRecordError, SchemaError, UnknownSchemaError
-from schemas._layout import LAYOUTS
-from schemas._upgrade import UPGRADERS
-from schemas.records import PolicyVersion, Prompt, Record, ScoredGroup, StepManifest, TrainerPosition
+from rollstream.schemas._avro_writer import Writer, compile_writer, write_long
+from rollstream.schemas._errors import DecodeError, InvalidRecordError, SchemaError, UnknownSchemaError
+from rollstream.schemas._layout import LAYOUTS
+from rollstream.schemas._upgrade import UPGRADERS
+from rollstream.schemas.records import PolicyVersion, Prompt, Record, ScoredGroup, StepManifest, TrainerPosition
 
 MAGIC = b"\xc3\x01"
 HEADER_SIZE = len(MAGIC) + 8

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, overload
 
 import numpy as np
-
-from schemas._errors import InvalidRecordError
-from schemas._packing import INT32_LE, float32_array, int32_array
+from rollstream.schemas._errors import InvalidRecordError
+from rollstream.schemas._packing import INT32_LE, float32_array, int32_array
 
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort")  # the one definition: engines and _layout import it
 GroupStatus = Literal["ok", "failed"]

@@ -26,8 +26,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
-
-from infra.broker import BrokerError
+from rollstream.infra.broker import BrokerError
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-from infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames, TopicPlan, create_topics
+from rollstream.infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames, TopicPlan, create_topics
 
 
 def free_port() -> int:
@@ -38,8 +37,8 @@ def bootstrap_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     if os.environ.get("ROLLSTREAM_TEST_BROKER") == "docker":
         yield from _docker_broker()
         return
-    from infra.broker import BrokerSpec, start_broker, stop_broker
-    from infra.broker import free_port as free_broker_port
+    from rollstream.infra.broker import BrokerSpec, start_broker, stop_broker
+    from rollstream.infra.broker import free_port as free_broker_port
 
     data_dir = Path(tmp_path_factory.mktemp("broker"))
     bootstrap = start_broker(BrokerSpec(port=free_broker_port(), data_dir=data_dir, heap_mb=768), timeout=180.0)

@@ -7,9 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from confluent_kafka import Producer
-
-from infra import KafkaConfig, TopicNames
-from schemas import Sample, Sampling, ScoredGroup, VersionSpan, encode, make_group_id
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.schemas import Sample, Sampling, ScoredGroup, VersionSpan, encode, make_group_id
 
 MULTI_TURN_SAMPLING = Sampling(temperature=0.7, top_p=0.9, top_k=50)
 

@@ -1,7 +1,7 @@
 """Generation engines behind one interface (`Engine`): SGLang over HTTP, SGLang in-process, vLLM over
 HTTP, transformers on CPU, and a user's generate function. Heavy libraries are imported lazily."""
 
-from producers.engines.base import (
+from rollstream.producers.engines.base import (
     DEFAULT_REQUEST_TIMEOUT_S,
     Completion,
     Engine,
@@ -9,13 +9,13 @@ from producers.engines.base import (
     Generation,
     SamplingParams,
 )
-from producers.engines.custom import CustomEngine
-from producers.engines.factory import make_engine
-from producers.engines.hf import HFEngine
-from producers.engines.sglang_engine import SGLangEngine
-from producers.engines.sglang_http import RetryPolicy, SGLangHTTPEngine, SGLangSyncEngine, WeightSync
-from producers.engines.tiny_model import build_tiny_model
-from producers.engines.vllm_http import VLLMHTTPEngine
+from rollstream.producers.engines.custom import CustomEngine
+from rollstream.producers.engines.factory import make_engine
+from rollstream.producers.engines.hf import HFEngine
+from rollstream.producers.engines.sglang_engine import SGLangEngine
+from rollstream.producers.engines.sglang_http import RetryPolicy, SGLangHTTPEngine, SGLangSyncEngine, WeightSync
+from rollstream.producers.engines.tiny_model import build_tiny_model
+from rollstream.producers.engines.vllm_http import VLLMHTTPEngine
 
 __all__ = [
     "Completion", "CustomEngine", "DEFAULT_REQUEST_TIMEOUT_S", "Engine", "EngineError", "Generation", "HFEngine",

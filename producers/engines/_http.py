@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from producers.engines._tokenize import PromptEncoder, load_tokenizer
-from producers.engines.base import EngineError
-from schemas import ConfigError
+from rollstream.producers.engines._tokenize import PromptEncoder, load_tokenizer
+from rollstream.producers.engines.base import EngineError
+from rollstream.schemas import ConfigError
 
 RETRY_STATUS = frozenset({408, 429})  # with every 5xx: the server may answer next time
 

@@ -15,7 +15,7 @@ Which policy version generated the tokens (`Completion.version_spans`, `Completi
 the spans of ``weight_versions`` when SGLang gives them, else one span of ``weight_version``; numeric
 versions only. When any token's version is not a number (``"default"``: nothing was loaded with a
 version), the completion carries no spans and no version, and the producer stamps the newest version
-announced when the generation started (`producers.policy`): never a newer one than generated a token.
+announced when the generation started (`rollstream.producers.policy`): never a newer one than generated a token.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
-from producers.engines.base import Completion, EngineError
-from schemas import VersionSpan
+from rollstream.producers.engines.base import Completion, EngineError
+from rollstream.schemas import VersionSpan
 
 PartialRollouts = Literal["continue", "restart"]
 PARTIAL_ROLLOUTS: tuple[PartialRollouts, ...] = ("continue", "restart")

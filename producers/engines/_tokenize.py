@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from producers.engines.base import EngineError
-from schemas import ConfigError
+from rollstream.producers.engines.base import EngineError
+from rollstream.schemas import ConfigError
 
 
 def load_tokenizer(path: str | Path) -> Any:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from producers.engines.base import Completion, EngineError
+from rollstream.producers.engines.base import Completion, EngineError
 
 LogprobsMode = Literal["processed_logprobs", "raw_logprobs"]
 LOGPROBS_MODES: tuple[LogprobsMode, ...] = ("processed_logprobs", "raw_logprobs")

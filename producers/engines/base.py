@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-
-from schemas import FINISH_REASONS, RollstreamError, VersionSpan
+from rollstream.schemas import FINISH_REASONS, RollstreamError, VersionSpan
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # one generation attempt may legitimately take minutes
 

@@ -16,7 +16,7 @@ completion dicts. Each dict has (README, "Plug-ins"):
 - ``prompt_tokens`` (list[int], optional) and ``prompt_text`` (str, optional): the prompt as the policy saw
   it, the same in every dict of one call; the trainer's rows are ``prompt_tokens + tokens``.
 
-`producers.multiturn` builds such dicts for multi-turn rollouts. MODULE:FUNC may also name a class: it
+`rollstream.producers.multiturn` builds such dicts for multi-turn rollouts. MODULE:FUNC may also name a class: it
 is instantiated without arguments and its instances are the generate function (``async __call__``); an
 instance's ``async start()`` and ``async close()``, when it has them, bracket the producer's run (for a
 generate function that owns a model or a client). A plain (sync) function is accepted too and runs in a
@@ -33,10 +33,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
-from producers._plugins import load_callable
-from producers.engines.base import Completion, EngineError, Generation, SamplingParams
-from schemas import ConfigError, InvalidRecordError, Sample, VersionSpan
+from rollstream.producers._plugins import load_callable
+from rollstream.producers.engines.base import Completion, EngineError, Generation, SamplingParams
+from rollstream.schemas import ConfigError, InvalidRecordError, Sample, VersionSpan
 
 
 class CustomEngine:

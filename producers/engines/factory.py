@@ -6,13 +6,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Engine, SamplingParams
-from producers.engines.custom import CustomEngine
-from producers.engines.hf import HFEngine
-from producers.engines.sglang_engine import SGLangEngine
-from producers.engines.sglang_http import PartialRollouts, SGLangHTTPEngine, SGLangSyncEngine
-from producers.engines.vllm_http import LogprobsMode, VLLMHTTPEngine
-from schemas import ConfigError
+from rollstream.producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Engine, SamplingParams
+from rollstream.producers.engines.custom import CustomEngine
+from rollstream.producers.engines.hf import HFEngine
+from rollstream.producers.engines.sglang_engine import SGLangEngine
+from rollstream.producers.engines.sglang_http import PartialRollouts, SGLangHTTPEngine, SGLangSyncEngine
+from rollstream.producers.engines.vllm_http import LogprobsMode, VLLMHTTPEngine
+from rollstream.schemas import ConfigError
 
 EngineKind = Literal["sglang", "hf", "vllm"]
 _USAGE = ("choose one of: --engine sglang --sglang-url URL, --engine vllm --vllm-url URL, --engine hf --model DIR, "
@@ -73,7 +73,7 @@ def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = 
         if sglang_urls:
             raise ConfigError("--sglang-url is for --engine sglang")
         if model is None:
-            raise ConfigError("--engine hf needs --model DIR (e.g. one made by producers.build_tiny_model)")
+            raise ConfigError("--engine hf needs --model DIR (e.g. one made by rollstream.producers.build_tiny_model)")
         return HFEngine(model)
     if kind is None:
         raise ConfigError(f"no engine given; {_USAGE}")

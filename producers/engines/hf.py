@@ -16,13 +16,13 @@ Generation stops on every EOS id of the generation config (``eos_token_id`` may 
 tokenizer's; the response keeps the first EOS token (with its logprob) and drops what follows it.
 Generation runs in one dedicated worker thread (``rollstream-hf``): torch already uses every core for
 one batch, and the event loop never waits on it. `generate_tokens` is the token-in/token-out call
-multi-turn rollouts use (`producers.multiturn`): it continues token ids as given, never re-encoding text.
+multi-turn rollouts use (`rollstream.producers.multiturn`): it continues token ids as given, never re-encoding text.
 
 Weight updates (`reload`): the new state dict is read from disk in another thread while the old
 weights keep serving, then copied into the model *in the worker thread, between two generations*, so
 no generation ever sees half-updated weights. Every completion is stamped with the version of the
 weights that generated it: the `reload`ed version, or at start the version recorded in the model
-directory (`infra.VERSION_FILE`), else the one given to the constructor.
+directory (`rollstream.infra.VERSION_FILE`), else the one given to the constructor.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from producers.engines._tokenize import PromptEncoder, load_tokenizer
-from producers.engines.base import Completion, EngineError, Generation, SamplingParams
-from schemas import GREEDY_BELOW, ConfigError, logprob_temperature, read_policy_version
+from rollstream.producers.engines._tokenize import PromptEncoder, load_tokenizer
+from rollstream.producers.engines.base import Completion, EngineError, Generation, SamplingParams
+from rollstream.schemas import GREEDY_BELOW, ConfigError, logprob_temperature, read_policy_version
 
 log = logging.getLogger(__name__)
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens")  # what --engine hf honours

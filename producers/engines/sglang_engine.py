@@ -24,17 +24,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from producers.engines._sglang_format import (
+from rollstream.producers.engines._sglang_format import (
     PARTIAL_ROLLOUTS,
     PartialRollout,
     PartialRollouts,
     parse_completion,
     request_payload,
 )
-from producers.engines._tokenize import PromptEncoder, load_tokenizer
-from producers.engines.base import Completion, EngineError, Generation, SamplingParams
-from producers.engines.sglang_http import gather_or_cancel
-from schemas import ConfigError, read_policy_version
+from rollstream.producers.engines._tokenize import PromptEncoder, load_tokenizer
+from rollstream.producers.engines.base import Completion, EngineError, Generation, SamplingParams
+from rollstream.producers.engines.sglang_http import gather_or_cancel
+from rollstream.schemas import ConfigError, read_policy_version
 
 log = logging.getLogger(__name__)
 _IO_STRUCT = "sglang.srt.managers.io_struct"

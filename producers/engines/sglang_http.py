@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-
-from producers.engines._http import HTTPSession, RoundRobin, base_urls, post_json, prompt_input
-from producers.engines._sglang_format import (
+from rollstream.producers.engines._http import HTTPSession, RoundRobin, base_urls, post_json, prompt_input
+from rollstream.producers.engines._sglang_format import (
     PARTIAL_ROLLOUTS,
     PartialRollout,
     PartialRollouts,
@@ -37,8 +36,14 @@ from producers.engines._sglang_format import (
     parse_policy_version,
     request_payload,
 )
-from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Completion, EngineError, Generation, SamplingParams
-from schemas import ConfigError
+from rollstream.producers.engines.base import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    Completion,
+    EngineError,
+    Generation,
+    SamplingParams,
+)
+from rollstream.schemas import ConfigError
 
 __all__ = ["PARTIAL_ROLLOUTS", "PartialRollouts", "RetryPolicy", "SGLangHTTPEngine", "SGLangSyncEngine", "WeightSync",
            "gather_or_cancel", "normalize_url"]

@@ -17,7 +17,7 @@ Weights: vLLM has no stable HTTP endpoint that loads a checkpoint from a path. I
 ``/update_weights``, ``/finish_weight_update``, ``/resume``) streams tensors from the trainer over
 NCCL or CUDA IPC, so the trainer drives it, not the producer; this engine only stamps versions: vLLM
 reports none per request, so each sample gets the newest version announced on NS.control when its
-generation started (`producers.policy`), never a newer one than generated a token.
+generation started (`rollstream.producers.policy`), never a newer one than generated a token.
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from producers.engines._http import HTTPSession, RoundRobin, base_urls, post_json, prompt_input
-from producers.engines._vllm_format import (
+from rollstream.producers.engines._http import HTTPSession, RoundRobin, base_urls, post_json, prompt_input
+from rollstream.producers.engines._vllm_format import (
     LOGPROBS_MODES,
     LogprobsMode,
     check_logprobs_contract,
@@ -40,9 +39,15 @@ from producers.engines._vllm_format import (
     request_body,
     seeded,
 )
-from producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Completion, EngineError, Generation, SamplingParams
-from producers.engines.sglang_http import RetryPolicy, gather_or_cancel
-from schemas import ConfigError
+from rollstream.producers.engines.base import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    Completion,
+    EngineError,
+    Generation,
+    SamplingParams,
+)
+from rollstream.producers.engines.sglang_http import RetryPolicy, gather_or_cancel
+from rollstream.schemas import ConfigError
 
 __all__ = ["LOGPROBS_MODES", "LogprobsMode", "VLLMHTTPEngine", "normalize_vllm_url"]
 

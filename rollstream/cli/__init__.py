@@ -1,7 +1,7 @@
 """The `rollstream` command line: a thin layer that parses arguments and calls library code.
 
 Each group of commands lives in its own module and registers itself on the root app here.
-Errors derived from `RollstreamError` (and librdkafka's own, mapped by `infra.kafka_error`) are printed
+Errors derived from `RollstreamError` (and librdkafka's own, mapped by `rollstream.infra.kafka_error`) are printed
 as one clear line and exit with status 2.
 """
 
@@ -13,10 +13,10 @@ from typing import Annotated
 import typer
 from confluent_kafka import KafkaException
 
-from infra import kafka_error
 from rollstream.cli import _acls, _broker, _consume, _demo, _produce, _prompts, _status, _topics
 from rollstream.cli._common import setup_logging
-from schemas import RollstreamError
+from rollstream.infra import kafka_error
+from rollstream.schemas import RollstreamError
 
 app = typer.Typer(
     name="rollstream",

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from infra import apply_acls, plan_acls
 from rollstream.cli._common import (
     DEFAULT_NAMESPACE,
     DEFAULT_TRAINER_GROUP,
@@ -15,6 +14,7 @@ from rollstream.cli._common import (
     NamespaceOpt,
     kafka_config,
 )
+from rollstream.infra import apply_acls, plan_acls
 
 HELP = "\n\n".join([
     "Print the ACLs a producer and a trainer principal need on a namespace; --apply creates them.",

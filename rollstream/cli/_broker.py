@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from infra.broker import (
+from rollstream.infra.broker import (
     BrokerSpec,
     broker_status,
     client_config_files,

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from infra import BOOTSTRAP_ENV, REACH_TIMEOUT_S, KafkaConfig, TopicNames, require_topics
-from infra import DEFAULT_TRAINER_GROUP as DEFAULT_TRAINER_GROUP  # defined once, in infra; re-exported here
+from rollstream.infra import BOOTSTRAP_ENV, REACH_TIMEOUT_S, KafkaConfig, TopicNames, require_topics
+from rollstream.infra import DEFAULT_TRAINER_GROUP as DEFAULT_TRAINER_GROUP  # defined once, in infra; re-exported here
 
 BootstrapOpt = Annotated[str | None, typer.Option(
     "--bootstrap-servers", "-b", envvar=BOOTSTRAP_ENV, show_envvar=True,
@@ -45,5 +45,5 @@ def setup_logging(verbose: int) -> None:
 
 def require_reachable(config: KafkaConfig, topics: list[str], namespace: str) -> None:
     """Fail fast and in one line when the cluster does not answer or a topic is missing (see
-    `infra.require_topics`), before a command's own, longer timeouts."""
+    `rollstream.infra.require_topics`), before a command's own, longer timeouts."""
     require_topics(config, topics, namespace=namespace, timeout=REACH_TIMEOUT_S)

@@ -15,7 +15,17 @@ from typing import IO, Annotated, Any
 
 import typer
 
-from consumers import (
+from rollstream.cli._common import (
+    DEFAULT_NAMESPACE,
+    BootstrapOpt,
+    KafkaConfigOpt,
+    NamespaceOpt,
+    TrainerGroupOpt,
+    kafka_config,
+    require_reachable,
+    topic_names,
+)
+from rollstream.consumers import (
     Batch,
     ReplayedRecord,
     RolloutConsumer,
@@ -28,17 +38,7 @@ from consumers import (
     replay_step,
     since_bounds,
 )
-from infra import DEFAULT_TRAINER_GROUP, LagReader
-from rollstream.cli._common import (
-    DEFAULT_NAMESPACE,
-    BootstrapOpt,
-    KafkaConfigOpt,
-    NamespaceOpt,
-    TrainerGroupOpt,
-    kafka_config,
-    require_reachable,
-    topic_names,
-)
+from rollstream.infra import DEFAULT_TRAINER_GROUP, LagReader
 
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", dir_okay=False,
                                              help="Write JSON lines to this file instead of stdout.")]

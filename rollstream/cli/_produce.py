@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from producers import DEFAULT_REQUEST_TIMEOUT_S, ProducerSettings, RolloutProducer, make_engine
 from rollstream.cli._common import DEFAULT_NAMESPACE, BootstrapOpt, KafkaConfigOpt, NamespaceOpt, kafka_config
+from rollstream.producers import DEFAULT_REQUEST_TIMEOUT_S, ProducerSettings, RolloutProducer, make_engine
 
 
 class EngineName(StrEnum):

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from producers import load_prompts
 from rollstream.cli._common import DEFAULT_NAMESPACE, BootstrapOpt, KafkaConfigOpt, NamespaceOpt, kafka_config
+from rollstream.producers import load_prompts
 
 app = typer.Typer(help="Put prompts on NS.prompts for the producers.", no_args_is_help=True)
 

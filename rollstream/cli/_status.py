@@ -1,4 +1,4 @@
-"""`rollstream status`: why a trainer would wait, for a namespace (thin: calls `consumers.status`)."""
+"""`rollstream status`: why a trainer would wait, for a namespace (thin: calls `rollstream.consumers.status`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ from typing import Annotated
 
 import typer
 
-from consumers import StatusReport, status
-from consumers._status import ProducerInfo, ProducersReport, PromptsReport, TrainerReport, age
 from rollstream.cli._common import (
     DEFAULT_NAMESPACE,
     DEFAULT_TRAINER_GROUP,
@@ -18,6 +16,8 @@ from rollstream.cli._common import (
     TrainerGroupOpt,
     kafka_config,
 )
+from rollstream.consumers import StatusReport, status
+from rollstream.consumers._status import ProducerInfo, ProducersReport, PromptsReport, TrainerReport, age
 
 EXIT_BLOCKED = 1
 EXIT_PARTIAL = 3

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 
-from infra import TopicPlan, create_topics, describe_topic_configs
 from rollstream.cli._common import (
     DEFAULT_NAMESPACE,
     BootstrapOpt,
@@ -16,6 +15,7 @@ from rollstream.cli._common import (
     require_reachable,
     topic_names,
 )
+from rollstream.infra import TopicPlan, create_topics, describe_topic_configs
 
 app = typer.Typer(help="Create and inspect the topics of a namespace.", no_args_is_help=True)
 

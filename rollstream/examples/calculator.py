@@ -1,4 +1,5 @@
-"""A calculator tool the demo's model can call: a complete multi-turn generate function (`producers.multiturn`).
+"""A calculator tool the demo's model can call: a complete multi-turn generate function
+(`rollstream.producers.multiturn`).
 
 The task is the demo's (``a+b=``, `rollstream.demo_task`). The policy calls the calculator by writing an
 expression, numbers joined by ``+`` (a lone number counts); after each policy turn the calculator
@@ -29,11 +30,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from producers.engines.base import Completion
-from producers.engines.hf import HFEngine
-from producers.multiturn import Episode, run_episodes, sampling_from_dict
 from rollstream.demo_task import SPECIAL_TOKENS, VOCAB, build_demo_model
 from rollstream.demo_task import reward as demo_reward
+from rollstream.producers.engines.base import Completion
+from rollstream.producers.engines.hf import HFEngine
+from rollstream.producers.multiturn import Episode, run_episodes, sampling_from_dict
 
 MODEL_ENV = "ROLLSTREAM_CALCULATOR_MODEL"
 _EXPRESSION = re.compile(r"\d+(?:\s*\+\s*\d+)*")
@@ -116,7 +117,7 @@ class CalculatorAgent:
         Raises:
             EngineError: called before `start`, or generation failed.
         """
-        from producers.engines.base import EngineError
+        from rollstream.producers.engines.base import EngineError
 
         engine = self._engine
         if engine is None:

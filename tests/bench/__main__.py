@@ -22,8 +22,8 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rollstream.infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames
 
-from infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames
 from tests.bench import bench_baseline, bench_codec, bench_consumer, bench_pipeline, bench_producer
 from tests.bench._common import NamesFactory, Rows, delete_topics, topic_factory
 from tests.bench._report import Part, machine_facts, render
@@ -66,7 +66,7 @@ def _specs() -> list[_Spec]:
               f"{bench_consumer.GROUPS} pre-published ~100 KB groups read from offset 0 by "
               f"`take({bench_consumer.TAKE_N})` (decode, filters, dedupe, "
               "manifest, commit per step), by a raw confluent-kafka consumer (bytes only), and by a raw consumer "
-              f"that also runs `schemas.decode` on each record. Same topic and page cache, fresh groups, "
+              f"that also runs `rollstream.schemas.decode` on each record. Same topic and page cache, fresh groups, "
               f"{bench_consumer.REPEATS} alternating rounds; ratios of the **best of** each side, and the **median** "
               "of per-round ratios. Each take is `take(n, commit=False)` then `commit(batch)` (what `take(n)` does), "
               "timed apart to show the commit's share. Latencies: every take of the best take() run.",
@@ -99,7 +99,7 @@ def _broker(progress: Callable[[str], None]) -> Iterator[tuple[str, str]]:
     if external:
         yield external, "external broker (its version is not reported by the Kafka protocol)"
         return
-    from infra.broker import BrokerSpec, ensure_kafka_jars, free_port, start_broker, stop_broker
+    from rollstream.infra.broker import BrokerSpec, ensure_kafka_jars, free_port, start_broker, stop_broker
 
     libs = ensure_kafka_jars(progress=progress)
     version = f"Apache Kafka {libs.parent.name.removeprefix('kafka-')} (local KRaft broker started by the bench)"

@@ -9,9 +9,8 @@ import uuid
 from collections.abc import Callable
 
 from confluent_kafka.admin import AdminClient
-
-from infra import KafkaConfig, TopicNames, TopicPlan, create_topics
-from producers import RolloutProducer
+from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, create_topics
+from rollstream.producers import RolloutProducer
 
 log = logging.getLogger(__name__)
 NamesFactory = Callable[..., TopicNames]

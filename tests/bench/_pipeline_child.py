@@ -11,8 +11,9 @@ from __future__ import annotations
 import sys
 import time
 
-from infra import KafkaConfig, TopicNames
-from producers import ProducerSettings, RolloutProducer
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.producers import ProducerSettings, RolloutProducer
+
 from tests.bench._common import start_producer, wait_until
 from tests.bench.bench_producer import SAMPLES, encoded_variants, instant_generator, make_variants
 

@@ -35,12 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers import RolloutConsumer
-from infra import KafkaConfig, TopicNames
-from producers import ProducerSettings, RolloutProducer
-from producers.metrics import LoopLagProbe
-from producers.prompts import publish_prompts
-from schemas import Prompt, make_group_id
+from rollstream.consumers import RolloutConsumer
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.producers import ProducerSettings, RolloutProducer
+from rollstream.producers.metrics import LoopLagProbe
+from rollstream.producers.prompts import publish_prompts
+from rollstream.schemas import Prompt, make_group_id
+
 from tests.bench._common import start_producer, wait_until
 
 PROMPTS = 600

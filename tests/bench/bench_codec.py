@@ -22,9 +22,8 @@ from pathlib import Path
 
 import fastavro
 import numpy as np
-
-from schemas import Codec, Sample, Sampling, ScoredGroup, VersionSpan, decode, encode
-from schemas.codec import SCHEMA_DIR
+from rollstream.schemas import Codec, Sample, Sampling, ScoredGroup, VersionSpan, decode, encode
+from rollstream.schemas.codec import SCHEMA_DIR
 
 ARRAY_SCHEMA = fastavro.parse_schema({
     "type": "record", "name": "ArrayGroup", "fields": [

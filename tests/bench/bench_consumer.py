@@ -1,7 +1,7 @@
 """Trainer-side throughput, side by side in one run: `RolloutConsumer.take(n)` (decode, filters, dedupe,
 manifest, commit per step) vs a raw confluent-kafka consumer reading the same records, same bytes.
 
-A third side, raw + ``schemas.decode`` of every record, is the ceiling for any consumer that decodes with
+A third side, raw + ``rollstream.schemas.decode`` of every record, is the ceiling for any consumer that decodes with
 today's codec: it separates the codec's cost from the consumer's own. All read the same topic from offset
 0 with fresh consumer groups (connected before the clock), so the broker serves the same bytes from the
 same page cache; each side runs `REPEATS` times, alternating, and its best run counts. Take latency
@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
-
-from consumers import RolloutConsumer
-from infra import KafkaConfig, TopicNames
-from schemas import Sample, ScoredGroup, decode, encode, make_group_id
+from rollstream.consumers import RolloutConsumer
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.schemas import Sample, ScoredGroup, decode, encode, make_group_id
 
 GROUP_BYTES = 100 * 1024
 SAMPLES = 8
@@ -129,7 +128,7 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames], *, groups
                               f"best of {REPEATS} alternating runs per side"),
         ("take() groups/s", _rate(take)),
         ("raw confluent-kafka groups/s", _rate(raw)),
-        ("raw confluent-kafka + schemas.decode groups/s", f"{decoded.groups / decoded.seconds:,.0f}"),
+        ("raw confluent-kafka + rollstream.schemas.decode groups/s", f"{decoded.groups / decoded.seconds:,.0f}"),
         ("ratio take() / raw (target >= 0.8): best of each / median of paired rounds",
          f"{raw.seconds / take.seconds:.2f} / {paired_median(runs['raw'], runs['take']):.2f}"),
         ("ratio (raw + decode) / raw: the ceiling with today's codec", f"{raw.seconds / decoded.seconds:.2f}"),

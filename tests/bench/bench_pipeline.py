@@ -30,10 +30,10 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from rollstream.consumers import RolloutConsumer
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.producers import ProducerSettings, RolloutProducer
 
-from consumers import RolloutConsumer
-from infra import KafkaConfig, TopicNames
-from producers import ProducerSettings, RolloutProducer
 from tests.bench._common import start_producer, wait_until
 from tests.bench.bench_producer import PARTITIONS, SAMPLES, encoded_variants, instant_generator, make_variants
 from tests.bench.bench_producer import _prompts as publish_prompts

@@ -23,15 +23,15 @@ from typing import Any
 
 import numpy as np
 from confluent_kafka import Producer
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.producers import Generation, ProducerSettings, RolloutProducer
+from rollstream.producers._groups import Outcome, record_of
+from rollstream.producers.engines.custom import completion_from_dict
+from rollstream.producers.intake import TakenPrompt
+from rollstream.producers.metrics import LoopLagProbe
+from rollstream.producers.prompts import publish_prompts
+from rollstream.schemas import Prompt, encode, now_ms
 
-from infra import KafkaConfig, TopicNames
-from producers import Generation, ProducerSettings, RolloutProducer
-from producers._groups import Outcome, record_of
-from producers.engines.custom import completion_from_dict
-from producers.intake import TakenPrompt
-from producers.metrics import LoopLagProbe
-from producers.prompts import publish_prompts
-from schemas import Prompt, encode, now_ms
 from tests.bench._common import delete_topics, topic_factory
 
 GROUP_BYTES = 100 * 1024

@@ -14,10 +14,11 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from consumers import audit
-from infra import KafkaConfig, LagReader, TopicNames, TopicPlan, create_topics
-from infra.broker import BrokerSpec, free_port
-from producers.prompts import load_prompts
+from rollstream.consumers import audit
+from rollstream.infra import KafkaConfig, LagReader, TopicNames, TopicPlan, create_topics
+from rollstream.infra.broker import BrokerSpec, free_port
+from rollstream.producers.prompts import load_prompts
+
 from tests.chaos._check import Verdict, check, loaded_group_ids, taken_in_out_file
 from tests.chaos._cluster import Cluster
 from tests.chaos._nemesis import Nemesis

@@ -2,13 +2,13 @@
 
 - *Loaded*: every prompt record on NS.prompts (the truth, even where a load was refused or cut short by
   a fault), as expected group ids.
-- *Taken / filtered*: the effective steps that `consumers.audit` counts, each rebuilt with
-  `consumers.replay_step` (which also checks that every taken offset holds the group its manifest names).
+- *Taken / filtered*: the effective steps that `rollstream.consumers.audit` counts, each rebuilt with
+  `rollstream.consumers.replay_step` (which also checks that every taken offset holds the group its manifest names).
 - *Lost*: a loaded group neither taken nor filtered in any effective step.
 - *Duplicated*: a group id taken in more than one place over all effective steps.
 - The trainer's ``--out`` file agrees: the last copy of each step (a step re-taken after a kill repeats its
   number; only the last copy can be the committed one) holds the manifest's groups, in order.
-- `consumers.audit` is green.
+- `rollstream.consumers.audit` is green.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from consumers import AuditReport, ReplayedStep, audit, replay_step
-from infra import KafkaConfig, TopicNames, partitions_of, read_ranges, reader, watermarks
-from schemas import Prompt, decode
+from rollstream.consumers import AuditReport, ReplayedStep, audit, replay_step
+from rollstream.infra import KafkaConfig, TopicNames, partitions_of, read_ranges, reader, watermarks
+from rollstream.schemas import Prompt, decode
 
 
 @dataclass

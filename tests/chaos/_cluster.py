@@ -1,7 +1,8 @@
-"""The local broker of a chaos run: start and stop it with `infra.broker`, pause a node, kill and restart a node.
+"""The local broker of a chaos run: start and stop it with `rollstream.infra.broker`, pause a node, kill and
+restart a node.
 
 Pausing is SIGSTOP/SIGCONT of a node's JVM. Killing is SIGKILL of one node's JVM (as
-tests/integration/test_broker_failover.py does). `infra.broker` has no public "restart one node": its
+tests/integration/test_broker_failover.py does). `rollstream.infra.broker` has no public "restart one node": its
 `start_broker` restarts *every* node when one is missing, which is a different fault. So `restart_node`
 spawns just that node again on its own ``server.properties`` with the private helpers `start_broker`
 itself uses, and re-records the pids, so `stop_broker` still stops everything at the end.
@@ -15,10 +16,10 @@ import socket
 import time
 from pathlib import Path
 
-from infra._broker_files import read_record, write_record
-from infra._broker_jars import find_java
-from infra._broker_procs import is_ours, spawn
-from infra.broker import BrokerError, BrokerSpec, broker_status, ensure_kafka_jars, start_broker, stop_broker
+from rollstream.infra._broker_files import read_record, write_record
+from rollstream.infra._broker_jars import find_java
+from rollstream.infra._broker_procs import is_ours, spawn
+from rollstream.infra.broker import BrokerError, BrokerSpec, broker_status, ensure_kafka_jars, start_broker, stop_broker
 
 
 class Cluster:

@@ -2,14 +2,14 @@
 
 Not part of ``make test``. One run:
 
-1. starts a private 3-node local KRaft cluster (`infra.broker`, through `tests.chaos._cluster.Cluster`;
+1. starts a private 3-node local KRaft cluster (`rollstream.infra.broker`, through `tests.chaos._cluster.Cluster`;
    replication 3, min.insync.replicas 2) under ``/tmp/fleet-*``;
 2. for each phase (a backpressure mode at a fleet size), creates a fresh namespace (``--partitions``
    prompt and rollout partitions, RF 3), keeps NS.prompts a backlog ahead of the trainer, and runs:
-   ``--producers`` `producers.RolloutProducer`s, ``--per-process`` of them on one asyncio loop per OS
+   ``--producers`` `rollstream.producers.RolloutProducer`s, ``--per-process`` of them on one asyncio loop per OS
    process (`tests.fleet._worker`), each with a latency-modelled generate function (a uniform
    ``--gen-ms`` sleep, two-token completions) and a reward that differs per sample; and one trainer in
-   the driver: `consumers.RolloutConsumer.take(--take-n)`, a ``--step-ms`` sleep, then ``commit``;
+   the driver: `rollstream.consumers.RolloutConsumer.take(--take-n)`, a ``--step-ms`` sleep, then ``commit``;
 3. measures, over a window of ``--seconds`` that starts once every producer runs: groups/s; the trainer
    group's committed lag (every 0.1 s) against max_lag and max_lag + in-flight; the event-loop lag of every
    producer process (a callback every 20 ms, how late it ran); and the broker requests backpressure
@@ -19,7 +19,7 @@ Not part of ``make test``. One run:
    and, with a JDK, every request the three brokers served, by API (their JMX ``RequestMetrics``, read
    by `BrokerRequests.java`), which shows what the cluster spends its time on;
 4. drains (the producers commit every prompt, then stop; the trainer takes the rest) and checks that
-   every loaded prompt's group was taken exactly once (by group id) and that `consumers.audit` is green.
+   every loaded prompt's group was taken exactly once (by group id) and that `rollstream.consumers.audit` is green.
    A fleet that stops committing during the drain (polling gates whose every read times out keep a
    stale, high estimate and stay closed) is reported as stalled and replaced by a few fresh producers
    that finish the prompts, so the checks still run. Each phase's topics are deleted after its checks.

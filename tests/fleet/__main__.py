@@ -13,8 +13,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from rollstream.infra.broker import BrokerError, BrokerSpec, free_port
+
 import tests.fleet as fleet_package
-from infra.broker import BrokerError, BrokerSpec, free_port
 from tests.chaos._cluster import Cluster
 from tests.fleet._broker_metrics import BrokerRequests
 from tests.fleet._phase import FleetError, Phase, PhaseSpec

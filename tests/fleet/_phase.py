@@ -1,5 +1,5 @@
 """One fleet phase: a namespace, N producers in ceil(N/M) processes, one trainer, a window of S seconds,
-a drain, and the checks (every loaded prompt's group taken exactly once, `consumers.audit` green).
+a drain, and the checks (every loaded prompt's group taken exactly once, `rollstream.consumers.audit` green).
 
 Figures are taken over the *window* only (from the moment every producer runs, after a short warm-up,
 for S seconds): startup (joining the intake group) and the drain would otherwise dilute them.
@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from infra import KafkaConfig, LagReader, TopicNames, TopicPlan, create_topics, open_admin
-from infra.config import MiB
-from producers import ProducerSettings
+from rollstream.infra import KafkaConfig, LagReader, TopicNames, TopicPlan, create_topics, open_admin
+from rollstream.infra.config import MiB
+from rollstream.producers import ProducerSettings
+
 from tests.fleet._broker_metrics import BrokerRequests, window_figures
 from tests.fleet._probes import calibrate_lag_read, percentiles_ms, requests_per_call
 from tests.fleet._roles import LagSampler, Loader, Trainer, WorkerProc, verdict

@@ -1,8 +1,8 @@
 """What the fleet measures inside a process, without changing what it measures.
 
-- `LagReadCounter`: counts the lag gate's broker calls. It wraps `infra.LagReader.group_lag` (one *read*;
+- `LagReadCounter`: counts the lag gate's broker calls. It wraps `rollstream.infra.LagReader.group_lag` (one *read*;
   and the reads that raised, e.g. timed out) and the three calls a read is made of, looked up by
-  `infra.lag` at call time: `partitions_of` (a Metadata request), `committed_offsets` (an OffsetFetch to
+  `rollstream.infra.lag` at call time: `partitions_of` (a Metadata request), `committed_offsets` (an OffsetFetch to
   the group coordinator) and `watermarks` (per partition; ListOffsets to the partition leader). Counted
   per thread name, so the gate's own thread (``rollstream-lag``) is told apart from the first read
   `LagGate.start` makes through the loop's executor. `requests_per_call` turns the calls into requests
@@ -10,7 +10,7 @@
   librdkafka's own retries of a timed-out request are not seen).
 - `ClientStats`: librdkafka statistics (``statistics.interval.ms`` + ``stats_cb``) of chosen consumers:
   cumulative requests per API (``brokers[*].req``), as the client itself counts what it sent. It patches
-  the `Consumer` class `infra.clients.open_consumer` builds (looked up at call time), adding the two
+  the `Consumer` class `rollstream.infra.clients.open_consumer` builds (looked up at call time), adding the two
   properties only to consumers whose group id matches. A stats callback is served only by a consumer that
   polls: right for the control watchers (they poll all the time); the lag reader's consumer never polls,
   so its requests are calibrated once instead (`calibrate_lag_read`, which polls its consumer itself).
@@ -32,11 +32,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import infra.clients
-import infra.lag
-from infra import KafkaConfig, LagReader
+from rollstream.infra import KafkaConfig, LagReader
+from rollstream.infra import clients as infra_clients
+from rollstream.infra import lag as infra_lag
 
-CONTROL_WATCH_PREFIX = "rollstream-control-watch-"  # infra.control.ControlWatcher's group ids
+CONTROL_WATCH_PREFIX = "rollstream-control-watch-"  # rollstream.infra.control.ControlWatcher's group ids
 _CALLS = ("partitions_of", "committed_offsets", "watermarks")
 
 
@@ -62,9 +62,9 @@ class LagReadCounter:
         LagReader.group_lag = counted_read  # type: ignore[method-assign,assignment]
         self._undo.append(lambda: setattr(LagReader, "group_lag", original_read))
         for name in _CALLS:
-            original = getattr(infra.lag, name)
-            setattr(infra.lag, name, self._counting(name, original))
-            self._undo.append(functools.partial(setattr, infra.lag, name, original))
+            original = getattr(infra_lag, name)
+            setattr(infra_lag, name, self._counting(name, original))
+            self._undo.append(functools.partial(setattr, infra_lag, name, original))
         return self
 
     def uninstall(self) -> None:
@@ -92,7 +92,7 @@ class LagReadCounter:
 class ClientStats:
     """librdkafka statistics of the consumers whose group id `matches`: cumulative requests per API.
 
-    `install` patches `infra.clients.Consumer`; every matching consumer created afterwards emits its
+    `install` patches `rollstream.infra.clients.Consumer`; every matching consumer created afterwards emits its
     statistics every `interval_s`, which are folded into `latest` (client name -> {api: requests}) in the
     polling thread (a dict assignment under a lock: the callback never blocks).
     """
@@ -106,7 +106,7 @@ class ClientStats:
         self._original: Any = None
 
     def install(self) -> ClientStats:
-        original = self._original = infra.clients.Consumer
+        original = self._original = infra_clients.Consumer
 
         def factory(conf: dict[str, Any]) -> Any:
             if self._matches(str(conf.get("group.id", ""))):
@@ -116,12 +116,12 @@ class ClientStats:
                 return consumer
             return original(conf)
 
-        infra.clients.Consumer = factory  # type: ignore[assignment,misc]
+        infra_clients.Consumer = factory  # type: ignore[assignment,misc]
         return self
 
     def uninstall(self) -> None:
         if self._original is not None:
-            infra.clients.Consumer = self._original  # type: ignore[misc]
+            infra_clients.Consumer = self._original  # type: ignore[misc]
             self._original = None
 
     def _on_stats(self, raw: str) -> None:

@@ -17,10 +17,10 @@ from typing import Any
 
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec
+from rollstream.consumers import RolloutConsumer, TakeTimeout, audit
+from rollstream.infra import KafkaConfig, TopicNames, open_admin, open_producer, produce_and_wait
+from rollstream.schemas import Prompt, encode
 
-from consumers import RolloutConsumer, TakeTimeout, audit
-from infra import KafkaConfig, TopicNames, open_admin, open_producer, produce_and_wait
-from schemas import Prompt, encode
 from tests.chaos._check import loaded_group_ids
 from tests.integration._kafka import REPO_ROOT, cli_env
 
@@ -252,7 +252,7 @@ class LagSampler:
 def verdict(config: KafkaConfig, names: TopicNames, group: str, facts: TrainerFacts, loader: Loader,
             workers: list[WorkerProc]) -> dict[str, Any]:
     """Every prompt on NS.prompts (read back: `tests.chaos._check.loaded_group_ids`) taken or filtered
-    exactly once by group id, nothing taken that was not loaded, `consumers.audit` green, no errors."""
+    exactly once by group id, nothing taken that was not loaded, `rollstream.consumers.audit` green, no errors."""
     loaded = loaded_group_ids(config, names)
     taken = set(facts.taken)
     lost = sorted(loaded - taken - set(facts.filtered))

@@ -26,8 +26,9 @@ import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from infra import KafkaConfig
-from producers import ProducerSettings, RolloutProducer
+from rollstream.infra import KafkaConfig
+from rollstream.producers import ProducerSettings, RolloutProducer
+
 from tests.fleet._probes import CONTROL_WATCH_PREFIX, ClientStats, LagReadCounter, LoopLagProbe, percentiles_ms
 
 log = logging.getLogger("tests.fleet.worker")

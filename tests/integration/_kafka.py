@@ -1,7 +1,7 @@
 """Small Kafka helpers for producer tests: write prompts, read rollouts with a plain consumer, play trainer.
 
 Producer tests never import `consumers`: they read NS.rollouts with a plain confluent Consumer and
-`schemas.decode`, as any third-party trainer would.
+`rollstream.schemas.decode`, as any third-party trainer would.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-from infra import KafkaConfig, LagReader, TopicNames
-from producers.prompts import publish_prompts
-from schemas import Prompt, ScoredGroup, decode
+from rollstream.infra import KafkaConfig, LagReader, TopicNames
+from rollstream.producers.prompts import publish_prompts
+from rollstream.schemas import Prompt, ScoredGroup, decode
 
 T = TypeVar("T")
 

@@ -15,9 +15,9 @@ import time
 
 
 def _train(bootstrap: str, namespace: str, group: str, n: int, max_staleness: int) -> None:
-    from consumers import RolloutConsumer, TakeTimeout
-    from infra import KafkaConfig, TopicNames, announce_policy_version
-    from schemas import PolicyVersion
+    from rollstream.consumers import RolloutConsumer, TakeTimeout
+    from rollstream.infra import KafkaConfig, TopicNames, announce_policy_version
+    from rollstream.schemas import PolicyVersion
 
     config = KafkaConfig(bootstrap_servers=bootstrap)
     names = TopicNames(namespace)

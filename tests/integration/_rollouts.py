@@ -12,7 +12,7 @@ import sys
 
 
 def _trainer(bootstrap: str, namespace: str, group: str, n: int) -> None:
-    from consumers import RolloutConsumer
+    from rollstream.consumers import RolloutConsumer
 
     with RolloutConsumer(bootstrap, group, namespace, timeout=30) as consumer:
         batch = consumer.take(n, timeout=60, commit=False)

@@ -1,4 +1,4 @@
-"""A real TRL `AsyncGRPOTrainer` on CPU, fed by `consumers.trl.RollstreamRolloutWorker`.
+"""A real TRL `AsyncGRPOTrainer` on CPU, fed by `rollstream.consumers.trl.RollstreamRolloutWorker`.
 
 TRL 1.16's trainer runs on CPU except for two things, both replaced here and only here:
 
@@ -135,7 +135,7 @@ class _Report(TrainerCallback):
 
 
 def main(spec: dict[str, Any]) -> None:
-    from consumers.trl import RollstreamRolloutWorker, TRLWorkerSettings
+    from rollstream.consumers.trl import RollstreamRolloutWorker, TRLWorkerSettings
 
     torch.set_num_threads(1)
     patch_trl_for_cpu()

@@ -9,7 +9,7 @@
 4. a node that exits while starting is a ``BrokerError`` holding the cause from its log, and leaves no process;
 5. ``start_broker`` keeps to its timeout even when the group coordinator never comes up (librdkafka would
    otherwise wait 45 s in each probe's commit), and leaves no process;
-6. ``BrokerSpec`` rejects bad values by name, and ``infra.broker`` exports the public names;
+6. ``BrokerSpec`` rejects bad values by name, and ``rollstream.infra.broker`` exports the public names;
 7. a broker started with its own controller port listens there, is reported, adopted and stopped from
    its data dir alone, and a start asking for other controller ports is refused while it runs.
 
@@ -29,9 +29,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-
-import infra.broker
-from infra.broker import (
+from rollstream.infra import broker as broker_module
+from rollstream.infra.broker import (
     CONTROLLER_PORT_OFFSET,
     BrokerError,
     BrokerSpec,
@@ -42,7 +41,7 @@ from infra.broker import (
     start_broker,
     stop_broker,
 )
-from schemas import ConfigError, RollstreamError
+from rollstream.schemas import ConfigError, RollstreamError
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +201,7 @@ def test_a_node_that_exits_while_starting_is_reported_and_leaves_nothing(tmp_pat
 @pytest.mark.integration
 def test_start_keeps_its_timeout_when_the_coordinator_never_comes_up(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    write_config = infra.broker.write_config
+    write_config = broker_module.write_config
 
     def offsets_need_three_nodes(spec: BrokerSpec, node: int) -> Path:
         config = write_config(spec, node)
@@ -210,7 +209,7 @@ def test_start_keeps_its_timeout_when_the_coordinator_never_comes_up(
             fh.write("offsets.topic.replication.factor=3\n")
         return config
 
-    monkeypatch.setattr(infra.broker, "write_config", offsets_need_three_nodes)
+    monkeypatch.setattr(broker_module, "write_config", offsets_need_three_nodes)
     spec = BrokerSpec(port=free_port(1), data_dir=tmp_path / "broker", heap_mb=256)
     began = time.monotonic()
     try:
@@ -246,11 +245,11 @@ def test_spec_rejects_bad_values_by_name(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv("ROLLSTREAM_HOME", str(tmp_path / "home"))
     assert default_data_dir() == tmp_path / "home" / "broker"
     assert BrokerSpec().data_dir == (tmp_path / "home" / "broker").resolve()
-    assert set(infra.broker.__all__) == {
+    assert set(broker_module.__all__) == {
         "BrokerSpec", "BrokerError", "BrokerStatus", "start_broker", "stop_broker", "broker_status",
         "ensure_kafka_jars", "default_data_dir", "free_port", "free_ports", "CONTROLLER_PORT_OFFSET", "PROBE_TOPIC",
         "PRINCIPALS", "client_config_files"}
-    assert all(hasattr(infra.broker, name) for name in infra.broker.__all__)
+    assert all(hasattr(broker_module, name) for name in broker_module.__all__)
 
 
 @pytest.mark.integration

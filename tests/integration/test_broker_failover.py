@@ -21,10 +21,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from rollstream.consumers import RolloutConsumer, audit
+from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, create_topics, open_admin
+from rollstream.infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
 
-from consumers import RolloutConsumer, audit
-from infra import KafkaConfig, TopicNames, TopicPlan, create_topics, open_admin
-from infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
 from tests.integration._kafka import REPO_ROOT, cli_env, end_offsets, write_prompts
 
 N = 40  # prompts

@@ -21,11 +21,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from rollstream.consumers import Batch, CommitError, RolloutConsumer, audit
+from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, create_topics
+from rollstream.infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
+from rollstream.producers import ProducerSettings, RolloutProducer
 
-from consumers import Batch, CommitError, RolloutConsumer, audit
-from infra import KafkaConfig, TopicNames, TopicPlan, create_topics
-from infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
-from producers import ProducerSettings, RolloutProducer
 from tests import plugins
 from tests.integration._kafka import committed_everything, count, lag, read_all, until, write_prompts
 from tests.records import publish_many

@@ -13,8 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from infra.broker import CONTROLLER_PORT_OFFSET, free_port, free_ports
+from rollstream.infra.broker import CONTROLLER_PORT_OFFSET, free_port, free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 
 from confluent_kafka import Consumer, TopicPartition
+from rollstream.consumers import RolloutConsumer, audit, replay_range, replay_since, replay_step
+from rollstream.consumers._manifests import read_manifests
+from rollstream.schemas import encode, now_ms
 from typer.testing import CliRunner
 
-from consumers import RolloutConsumer, audit, replay_range, replay_since, replay_step
-from consumers._manifests import read_manifests
 from rollstream.cli import app
-from schemas import encode, now_ms
 from tests.records import make_group, publish, publish_many
 
 UNKNOWN_SCHEMA = b"\xc3\x01" + b"\x00" * 8 + b"written by a newer producer"

@@ -17,9 +17,9 @@ import threading
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from rollstream.consumers import RolloutConsumer, audit
+from rollstream.infra import KafkaConfig
 
-from consumers import RolloutConsumer, audit
-from infra import KafkaConfig
 from tests.records import make_group, publish, publish_many
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,10 +13,10 @@ import signal
 import time
 
 import pytest
+from rollstream.consumers import RolloutConsumer, audit
+from rollstream.infra import KafkaConfig, LagReader
+from rollstream.schemas import RollstreamError
 
-from consumers import RolloutConsumer, audit
-from infra import KafkaConfig, LagReader
-from schemas import RollstreamError
 from tests.integration.test_consumer_restart import read_line, start_trainer
 from tests.records import publish_many
 

@@ -22,11 +22,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from rollstream.consumers import audit
+from rollstream.consumers.slime import RollstreamDataSource, close, generate_rollout
+from rollstream.infra import LagReader
+from rollstream.schemas import RollstreamError
 
-from consumers import audit
-from consumers.slime import RollstreamDataSource, close, generate_rollout
-from infra import LagReader
-from schemas import RollstreamError
 from tests.records import make_group, publish, publish_many
 
 

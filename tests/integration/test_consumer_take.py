@@ -14,11 +14,11 @@ import time
 
 import fastavro
 import pytest
+from rollstream.consumers import RolloutConsumer, TakeTimeout, audit
+from rollstream.infra import KafkaConfig, LagReader
+from rollstream.schemas import Sample, ScoredGroup, decode, default_codec, encode
+from rollstream.schemas.codec import MAGIC, SCHEMA_DIR, fingerprint
 
-from consumers import RolloutConsumer, TakeTimeout, audit
-from infra import KafkaConfig, LagReader
-from schemas import Sample, ScoredGroup, decode, default_codec, encode
-from schemas.codec import MAGIC, SCHEMA_DIR, fingerprint
 from tests.records import make_group, publish, publish_many
 
 
@@ -122,9 +122,8 @@ def test_the_consumer_sizes_itself_from_the_topic_not_its_default(kafka_config, 
     """Topics made with a larger --max-message-mib than the clients' 64 MiB default: a record above 64 MiB
     still reaches the trainer, because the consumer takes its fetch limits from the topic."""
     import numpy as np
-
-    from infra import sized_to_topic
-    from schemas import Sample, ScoredGroup, make_group_id
+    from rollstream.infra import sized_to_topic
+    from rollstream.schemas import Sample, ScoredGroup, make_group_id
 
     names = namespace_factory(partitions=1, max_message_bytes=80 * 1024 * 1024)
     tokens = np.arange(17 * 1024 * 1024, dtype=np.int32)  # 68 MiB of packed tokens: above the default
@@ -140,7 +139,7 @@ def test_the_consumer_sizes_itself_from_the_topic_not_its_default(kafka_config, 
 
 def test_a_second_trainer_on_the_same_group_is_stopped_before_it_writes_anything(kafka_config, namespace_factory,
                                                                                  group_id) -> None:
-    from consumers import GroupConflictError
+    from rollstream.consumers import GroupConflictError
 
     names = namespace_factory(partitions=1)
     groups = publish_many(kafka_config, names, 6)

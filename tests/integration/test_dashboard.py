@@ -24,13 +24,13 @@ import httpx
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+from rollstream.consumers import RolloutConsumer
+from rollstream.consumers._metrics import ConsumerMetrics
+from rollstream.infra import KafkaConfig, TopicNames, announce_policy_version
+from rollstream.producers import ProducerSettings, RolloutProducer
+from rollstream.producers.metrics import ProducerMetrics
+from rollstream.schemas import PolicyVersion, Prompt, ScoredGroup, encode
 
-from consumers import RolloutConsumer
-from consumers._metrics import ConsumerMetrics
-from infra import KafkaConfig, TopicNames, announce_policy_version
-from producers import ProducerSettings, RolloutProducer
-from producers.metrics import ProducerMetrics
-from schemas import PolicyVersion, Prompt, ScoredGroup, encode
 from tests import plugins
 from tests.integration._kafka import write_prompts
 from tests.integration.test_policy_versions import running, wait_for

@@ -5,7 +5,7 @@ partitions; N prompts go in with `rollstream prompts load`. Once P1 has publishe
 SIGKILLed at a moment when it has a group *published but its prompt not yet committed* (and more
 prompts in flight): P2 takes its partitions over after the session timeout, generates its unfinished
 prompts again and so publishes that group a second time (same group_id). Then a trainer
-(`consumers.RolloutConsumer`, no filters) takes everything in steps of K, and we check:
+(`rollstream.consumers.RolloutConsumer`, no filters) takes everything in steps of K, and we check:
 
 - NS.rollouts holds every prompt's group, and exactly N distinct group ids; the groups P1 had published
   but not committed at the kill are there twice (predicted at the kill, so at least one duplicate);
@@ -39,10 +39,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
+from rollstream.consumers import Batch, RolloutConsumer, TakeTimeout, audit
+from rollstream.infra import KafkaConfig, LagReader, TopicNames
+from rollstream.schemas import Prompt, ScoredGroup, decode
 
-from consumers import Batch, RolloutConsumer, TakeTimeout, audit
-from infra import KafkaConfig, LagReader, TopicNames
-from schemas import Prompt, ScoredGroup, decode
 from tests.integration._kafka import REPO_ROOT, cli_env, end_offsets, read_records, run_cli, until
 
 N = 30  # prompts, one epoch

@@ -15,14 +15,14 @@ import json
 from dataclasses import replace
 
 from confluent_kafka import Consumer
+from rollstream.consumers import RolloutConsumer, audit_epochs
+from rollstream.consumers._epoch_audit import EpochSnapshot, PromptRecord, judge
+from rollstream.infra import KafkaConfig, TopicNames, commit_offsets
+from rollstream.producers.prompts import publish_prompts
+from rollstream.schemas import OffsetDisposition, PartitionRange, Prompt, StepManifest, encode
 from typer.testing import CliRunner
 
-from consumers import RolloutConsumer, audit_epochs
-from consumers._epoch_audit import EpochSnapshot, PromptRecord, judge
-from infra import KafkaConfig, TopicNames, commit_offsets
-from producers.prompts import publish_prompts
 from rollstream.cli import app
-from schemas import OffsetDisposition, PartitionRange, Prompt, StepManifest, encode
 from tests.integration._kafka import end_offsets
 from tests.records import make_group, publish
 

@@ -21,9 +21,8 @@ from typing import Any
 
 import fastavro
 import pytest
-
-from infra import KafkaConfig
-from schemas import (
+from rollstream.infra import KafkaConfig
+from rollstream.schemas import (
     Sample,
     Samples,
     ScoredGroup,
@@ -34,7 +33,8 @@ from schemas import (
     int32_array,
     make_group_id,
 )
-from schemas.codec import MAGIC, SCHEMA_DIR
+from rollstream.schemas.codec import MAGIC, SCHEMA_DIR
+
 from tests.conftest import NamespaceFactory
 from tests.integration._java import JavaReader, java_view, missing_tools, python_view, reader_jars
 from tests.integration._kafka import read_records

@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
-
-from infra import KafkaConfig, TopicNames, TopicPlan, create_topics
-from infra.broker import BrokerSpec, free_port, start_broker, stop_broker
-from producers.gate import LagGate
-from producers.metrics import ProducerMetrics
+from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, create_topics
+from rollstream.infra.broker import BrokerSpec, free_port, start_broker, stop_broker
+from rollstream.producers.gate import LagGate
+from rollstream.producers.metrics import ProducerMetrics
 
 
 async def wait_for(predicate, timeout_s: float) -> bool:

@@ -10,13 +10,13 @@ Needs schema v4 on the wire (loss_mask, sampling).
 from __future__ import annotations
 
 import torch
+from rollstream.consumers import RolloutConsumer
+from rollstream.infra import KafkaConfig
+from rollstream.producers.prompts import publish_prompts
+from rollstream.schemas import Prompt, Sampling
 
-from consumers import RolloutConsumer
-from infra import KafkaConfig
-from producers.prompts import publish_prompts
 from rollstream.demo_task import build_demo_model, make_prompts
 from rollstream.examples.calculator import MODEL_ENV
-from schemas import Prompt, Sampling
 from tests.integration._kafka import run_cli
 
 GROUPS, SAMPLES = 6, 4

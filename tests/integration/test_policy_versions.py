@@ -17,11 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from rollstream.consumers import RolloutConsumer, audit, default_filters
+from rollstream.infra import KafkaConfig, TopicNames, announce_policy_version
+from rollstream.producers import ProducerSettings, RolloutProducer
+from rollstream.schemas import PolicyVersion, Prompt, ScoredGroup, make_group_id, write_policy_version
 
-from consumers import RolloutConsumer, audit, default_filters
-from infra import KafkaConfig, TopicNames, announce_policy_version
-from producers import ProducerSettings, RolloutProducer
-from schemas import PolicyVersion, Prompt, ScoredGroup, make_group_id, write_policy_version
 from tests import plugins
 from tests.integration._kafka import count, read_all, read_records, write_prompts
 
@@ -81,7 +81,8 @@ def sample_logprobs_under(model_dir: Path, group: ScoredGroup) -> list[list[floa
 def test_hf_producer_loads_an_announced_version_and_stamps_it(kafka_config: KafkaConfig, namespace_factory,
                                                               tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    from producers import HFEngine
+    from rollstream.producers import HFEngine
+
     from rollstream.demo_task import build_demo_model
 
     names = namespace_factory(partitions=1)

@@ -14,8 +14,9 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from infra import KafkaConfig
-from producers import ProducerSettings, RolloutProducer
+from rollstream.infra import KafkaConfig
+from rollstream.producers import ProducerSettings, RolloutProducer
+
 from tests import plugins
 from tests.integration._kafka import count, lag, read_all, trainer_take, write_prompts
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
+from rollstream.infra import KafkaConfig
+from rollstream.producers import ProducerSettings, PromptFileError, RolloutProducer, load_prompts
 
-from infra import KafkaConfig
-from producers import ProducerSettings, PromptFileError, RolloutProducer, load_prompts
 from tests import plugins
 from tests.integration._kafka import count, lag, read_all, write_prompts
 

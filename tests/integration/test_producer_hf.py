@@ -5,10 +5,10 @@ parameters that shaped their logprobs (schema v4)."""
 from __future__ import annotations
 
 import pytest
+from rollstream.infra import KafkaConfig
+from rollstream.producers import HFEngine, ProducerSettings, RolloutProducer, build_tiny_model
+from rollstream.schemas import PolicyVersion, Sampling, encode
 
-from infra import KafkaConfig
-from producers import HFEngine, ProducerSettings, RolloutProducer, build_tiny_model
-from schemas import PolicyVersion, Sampling, encode
 from tests.integration._kafka import lag, read_all, write_prompts
 
 pytest.importorskip("transformers")

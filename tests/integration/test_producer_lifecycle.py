@@ -17,10 +17,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from rollstream.infra import KafkaConfig
+from rollstream.producers import ProducerSettings, PromptFileError, RolloutProducer, load_prompts
+from rollstream.schemas import Prompt, RollstreamError, decode
 
-from infra import KafkaConfig
-from producers import ProducerSettings, PromptFileError, RolloutProducer, load_prompts
-from schemas import Prompt, RollstreamError, decode
 from tests import plugins
 from tests.integration._kafka import count, end_offsets, lag, read_all, run_cli, start_cli, write_prompts
 

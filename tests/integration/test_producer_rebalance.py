@@ -6,7 +6,7 @@ Pinned:
    and commits them before the partitions move (a bounded drain), so the next owner regenerates nothing.
    The trainer (`RolloutConsumer`, audit) takes every prompt once and records 0 duplicates; NS.rollouts
    holds no group twice. (A SIGKILLed producer still loses nothing: test_producer_sharing pins that.)
-2. A producer's state rides on its prompt-offset commits (`infra.ProducerState` in the commit metadata):
+2. A producer's state rides on its prompt-offset commits (`rollstream.infra.ProducerState` in the commit metadata):
    a producer held by backpressure is seen paused in the group's committed offsets within about a
    second, and seen running again once the trainer's lag falls.
 
@@ -29,11 +29,11 @@ from typing import Any
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient
+from rollstream.consumers import Batch, RolloutConsumer, TakeTimeout, audit
+from rollstream.infra import KafkaConfig, ProducerState, TopicNames, open_producer, produce_and_wait
+from rollstream.producers import ProducerSettings, RolloutProducer
+from rollstream.schemas import Prompt, encode
 
-from consumers import Batch, RolloutConsumer, TakeTimeout, audit
-from infra import KafkaConfig, ProducerState, TopicNames, open_producer, produce_and_wait
-from producers import ProducerSettings, RolloutProducer
-from schemas import Prompt, encode
 from tests.integration._kafka import lag, read_all, trainer_take, write_prompts
 
 N = 240
@@ -78,7 +78,7 @@ def write_in_small_batches(config: KafkaConfig, names: TopicNames, ids: list[str
 def drained_groups(caplog: pytest.LogCaptureFixture) -> int:
     """In-flight groups that revocation drains let finish (from intake's log lines)."""
     found = [re.search(r"(\d+) in-flight groups? finished", r.getMessage()) for r in caplog.records
-             if r.name == "producers.intake"]
+             if r.name == "rollstream.producers.intake"]
     return sum(int(m.group(1)) for m in found if m)
 
 
@@ -94,7 +94,7 @@ def take_everything(bootstrap: str, names: TopicNames, group: str) -> list[Batch
 def test_scaling_producers_1_3_1_generates_every_prompt_once(kafka_config: KafkaConfig, bootstrap_servers: str,
                                                              namespace_factory: Any, group_id: str,
                                                              caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="producers.intake")
+    caplog.set_level(logging.INFO, logger="rollstream.producers.intake")
     names = namespace_factory(partitions=PARTITIONS)
     ids = [f"r{i:03d}" for i in range(N)]
     write_in_small_batches(kafka_config, names, ids)

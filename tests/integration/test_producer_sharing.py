@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 
 import pytest
+from rollstream.infra import KafkaConfig
+from rollstream.producers import ProducerSettings, RolloutProducer
 
-from infra import KafkaConfig
-from producers import ProducerSettings, RolloutProducer
 from tests import plugins
 from tests.integration._kafka import count, lag, read_all, start_cli, write_prompts
 

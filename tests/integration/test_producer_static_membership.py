@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
+from rollstream.infra import KafkaConfig, TopicNames
 
-from infra import KafkaConfig, TopicNames
 from tests.integration._kafka import REPO_ROOT, cli_env, count, lag, read_all, until, write_prompts
 
 PARTITIONS = 3

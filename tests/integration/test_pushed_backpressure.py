@@ -12,11 +12,11 @@ import asyncio
 import time
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from rollstream.consumers import RolloutConsumer
+from rollstream.infra import KafkaConfig, open_consumer, position_key
+from rollstream.producers import ProducerSettings, RolloutProducer
+from rollstream.schemas import TrainerPosition, decode
 
-from consumers import RolloutConsumer
-from infra import KafkaConfig, open_consumer, position_key
-from producers import ProducerSettings, RolloutProducer
-from schemas import TrainerPosition, decode
 from tests import plugins
 from tests.integration._kafka import count, until, write_prompts
 from tests.integration.test_producer_backpressure import CONCURRENCY, settings

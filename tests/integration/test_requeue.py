@@ -1,4 +1,4 @@
-"""Requeue instead of burn (`consumers._requeue`), on the trainer side, against the real broker.
+"""Requeue instead of burn (`rollstream.consumers._requeue`), on the trainer side, against the real broker.
 
 Groups are built by hand with what a producer stamps (attempt, max_attempts, retriable, the prompt
 record it answered), so each case is exact:
@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from rollstream.consumers import RolloutConsumer, TakeTimeout
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.producers.prompts import publish_prompts
+from rollstream.schemas import Prompt, ScoredGroup, encode
 
-from consumers import RolloutConsumer, TakeTimeout
-from infra import KafkaConfig, TopicNames
-from producers.prompts import publish_prompts
-from schemas import Prompt, ScoredGroup, encode
 from tests.integration._kafka import read_records
 from tests.records import make_group, publish
 

@@ -20,14 +20,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from rollstream.consumers import audit, audit_epochs
+from rollstream.consumers._ledger import StepLedger
+from rollstream.consumers._manifests import read_manifests
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.producers import ProducerSettings, RolloutProducer
+from rollstream.producers.prompts import publish_prompts
+from rollstream.schemas import Prompt, make_group_id
 
-from consumers import audit, audit_epochs
-from consumers._ledger import StepLedger
-from consumers._manifests import read_manifests
-from infra import KafkaConfig, TopicNames
-from producers import ProducerSettings, RolloutProducer
-from producers.prompts import publish_prompts
-from schemas import Prompt, make_group_id
 from tests import plugins
 from tests.integration.test_policy_versions import running
 

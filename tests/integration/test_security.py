@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
-
-from consumers import RolloutConsumer, default_filters
-from infra import (
+from rollstream.consumers import RolloutConsumer, default_filters
+from rollstream.infra import (
     KafkaConfig,
     KafkaIOError,
     TopicNames,
@@ -33,9 +32,10 @@ from infra import (
     open_consumer,
     read_ranges,
 )
-from infra.broker import BrokerSpec, client_config_files, free_ports, start_broker, stop_broker
-from infra.config import read_properties
-from schemas import PolicyVersion
+from rollstream.infra.broker import BrokerSpec, client_config_files, free_ports, start_broker, stop_broker
+from rollstream.infra.config import read_properties
+from rollstream.schemas import PolicyVersion
+
 from tests.integration._kafka import run_cli
 
 pytestmark = pytest.mark.integration

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rollstream.infra import KafkaConfig, TopicNames, announce_policy_version
+from rollstream.producers import RolloutProducer, make_engine
+from rollstream.schemas import PolicyVersion, ScoredGroup
 
-from infra import KafkaConfig, TopicNames, announce_policy_version
-from producers import RolloutProducer, make_engine
-from schemas import PolicyVersion, ScoredGroup
 from tests.integration._kafka import count, read_all, write_prompts
 from tests.integration.test_policy_versions import running, settings, wait_for
 from tests.standins.sglang_server import SGLangStandIn, logprob_at, token_at
@@ -35,7 +35,7 @@ def servers() -> Iterator[list[SGLangStandIn]]:
 
 @pytest.fixture
 def tokenizer(tmp_path: Path) -> Path:
-    from producers.engines.tiny_model import build_tokenizer
+    from rollstream.producers.engines.tiny_model import build_tokenizer
 
     return build_tokenizer(tmp_path / "tokenizer")
 

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from consumers import RolloutConsumer, TakeTimeout
-from infra import TopicNames
+from rollstream.consumers import RolloutConsumer, TakeTimeout
+from rollstream.infra import TopicNames
 
 REPO = Path(__file__).resolve().parents[2]
 

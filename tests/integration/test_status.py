@@ -16,12 +16,12 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import Consumer
+from rollstream.consumers import RolloutConsumer, TakeTimeout, status
+from rollstream.consumers._status import TimeoutDiagnoser
+from rollstream.infra import KafkaConfig, ProducerState, TopicNames, commit_offsets
+from rollstream.producers.prompts import publish_prompts
+from rollstream.schemas import Prompt, now_ms
 
-from consumers import RolloutConsumer, TakeTimeout, status
-from consumers._status import TimeoutDiagnoser
-from infra import KafkaConfig, ProducerState, TopicNames, commit_offsets
-from producers.prompts import publish_prompts
-from schemas import Prompt, now_ms
 from tests.conftest import free_port
 from tests.integration._kafka import end_offsets, start_cli, until, write_prompts
 from tests.records import make_group, publish
@@ -73,7 +73,7 @@ def test_no_producer(kafka_config, namespace_factory, group_id, bootstrap_server
 
 
 def _stand_in_producer(kafka_config: KafkaConfig, names: TopicNames, producer_id: str) -> Consumer:
-    """A member of the producers' group, as `producers.intake` joins it (static membership)."""
+    """A member of the producers' group, as `rollstream.producers.intake` joins it (static membership)."""
     consumer = Consumer(kafka_config.consumer(names.producer_group, {
         "group.instance.id": producer_id, "partition.assignment.strategy": "cooperative-sticky",
         "session.timeout.ms": 10000}))

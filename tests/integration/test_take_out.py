@@ -24,9 +24,10 @@ import threading
 import time
 from pathlib import Path
 
-from consumers import audit, replay_step
-from consumers._manifests import read_manifests
-from infra import KafkaConfig, TopicNames
+from rollstream.consumers import audit, replay_step
+from rollstream.consumers._manifests import read_manifests
+from rollstream.infra import KafkaConfig, TopicNames
+
 from tests.integration._kafka import REPO_ROOT, cli_env, lag, run_cli, until
 from tests.records import make_group, publish
 
@@ -37,7 +38,7 @@ N = 3  # groups per step
 # has committed: a kill as soon as the step is in the file or MARKER exists lands in one of the pauses.
 _SLOW_COMMIT = """
 import pathlib, sys, time
-import consumers
+import rollstream.consumers as consumers
 real, pause_s, marker = consumers.RolloutConsumer.commit, float(sys.argv[1]), pathlib.Path(sys.argv[2])
 def slow(self, batch):
     time.sleep(pause_s)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
-
-from infra import KafkaConfig, LagReader, TopicNames, TopicPlan, create_topics, describe_topic_configs
-from schemas import Sample, ScoredGroup, decode, encode
+from rollstream.infra import KafkaConfig, LagReader, TopicNames, TopicPlan, create_topics, describe_topic_configs
+from rollstream.schemas import Sample, ScoredGroup, decode, encode
 
 
 def test_topics_are_created_with_the_planned_configs(kafka_config: KafkaConfig, namespace_factory) -> None:

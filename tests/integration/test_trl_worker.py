@@ -1,4 +1,5 @@
-"""rollstream as TRL's `AsyncGRPOTrainer` rollout worker (`consumers.trl`), against a real broker and TRL 1.16.
+"""rollstream as TRL's `AsyncGRPOTrainer` rollout worker (`rollstream.consumers.trl`), against a real broker and
+TRL 1.16.
 
 Pinned here: a real AsyncGRPOTrainer trains on CPU from groups a real HF producer published, one step's
 groups per optimizer step, committed only after that step; a trainer killed after a step's optimizer step
@@ -20,17 +21,18 @@ import pytest
 
 pytest.importorskip("trl.experimental.async_grpo")
 
-from consumers import RolloutConsumer, TakeTimeout, audit, grpo_advantages, replay_step  # noqa: E402
-from consumers.trl import (  # noqa: E402
+from rollstream.consumers import RolloutConsumer, TakeTimeout, audit, grpo_advantages, replay_step  # noqa: E402
+from rollstream.consumers.trl import (  # noqa: E402
     RollstreamRolloutWorker,
     TRLWorkerSettings,
     step_shape,
     to_rollout_samples,
     trl_group_id,
 )
-from infra import LagReader  # noqa: E402
-from producers import HFEngine, ProducerSettings, RolloutProducer, build_tiny_model  # noqa: E402
-from schemas import PolicyVersion, RollstreamError, Sample, ScoredGroup, make_group_id  # noqa: E402
+from rollstream.infra import LagReader  # noqa: E402
+from rollstream.producers import HFEngine, ProducerSettings, RolloutProducer, build_tiny_model  # noqa: E402
+from rollstream.schemas import PolicyVersion, RollstreamError, Sample, ScoredGroup, make_group_id  # noqa: E402
+
 from tests.integration._kafka import cli_env, read_records, write_prompts  # noqa: E402
 from tests.integration._trl_train import EVENT, REPO_ROOT, build_trainer, patch_trl_for_cpu, trl_config  # noqa: E402
 from tests.records import publish  # noqa: E402

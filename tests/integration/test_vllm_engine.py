@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from rollstream.consumers import RolloutConsumer
+from rollstream.infra import KafkaConfig, announce_policy_version
+from rollstream.producers import RolloutProducer, make_engine
+from rollstream.schemas import PolicyVersion, Sampling
 
-from consumers import RolloutConsumer
-from infra import KafkaConfig, announce_policy_version
-from producers import RolloutProducer, make_engine
-from schemas import PolicyVersion, Sampling
 from tests.integration._kafka import count, read_all, run_cli, write_prompts
 from tests.integration.test_policy_versions import running, settings, wait_for
 from tests.standins.vllm_server import VLLMStandIn, logprob_at, token_at

@@ -1,4 +1,4 @@
-"""The compiled Avro writer (`schemas._avro_writer`) writes exactly fastavro's bytes, for every record type
+"""The compiled Avro writer (`rollstream.schemas._avro_writer`) writes exactly fastavro's bytes, for every record type
 the codec writes and for awkward values; a value that does not fit fails as fastavro's writer would, and
 a schema it cannot write is refused when the codec is built."""
 
@@ -11,8 +11,7 @@ from typing import Any
 import fastavro
 import numpy as np
 import pytest
-
-from schemas import (
+from rollstream.schemas import (
     ChatMessage,
     InvalidRecordError,
     OffsetDisposition,
@@ -30,9 +29,9 @@ from schemas import (
     encode,
     make_group_id,
 )
-from schemas._avro_writer import compile_writer
-from schemas._layout import LAYOUTS
-from schemas.codec import HEADER_SIZE
+from rollstream.schemas._avro_writer import compile_writer
+from rollstream.schemas._layout import LAYOUTS
+from rollstream.schemas.codec import HEADER_SIZE
 
 
 def _fastavro_bytes(schema: dict[str, Any], datum: Any) -> bytes:

@@ -8,8 +8,7 @@ import json
 import fastavro
 import numpy as np
 import pytest
-
-from schemas import (
+from rollstream.schemas import (
     FINISH_REASONS,
     VERSION_FILE,
     Codec,
@@ -32,7 +31,7 @@ from schemas import (
     read_policy_version,
     write_policy_version,
 )
-from schemas.codec import MAGIC, SCHEMA_DIR
+from rollstream.schemas.codec import MAGIC, SCHEMA_DIR
 
 GOLDEN_HEX = (
     "c301aaae59d2e441c2b70a702d31233206702d310400000a6770752d3080a0abfef962d0afabfef96208312b313d040c"

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from infra import KafkaConfig, TopicNames, TopicPlan
-from infra.config import read_properties
-from schemas import ConfigError
+from rollstream.infra import KafkaConfig, TopicNames, TopicPlan
+from rollstream.infra.config import read_properties
+from rollstream.schemas import ConfigError
 
 
 def test_properties_file_reaches_every_client(tmp_path: Path) -> None:
@@ -84,8 +83,8 @@ def test_topic_plan_is_explicit() -> None:
 
 def test_a_bad_client_property_is_a_config_error_from_the_python_api() -> None:
     """librdkafka rejects unknown properties when a client is created; API users get ConfigError too."""
-    from consumers import RolloutConsumer
-    from infra import LagReader
+    from rollstream.consumers import RolloutConsumer
+    from rollstream.infra import LagReader
 
     config = KafkaConfig(bootstrap_servers="127.0.0.1:1", extra={"no.such.property": "1"})
     with pytest.raises(ConfigError, match='No such configuration property: "no.such.property"'):
@@ -99,8 +98,9 @@ def test_a_bad_client_property_is_a_config_error_from_the_python_api() -> None:
 
 
 def test_topics_against_no_broker_fail_in_bounded_time_with_a_clear_error() -> None:
-    from infra import create_topics, describe_topic_configs
-    from schemas import RollstreamError
+    from rollstream.infra import create_topics, describe_topic_configs
+    from rollstream.schemas import RollstreamError
+
     from tests.conftest import free_port
 
     config = KafkaConfig(bootstrap_servers=f"127.0.0.1:{free_port()}")

@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from rollstream.consumers import Batch, grpo_advantages
+from rollstream.consumers.filters import staleness_of
+from rollstream.consumers.slime import to_slime_group
+from rollstream.schemas import RollstreamError, Sample, ScoredGroup, decode, encode
 
-from consumers import Batch, grpo_advantages
-from consumers.filters import staleness_of
-from consumers.slime import to_slime_group
-from schemas import RollstreamError, Sample, ScoredGroup, decode, encode
 from tests.records import make_group, make_multi_turn_group
 
 
@@ -101,7 +101,7 @@ def test_tensors_match_a_row_by_row_reference_on_random_groups() -> None:
 
 
 def test_the_slime_adapter_says_slime_is_missing() -> None:
-    from consumers.slime import sample_class
+    from rollstream.consumers.slime import sample_class
 
     with pytest.raises(RollstreamError, match="install slime"):
         sample_class()

@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections import deque
 
 import pytest
-
-from consumers._client import TrainerClient
-from consumers._gather import Entry
-from schemas import RollstreamError
+from rollstream.consumers._client import TrainerClient
+from rollstream.consumers._gather import Entry
+from rollstream.schemas import RollstreamError
 
 
 class _Error:

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import pytest
+from rollstream.consumers import ConsumerMetrics, FilterContext, FilterError, default_filters
+from rollstream.consumers._gather import Entry, Gathering
+from rollstream.consumers._ledger import StepLedger
+from rollstream.consumers.filters import (
+    all_rewards_equal,
+    failed_group,
+    reason_label,
+    reward_missing,
+    stale,
+    staleness_of,
+)
+from rollstream.schemas import encode
 
-from consumers import ConsumerMetrics, FilterContext, FilterError, default_filters
-from consumers._gather import Entry, Gathering
-from consumers._ledger import StepLedger
-from consumers.filters import all_rewards_equal, failed_group, reason_label, reward_missing, stale, staleness_of
-from schemas import encode
 from tests.records import make_group
 
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-
-from consumers._audit import _check_manifest, _check_tiling, _check_unique_groups
-from consumers._ledger import StepLedger, epoch_of
-from consumers._replay import parse_time
-from schemas import OffsetDisposition, PartitionRange, RollstreamError, StepManifest
+from rollstream.consumers._audit import _check_manifest, _check_tiling, _check_unique_groups
+from rollstream.consumers._ledger import StepLedger, epoch_of
+from rollstream.consumers._replay import parse_time
+from rollstream.schemas import OffsetDisposition, PartitionRange, RollstreamError, StepManifest
 
 
 def manifest(step: int, ranges: dict[int, tuple[int, int]], ids: dict[tuple[int, int], str] | None = None,
@@ -124,7 +123,7 @@ def test_a_rewrite_of_a_step_supersedes_only_its_twin() -> None:
 
 
 def test_recorded_steps_chain_from_a_position_and_stop_at_the_first_that_does_not() -> None:
-    from consumers._resume import chained, latest_by_step, position_after
+    from rollstream.consumers._resume import chained, latest_by_step, position_after
 
     steps = [manifest(3, {0: (5, 7), 1: (2, 3)}), manifest(4, {1: (3, 6)}), manifest(5, {0: (6, 9)})]
     assert [m.step for m in chained(steps, {0: 5, 1: 2})] == [3, 4]  # step 5 starts before step 3's end on 0

@@ -1,4 +1,4 @@
-"""The custom generate contract, extended (`producers.engines.custom`). Pinned here:
+"""The custom generate contract, extended (`rollstream.producers.engines.custom`). Pinned here:
 
 1. a completion dict's ``loss_mask``, ``weight_versions`` spans and ``prompt_tokens``/``prompt_text`` reach
    the `Completion` and the `Generation`; ``weight_version`` defaults to the newest span's;
@@ -13,10 +13,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from producers import CustomEngine, EngineError, SamplingParams
-from producers.engines.custom import completion_from_dict
-from schemas import ConfigError, VersionSpan
+from rollstream.producers import CustomEngine, EngineError, SamplingParams
+from rollstream.producers.engines.custom import completion_from_dict
+from rollstream.schemas import ConfigError, VersionSpan
 
 SPANS = [{"version": 3, "start": 0, "end": 2}, {"version": 4, "start": 2, "end": 5}]
 

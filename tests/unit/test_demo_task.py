@@ -20,11 +20,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from consumers import TensorBatch  # noqa: E402
-from consumers._batch import tensors_of  # noqa: E402
+from rollstream.consumers import TensorBatch  # noqa: E402
+from rollstream.consumers._batch import tensors_of  # noqa: E402
+from rollstream.schemas import VERSION_FILE, Sample, ScoredGroup  # noqa: E402
+
 from rollstream.demo_task import EOS_ID, build_demo_model, make_prompts, reward, write_prompts  # noqa: E402
 from rollstream.trainer import GRPOLearner, LearnerConfig  # noqa: E402
-from schemas import VERSION_FILE, Sample, ScoredGroup  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_prompts_are_valid_lines_with_uniform_answers(tmp_path: Path) -> None:
-    from producers.prompts import read_prompts
+    from rollstream.producers.prompts import read_prompts
 
     prompts = make_prompts(1900, seed=7)
     assert prompts == make_prompts(1900, seed=7) and prompts != make_prompts(1900, seed=8)

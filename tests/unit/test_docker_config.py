@@ -18,10 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 from packaging.requirements import Requirement
+from rollstream.infra import KafkaConfig
+from rollstream.infra._broker_files import write_config
+from rollstream.infra.broker import BrokerSpec
 
-from infra import KafkaConfig
-from infra._broker_files import write_config
-from infra.broker import BrokerSpec
 from tests import _docker_broker as db
 
 ROOT = Path(__file__).resolve().parents[2]

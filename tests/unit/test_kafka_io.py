@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-
-from infra import (
+from rollstream.infra import (
     BoundedCaller,
     CommitFailed,
     KafkaIOError,
@@ -24,7 +23,7 @@ from infra import (
     missing_topic_error,
     produce_and_wait,
 )
-from schemas import RollstreamError
+from rollstream.schemas import RollstreamError
 
 
 def test_one_retriable_rule_and_the_place_in_the_message() -> None:

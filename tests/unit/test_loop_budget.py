@@ -1,4 +1,4 @@
-"""`producers._budget.LoopBudget`: a burst of group work shares the loop's turns instead of holding it.
+"""`rollstream.producers._budget.LoopBudget`: a burst of group work shares the loop's turns instead of holding it.
 
 Pinned: 40 tasks each doing 1 ms of work ready at once hold the loop ~40 ms in one turn without the
 budget; with it (2 ms) a 1 ms timer waiting meanwhile is served long before the burst ends, and every
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from producers._budget import LoopBudget
+from rollstream.producers._budget import LoopBudget
 
 
 def _busy(seconds: float) -> None:

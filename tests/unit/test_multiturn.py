@@ -1,4 +1,4 @@
-"""Multi-turn rollouts (`producers.multiturn`) and the calculator example (`rollstream.examples.calculator`).
+"""Multi-turn rollouts (`rollstream.producers.multiturn`) and the calculator example (`rollstream.examples.calculator`).
 
 Pinned here:
 
@@ -24,16 +24,17 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from consumers._batch import tensors_of  # noqa: E402
-from producers import Completion, CustomEngine, SamplingParams  # noqa: E402
-from producers._groups import Outcome, record_of, sampling_of  # noqa: E402
-from producers.engines.custom import completion_from_dict  # noqa: E402
-from producers.intake import TakenPrompt  # noqa: E402
-from producers.multiturn import Episode, version_spans  # noqa: E402
+from rollstream.consumers._batch import tensors_of  # noqa: E402
+from rollstream.producers import Completion, CustomEngine, SamplingParams  # noqa: E402
+from rollstream.producers._groups import Outcome, record_of, sampling_of  # noqa: E402
+from rollstream.producers.engines.custom import completion_from_dict  # noqa: E402
+from rollstream.producers.intake import TakenPrompt  # noqa: E402
+from rollstream.producers.multiturn import Episode, version_spans  # noqa: E402
+from rollstream.schemas import Prompt, Sampling, VersionSpan, now_ms  # noqa: E402
+
 from rollstream.demo_task import build_demo_model, make_prompts  # noqa: E402
 from rollstream.examples.calculator import CalculatorAgent, encode_exactly, final_turn, reward  # noqa: E402
 from rollstream.trainer import GRPOLearner  # noqa: E402
-from schemas import Prompt, Sampling, VersionSpan, now_ms  # noqa: E402
 
 SAMPLING = SamplingParams(max_new_tokens=3, temperature=1.0)
 

@@ -1,4 +1,4 @@
-"""`schemas.plain_samples`: a producer's plain responses as columns, without a `Sample` per response.
+"""`rollstream.schemas.plain_samples`: a producer's plain responses as columns, without a `Sample` per response.
 
 Pinned: the columns encode to exactly the bytes the `Sample` path encodes (so the wire cannot tell), read
 back as the same samples; anything the per-sample checks must name (a NaN logprob, an infinite reward,
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from schemas import (
+from rollstream.schemas import (
     InvalidRecordError,
     Sample,
     Samples,

@@ -9,12 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from infra import KafkaConfig
-from producers import PolicyFollower
-from producers.engines.base import EngineError, ReloadableEngine, SamplingParams
-from producers.metrics import ProducerMetrics
-from schemas import PolicyVersion, read_policy_version, write_policy_version
+from rollstream.infra import KafkaConfig
+from rollstream.producers import PolicyFollower
+from rollstream.producers.engines.base import EngineError, ReloadableEngine, SamplingParams
+from rollstream.producers.metrics import ProducerMetrics
+from rollstream.schemas import PolicyVersion, read_policy_version, write_policy_version
 
 PROMPT = {"id": "p1", "prompt": "4+5=", "label": "9", "metadata": {}, "epoch": 0}
 SAMPLING = SamplingParams(max_new_tokens=2, temperature=1.0)
@@ -31,8 +30,8 @@ def test_weights_version_file_round_trip(tmp_path: Path) -> None:
 def test_hf_engine_reloads_between_generations_and_stamps_the_loaded_version(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     import torch
+    from rollstream.producers.engines import HFEngine
 
-    from producers.engines import HFEngine
     from rollstream.demo_task import build_demo_model
 
     v0 = build_demo_model(tmp_path / "v0", seed=0)

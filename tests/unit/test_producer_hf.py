@@ -20,7 +20,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from producers.engines import HFEngine, SamplingParams, SGLangHTTPEngine, build_tiny_model  # noqa: E402
+from rollstream.producers.engines import HFEngine, SamplingParams, SGLangHTTPEngine, build_tiny_model  # noqa: E402
+
 from tests.unit.test_producer_sglang import FakeSGLang  # noqa: E402
 
 PROMPT = {"id": "p1", "prompt": "What is 2+2?", "label": "4", "metadata": {}, "epoch": 0}

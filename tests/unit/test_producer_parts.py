@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from infra import KafkaConfig
-from producers import (
+from rollstream.infra import KafkaConfig
+from rollstream.producers import (
     CustomEngine,
     EngineError,
     ProducerSettings,
@@ -23,12 +22,12 @@ from producers import (
     load_reward,
     make_engine,
 )
-from producers._watermarks import Watermarks
-from producers.metrics import LoopLagProbe
-from producers.prompts import read_prompts
-from producers.publisher import Publisher, PublishError
-from producers.rewards import answers_match, extract_answer, math_reward
-from schemas import ConfigError
+from rollstream.producers._watermarks import Watermarks
+from rollstream.producers.metrics import LoopLagProbe
+from rollstream.producers.prompts import read_prompts
+from rollstream.producers.publisher import Publisher, PublishError
+from rollstream.producers.rewards import answers_match, extract_answer, math_reward
+from rollstream.schemas import ConfigError
 
 # -- watermarks ----------------------------------------------------------------------------------------
 
@@ -212,7 +211,7 @@ def test_a_plugin_in_the_working_directory_loads_and_sys_path_is_left_alone(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from producers._plugins import load_callable
+    from rollstream.producers._plugins import load_callable
 
     package = tmp_path / "rs_cwd_plugin"
     package.mkdir()

@@ -12,18 +12,24 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-
-from infra import KafkaConfig, ProducerState
-from producers import CustomEngine, PolicyFollower, ProducerSettings, RolloutProducer, SamplingParams, load_reward
-from producers._parts import Parts
-from producers._pipeline import GroupPipeline, GroupSettings
-from producers._watermarks import Watermarks, commit_acknowledged
-from producers.engines.base import Completion, Generation
-from producers.gate import LagGate
-from producers.intake import Intake, TakenPrompt
-from producers.metrics import ProducerMetrics
-from producers.publisher import Publisher, PublishError
-from schemas import ConfigError, Prompt, ScoredGroup, decode
+from rollstream.infra import KafkaConfig, ProducerState
+from rollstream.producers import (
+    CustomEngine,
+    PolicyFollower,
+    ProducerSettings,
+    RolloutProducer,
+    SamplingParams,
+    load_reward,
+)
+from rollstream.producers._parts import Parts
+from rollstream.producers._pipeline import GroupPipeline, GroupSettings
+from rollstream.producers._watermarks import Watermarks, commit_acknowledged
+from rollstream.producers.engines.base import Completion, Generation
+from rollstream.producers.gate import LagGate
+from rollstream.producers.intake import Intake, TakenPrompt
+from rollstream.producers.metrics import ProducerMetrics
+from rollstream.producers.publisher import Publisher, PublishError
+from rollstream.schemas import ConfigError, Prompt, ScoredGroup, decode
 
 # -- a group task ends acknowledged (ok or failed) or fatal ----------------------------------------------
 
@@ -331,7 +337,7 @@ def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
     """After a broker stall a client can lose its coordinator for good (librdkafka#5511) and never fetch
     again: prompts wait, nothing arrives. Intake must then drop its partitions as lost and rejoin; but a
     quiet client with nothing left, or with everything taken and in flight, is healthy."""
-    import producers.intake as intake_module
+    import rollstream.producers.intake as intake_module
 
     metrics = ProducerMetrics()
     intake = Intake(KafkaConfig(bootstrap_servers="127.0.0.1:1"), "t.prompts", "g", gate=_Gate(metrics),

@@ -20,9 +20,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from rollstream.producers.engines import EngineError, RetryPolicy, SamplingParams, SGLangEngine, SGLangHTTPEngine
+from rollstream.producers.engines._sglang_format import parse_completion
 
-from producers.engines import EngineError, RetryPolicy, SamplingParams, SGLangEngine, SGLangHTTPEngine
-from producers.engines._sglang_format import parse_completion
 from tests.standins.sglang_server import CharTokenizer
 
 PROMPT = {"id": "p1", "prompt": "2+2?", "label": "4", "metadata": {}, "epoch": 0}
@@ -192,7 +192,7 @@ def test_in_process_engine_with_a_stub_sglang(monkeypatch: pytest.MonkeyPatch, t
             pass
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=StubEngine))
-    monkeypatch.setattr("producers.engines.sglang_engine.load_tokenizer", lambda path: CharTokenizer())
+    monkeypatch.setattr("rollstream.producers.engines.sglang_engine.load_tokenizer", lambda path: CharTokenizer())
     gen = run_engine(SGLangEngine(tmp_path), n=1)
     assert [list(c.tokens) for c in gen.completions] == [[9, 7, 8]]  # the aborted token, then its continuation
     assert len(calls) == 2 and calls[0]["return_logprob"] is True and calls[0]["input_ids"] == [50, 43, 50, 63]

@@ -28,12 +28,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from rollstream.producers.engines import EngineError, RetryPolicy, SamplingParams, VLLMHTTPEngine, make_engine
+from rollstream.producers.engines._vllm_format import check_logprobs_contract, finish_reason, parse_response
+from rollstream.schemas import ConfigError
 from typer.testing import CliRunner
 
-from producers.engines import EngineError, RetryPolicy, SamplingParams, VLLMHTTPEngine, make_engine
-from producers.engines._vllm_format import check_logprobs_contract, finish_reason, parse_response
 from rollstream.cli import app
-from schemas import ConfigError
 from tests.standins.sglang_server import CharTokenizer
 from tests.standins.vllm_server import VLLMStandIn, logprob_at, piece, token_at
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from infra import KafkaConfig
-from producers.gate import LagGate
-from producers.metrics import ProducerMetrics
-from schemas import DecodeError, InvalidRecordError, TrainerPosition, decode, encode, now_ms
+from rollstream.infra import KafkaConfig
+from rollstream.producers.gate import LagGate
+from rollstream.producers.metrics import ProducerMetrics
+from rollstream.schemas import DecodeError, InvalidRecordError, TrainerPosition, decode, encode, now_ms
 
 
 def position(lag: int, observed_at_ms: int, group: str = "trainer", topic: str = "ns.rollouts") -> TrainerPosition:

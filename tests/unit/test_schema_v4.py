@@ -10,8 +10,7 @@ import json
 import fastavro
 import numpy as np
 import pytest
-
-from schemas import (
+from rollstream.schemas import (
     DecodeError,
     InvalidRecordError,
     Sample,
@@ -24,7 +23,8 @@ from schemas import (
     encode,
     fingerprint,
 )
-from schemas.codec import MAGIC, SCHEMA_DIR
+from rollstream.schemas.codec import MAGIC, SCHEMA_DIR
+
 from tests.records import MULTI_TURN_SAMPLING, make_group, make_multi_turn_group
 
 GOLDEN_V4_HEX = (  # make_multi_turn_group() as schema v4 writes it

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 pytest.importorskip("trl.experimental.async_grpo")
+from rollstream.consumers.filters import FilterContext  # noqa: E402
+from rollstream.consumers.trl import _trainable_filter, to_rollout_samples  # noqa: E402
+from rollstream.schemas import Sample, ScoredGroup, decode, encode  # noqa: E402
 from trl.experimental.async_grpo.async_rollout_worker import TurnRecord, _chain_to_sequences  # noqa: E402
 
-from consumers.filters import FilterContext  # noqa: E402
-from consumers.trl import _trainable_filter, to_rollout_samples  # noqa: E402
-from schemas import Sample, ScoredGroup, decode, encode  # noqa: E402
 from tests.records import make_multi_turn_group  # noqa: E402
 
 

@@ -10,8 +10,7 @@ from dataclasses import replace
 
 import fastavro
 import pytest
-
-from schemas import (
+from rollstream.schemas import (
     DecodeError,
     InvalidRecordError,
     OffsetDisposition,
@@ -24,7 +23,8 @@ from schemas import (
     encode,
     fingerprint,
 )
-from schemas.codec import MAGIC, SCHEMA_DIR
+from rollstream.schemas.codec import MAGIC, SCHEMA_DIR
+
 from tests.records import make_group
 
 

@@ -18,14 +18,14 @@ from typing import Any
 
 import httpx
 import pytest
+from rollstream.infra import KafkaConfig
+from rollstream.producers.engines import EngineError, RetryPolicy, SamplingParams, SGLangHTTPEngine
+from rollstream.producers.engines._sglang_format import join_segments, parse_completion
+from rollstream.producers.engines.base import Completion
+from rollstream.producers.metrics import ProducerMetrics
+from rollstream.producers.policy import PolicyFollower
+from rollstream.schemas import VersionSpan
 
-from infra import KafkaConfig
-from producers.engines import EngineError, RetryPolicy, SamplingParams, SGLangHTTPEngine
-from producers.engines._sglang_format import join_segments, parse_completion
-from producers.engines.base import Completion
-from producers.metrics import ProducerMetrics
-from producers.policy import PolicyFollower
-from schemas import VersionSpan
 from tests.standins.sglang_server import CharTokenizer, SGLangStandIn, logprob_at, token_at
 
 PROMPT = {"id": "p1", "prompt": "2+2?", "label": "4", "metadata": {}, "epoch": 0}

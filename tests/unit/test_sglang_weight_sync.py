@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rollstream.infra import KafkaConfig
+from rollstream.producers import ProducerSettings, make_engine
+from rollstream.producers.engines import EngineError, RetryPolicy, SamplingParams, SGLangEngine, SGLangHTTPEngine
+from rollstream.producers.engines.base import ReloadableEngine
+from rollstream.producers.engines.sglang_http import SGLangSyncEngine
+from rollstream.producers.metrics import ProducerMetrics
+from rollstream.producers.policy import PolicyFollower
+from rollstream.schemas import ConfigError, PolicyVersion, VersionSpan, write_policy_version
 
-from infra import KafkaConfig
-from producers import ProducerSettings, make_engine
-from producers.engines import EngineError, RetryPolicy, SamplingParams, SGLangEngine, SGLangHTTPEngine
-from producers.engines.base import ReloadableEngine
-from producers.engines.sglang_http import SGLangSyncEngine
-from producers.metrics import ProducerMetrics
-from producers.policy import PolicyFollower
-from schemas import ConfigError, PolicyVersion, VersionSpan, write_policy_version
 from tests.standins.sglang_server import CharTokenizer, SGLangStandIn
 
 PROMPT = {"id": "p1", "prompt": "2+2?", "label": "4", "metadata": {}, "epoch": 0}
@@ -206,7 +206,7 @@ def test_in_process_engine_reloads_through_the_tokenizer_manager(monkeypatch: py
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=launch))
     monkeypatch.setitem(sys.modules, "sglang.srt.managers.io_struct", io_struct)
-    monkeypatch.setattr("producers.engines.sglang_engine.load_tokenizer", lambda path: CharTokenizer())
+    monkeypatch.setattr("rollstream.producers.engines.sglang_engine.load_tokenizer", lambda path: CharTokenizer())
     write_policy_version(tmp_path, 4)
     engine = SGLangEngine(tmp_path)
 

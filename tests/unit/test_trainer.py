@@ -20,12 +20,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from consumers import TensorBatch  # noqa: E402
-from consumers._batch import tensors_of  # noqa: E402
-from producers import HFEngine, SamplingParams  # noqa: E402
+from rollstream.consumers import TensorBatch  # noqa: E402
+from rollstream.consumers._batch import tensors_of  # noqa: E402
+from rollstream.producers import HFEngine, SamplingParams  # noqa: E402
+from rollstream.schemas import Sample, Sampling, ScoredGroup  # noqa: E402
+
 from rollstream.demo_task import build_demo_model, make_prompts  # noqa: E402
 from rollstream.trainer import GRPOLearner, LearnerConfig, logprob_temperatures  # noqa: E402
-from schemas import Sample, Sampling, ScoredGroup  # noqa: E402
 
 
 @pytest.fixture(scope="module")

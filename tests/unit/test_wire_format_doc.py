@@ -7,8 +7,8 @@ import json
 import re
 from pathlib import Path
 
-from schemas import default_codec
-from schemas.codec import SCHEMA_DIR
+from rollstream.schemas import default_codec
+from rollstream.schemas.codec import SCHEMA_DIR
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
 _ROW = re.compile(r"^\| `([\w/.]+\.avsc)` \| `([0-9a-f]{16})` \|$", re.MULTILINE)
