@@ -6,10 +6,12 @@ soon as the step is taken (so that a restarted consumer can take the same batch 
 The prompts a step requeues (`rollstream.consumers._requeue`) are published to NS.prompts and acknowledged before
 its manifest is written, so a manifest never records a requeue that did not happen.
 
-`StepCommitter` owns the manifest producer and what the consumer knows of the group's committed
-offsets. Before each commit it checks those offsets did not move under it: one trainer per group id
-is the contract (partitions are assigned, not subscribed, so Kafka does not keep two consumers of a
-group apart); a second one is caught at its first commit, at the cost of one offset fetch per commit.
+`StepCommitter` owns the manifest producer, what the consumer knows of the group's committed
+offsets, and the group's `ManifestIndex` (where its manifests are on NS.steps), which every commit
+carries in its metadata so that the next start reads only those (`rollstream.consumers._manifests`).
+Before each commit it checks those offsets did not move under it: one trainer per group id is the
+contract (partitions are assigned, not subscribed, so Kafka does not keep two consumers of a group
+apart); a second one is caught at its first commit, at the cost of one offset fetch per commit.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import TypeVar
 from confluent_kafka import Consumer, KafkaException, Producer
 from rollstream.consumers._batch import Batch
 from rollstream.consumers._errors import CommitError, GroupConflictError
+from rollstream.consumers._manifests import ManifestIndex
 from rollstream.consumers._requeue import Requeue
 from rollstream.infra import (
     BoundedCaller,
@@ -69,15 +72,31 @@ class StepCommitter:
         self._recorded: set[int] = set()  # id() of the uncommitted batches whose manifest is on NS.steps
         self._requeued: set[int] = set()  # id() of the uncommitted batches whose requeues are on NS.prompts
         self._calls = BoundedCaller(f"rollstream-commit-{group_id}")  # offset checks and commits, bounded
+        # Where the group's manifests are on NS.steps; None: unknown (commits carry no index). Not updated
+        # after a write that failed: that manifest may have landed at an offset no delivery report gave.
+        self._index: ManifestIndex | None = None
+        self._index_sure = False
 
-    def start(self, config: KafkaConfig, consumer: Consumer, committed: Mapping[int, int | None]) -> None:
-        """Remember the group's committed offsets as read at start, and open the manifest producer now
-        (with NS.steps' metadata fetched, so that the first commit does not wait for it). Blocks up to
+    def start(self, config: KafkaConfig, consumer: Consumer, committed: Mapping[int, int | None],
+              index: ManifestIndex | None = None) -> None:
+        """Remember the group's committed offsets as read at start and where its manifests are (`index`,
+        complete up to the end of NS.steps as read at start; None: unknown), and open the manifest producer
+        now (with NS.steps' metadata fetched, so that the first commit does not wait for it). Blocks up to
         the timeout. Raises KafkaIOError when NS.steps' metadata cannot be read."""
         self._config, self._consumer = config, consumer
         self._committed = dict(committed)
+        self.use_index(index)
         if self.manifests and self._producer is None:
             self._producer = self._manifest_producer(config)
+
+    def use_index(self, index: ManifestIndex | None) -> None:
+        """Go on with `index`, read from NS.steps just now (complete up to its end): the commits carry it."""
+        self._index, self._index_sure = index, index is not None
+
+    @property
+    def index(self) -> ManifestIndex | None:
+        """Where the group's manifests are on NS.steps, as far as this consumer knows (None: unknown)."""
+        return self._index
 
     @property
     def committed(self) -> dict[int, int | None]:
@@ -242,12 +261,17 @@ class StepCommitter:
         if self._producer is None:
             self._producer = self._manifest_producer(self._started()[0])
         key = self.group_id.encode()
+        written: list[tuple[int, int]] = []
         try:
             produce_and_wait(self._producer, self.names.steps, [(key, encode(m)) for m in manifests],
-                             timeout=timeout)
+                             timeout=timeout, on_acked=lambda p, o: written.append((p, o)))
         except KafkaIOError as exc:
+            self._index_sure = False  # some may have landed where no delivery report says: keep the index as is
             raise CommitError(batch, f"the manifest of step {batch.step} was not written to {self.names.steps}: "
                                      f"{exc}") from exc
+        if self._index is not None and self._index_sure:
+            for p, o in written:
+                self._index = self._index.added(p, o)
 
     def _manifest_producer(self, config: KafkaConfig) -> Producer:
         producer = open_producer(config.manifest_producer())
@@ -257,9 +281,16 @@ class StepCommitter:
             raise kafka_error(f"cannot read metadata of {self.names.steps}", exc, topic=self.names.steps) from exc
         return producer
 
+    def _metadata(self) -> str | None:
+        """The commit metadata: the group's manifest index (None without manifests, or when unknown)."""
+        if not self.manifests or self._index is None:
+            return None
+        return self._index.to_metadata()
+
     def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch | None, timeout: float) -> None:
         try:
-            commit_offsets(self._started()[1], self.names.rollouts, offsets, timeout=timeout, caller=self._calls)
+            commit_offsets(self._started()[1], self.names.rollouts, offsets, timeout=timeout, caller=self._calls,
+                           metadata=self._metadata())
         except CommitFailed as exc:
             what = "the rewound position" if batch is None else f"step {batch.step}"
             raise CommitError(batch, f"cannot commit offsets {dict(offsets)} of {what} for group "

@@ -43,7 +43,7 @@ from rollstream.consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
 from rollstream.consumers._errors import TakeTimeout
 from rollstream.consumers._gather import Entry, Gathering
 from rollstream.consumers._ledger import StepLedger
-from rollstream.consumers._manifests import read_manifests
+from rollstream.consumers._manifests import ManifestIndex, ManifestRead, read_group_manifests
 from rollstream.consumers._metrics import ConsumerMetrics
 from rollstream.consumers._position import PositionPublisher
 from rollstream.consumers._replay import read_taken
@@ -57,7 +57,7 @@ from rollstream.infra import (
     KafkaConfig,
     LagReader,
     TopicNames,
-    committed_offsets,
+    committed_with_metadata,
     partitions_of,
     require_topics,
     sized_to_topic,
@@ -165,36 +165,47 @@ class RolloutConsumer:
         self.config = sized_to_topic(self.config, self.names.rollouts, timeout=self._timeout)
         consumer = self._client.open(self.config)
         try:
-            committed = self._initial_positions(consumer)
+            committed, index = self._initial_positions(consumer)
             self._client.use(consumer, self._position)
         except BaseException:
             consumer.close()
             raise
-        self._committer.start(self.config, consumer, committed)
+        self._committer.start(self.config, consumer, committed, index)
         self._positions.start(self.config, timeout=min(self._timeout, REACH_TIMEOUT_S))
         log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
                  self._position, self._next_step)
 
-    def _initial_positions(self, consumer: Consumer) -> dict[int, int | None]:
+    def _initial_positions(self, consumer: Consumer) -> tuple[dict[int, int | None], ManifestIndex | None]:
         """Set the position (committed offsets, else each partition's start) and the ledger from the
-        group's manifests; return the committed offsets."""
+        group's manifests; return the committed offsets and where the manifests are on NS.steps."""
         topic = self.names.rollouts
         partitions = partitions_of(consumer, topic, timeout=self._timeout)
-        committed = committed_offsets(consumer, topic, partitions, timeout=self._timeout)
+        found = committed_with_metadata(consumer, topic, partitions, timeout=self._timeout)
+        committed = {p: offset for p, (offset, _) in found.items()}
         self._position = {p: c if c is not None else watermarks(consumer, topic, p, timeout=self._timeout)[0]
                           for p, c in committed.items()}
-        if self.manifests:
-            manifests = read_manifests(self.config, self.names.steps, self.group_id, timeout=self._timeout)
-            for manifest in manifests:
-                self._ledger.add(manifest)
-            orphans = [o.step for o in self._ledger.drop_uncommitted(committed)]
-            self._next_step = self._ledger.next_step
-            self._redo = deque(chained(latest_by_step(manifests, orphans), self._position))
-            if orphans:
-                log.warning("group %s: steps %s were handed over but never committed (the trainer stopped before "
-                            "committing them); taking steps %s again first, as recorded", self.group_id, orphans,
-                            [m.step for m in self._redo])
-        return committed
+        if not self.manifests:
+            return committed, None
+        read = self._read_manifests(ManifestIndex.newest(meta for _, meta in found.values()))
+        for manifest in read.manifests:
+            self._ledger.add(manifest)
+        orphans = [o.step for o in self._ledger.drop_uncommitted(committed)]
+        self._next_step = self._ledger.next_step
+        self._redo = deque(chained(latest_by_step(read.manifests, orphans), self._position))
+        if orphans:
+            log.warning("group %s: steps %s were handed over but never committed (the trainer stopped before "
+                        "committing them); taking steps %s again first, as recorded", self.group_id, orphans,
+                        [m.step for m in self._redo])
+        return committed, read.index
+
+    def _read_manifests(self, index: ManifestIndex | None) -> ManifestRead:
+        """The group's manifests, read where `index` says they are (None: all of NS.steps). Blocks until read."""
+        started = time.monotonic()
+        read = read_group_manifests(self.config, self.names.steps, self.group_id, index=index, timeout=self._timeout)
+        log.info("group %s: read %d step manifests from %d records of %s in %.3f s (%s)", self.group_id,
+                 len(read.manifests), read.records, self.names.steps, time.monotonic() - started,
+                 "all of it: no index in the commits" if index is None else "where the commits' index says")
+        return read
 
     # -- taking ----------------------------------------------------------------------------------
 
@@ -497,7 +508,8 @@ class RolloutConsumer:
             raise RollstreamError(f"seek_to_step({step}) needs the step manifests: create the consumer of group "
                                   f"{self.group_id} with manifests=True")
         history = StepLedger(keep_manifests=True)
-        for m in read_manifests(self.config, self.names.steps, self.group_id, timeout=self._timeout):
+        read = self._read_manifests(self._committer.index)
+        for m in read.manifests:
             history.add(m)
         effective = sorted(history.effective(), key=lambda m: m.step)
         if not any(m.step == step for m in effective):
@@ -507,6 +519,7 @@ class RolloutConsumer:
         upto = [m for m in effective if m.step <= step]
         later = [m for m in effective if m.step > step]
         position = position_after(upto, later, self._position)
+        self._committer.use_index(read.index)
         self._committer.retrying(lambda t: self._committer.rewind(position, timeout=t), on_stuck=self._replace_client)
         self._drop_uncommitted()
         self._ledger = StepLedger(dedupe_epochs=self._dedupe_epochs)

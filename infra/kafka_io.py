@@ -41,8 +41,9 @@ from rollstream.infra.kafka_errors import (
 log = logging.getLogger(__name__)
 _BATCH = 500
 def produce_and_wait(producer: Producer, topic: str, records: Iterable[tuple[bytes | None, bytes]], *,
-                     timeout: float) -> int:
+                     timeout: float, on_acked: Callable[[int, int], None] | None = None) -> int:
     """Produce each (key, value) of `records` to `topic`, flush, and return how many were acknowledged.
+    `on_acked(partition, offset)` is called for each record acknowledged, in delivery order.
 
     Blocks: while librdkafka's queue is full (polling until there is room), then in ``flush`` for up
     to `timeout` s. Never call it on an event loop thread. Uses the caller's `producer` (its delivery
@@ -56,10 +57,12 @@ def produce_and_wait(producer: Producer, topic: str, records: Iterable[tuple[byt
     acked = 0
     errors: list[KafkaError] = []
 
-    def on_delivery(err: KafkaError | None, _msg: object) -> None:  # runs in poll()/flush(), on this thread
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:  # runs in poll()/flush(), on this thread
         nonlocal acked
         if err is None:
             acked += 1
+            if on_acked is not None:
+                on_acked(*position_of(msg))
         else:
             errors.append(err)
 
@@ -86,7 +89,7 @@ def produce_and_wait(producer: Producer, topic: str, records: Iterable[tuple[byt
 
 
 def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes,
-             on_delivery: Callable[[KafkaError | None, object], None]) -> None:
+             on_delivery: Callable[[KafkaError | None, Message], None]) -> None:
     while True:
         try:
             producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
@@ -180,6 +183,14 @@ def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int],
     Raises:
         KafkaIOError: the coordinator did not answer (retriable), or refused for a partition.
     """
+    found = committed_with_metadata(consumer, topic, partitions, timeout=timeout, caller=caller)
+    return {p: offset for p, (offset, _) in found.items()}
+
+
+def committed_with_metadata(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float,
+                            caller: BoundedCaller | None = None) -> dict[int, tuple[int | None, str | None]]:
+    """`committed_offsets`, each with the metadata string committed with it (None: none). Blocks and
+    raises as `committed_offsets` does."""
     def lookup() -> list[TopicPartition]:
         return consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
 
@@ -196,7 +207,7 @@ def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int],
         if tp.error is not None:
             raise kafka_error(f"cannot read the committed offset of {topic}[{tp.partition}]", tp.error, topic=topic,
                               partition=tp.partition)
-    return {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in tps}
+    return {tp.partition: (tp.offset if tp.offset >= 0 else None, tp.metadata or None) for tp in tps}
 
 
 def watermarks(consumer: Consumer, topic: str, partition: int, *, timeout: float) -> tuple[int, int]:
