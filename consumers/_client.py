@@ -25,7 +25,7 @@ from rollstream.infra import (
     open_consumer,
     position_of,
 )
-from rollstream.schemas import RollstreamError
+from rollstream.schemas import LifecycleError
 
 log = logging.getLogger(__name__)
 _CLOSE_TIMEOUT_S = 5.0
@@ -54,7 +54,7 @@ class TrainerClient:
 
     def current(self) -> Consumer:
         if self._consumer is None:
-            raise RollstreamError(f"the client of group {self.group_id} is not open")
+            raise LifecycleError(f"the client of group {self.group_id} is not open: call use() first")
         return self._consumer
 
     def replace(self, config: KafkaConfig, position: Mapping[int, int]) -> Consumer:

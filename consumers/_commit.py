@@ -35,7 +35,7 @@ from rollstream.infra import (
     open_producer,
     produce_and_wait,
 )
-from rollstream.schemas import RollstreamError, StepManifest, encode
+from rollstream.schemas import LifecycleError, StepManifest, encode
 
 log = logging.getLogger(__name__)
 _RETRY_PAUSE_S = 0.2
@@ -198,7 +198,7 @@ class StepCommitter:
 
     def _started(self) -> tuple[KafkaConfig, Consumer]:
         if self._config is None or self._consumer is None:
-            raise RollstreamError(f"the committer of group {self.group_id} was not started")
+            raise LifecycleError(f"the committer of group {self.group_id} was not started: call start() first")
         return self._config, self._consumer
 
     def _check_sole_committer(self, batch: Batch | None, timeout: float) -> None:

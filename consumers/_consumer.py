@@ -63,7 +63,7 @@ from rollstream.infra import (
     sized_to_topic,
     watermarks,
 )
-from rollstream.schemas import RollstreamError, StepManifest, now_ms
+from rollstream.schemas import ConfigError, LifecycleError, RollstreamError, StepManifest, now_ms
 
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`rollstream.consumers.DEFAULT_GROUP`)
@@ -104,9 +104,9 @@ class RolloutConsumer:
                  metrics: ConsumerMetrics | CollectorRegistry | None = None,
                  overrides: Mapping[str, object] | None = None, timeout: float = 30.0) -> None:
         if not group_id:
-            raise RollstreamError("group_id must be a non-empty consumer group id")
+            raise ConfigError("group_id must be a non-empty consumer group id")
         if max_staleness is not None and max_staleness < 0:
-            raise RollstreamError(f"max_staleness={max_staleness} must be >= 0 (or None for no limit)")
+            raise ConfigError(f"max_staleness={max_staleness} must be >= 0 (or None for no limit)")
         self.config = config or KafkaConfig.load(bootstrap_servers, client_id=f"rollstream-trainer-{group_id}")
         self.group_id = group_id
         self.names = TopicNames(namespace)
@@ -156,7 +156,7 @@ class RolloutConsumer:
 
     def _start(self) -> None:
         if self._closed:
-            raise RollstreamError(f"the consumer of group {self.group_id} is closed")
+            raise LifecycleError(f"the consumer of group {self.group_id} is closed: build a new RolloutConsumer")
         if self._client.opened:
             return
         # One bounded, clear error for an unreachable cluster or a missing topic, before the longer waits.
@@ -225,12 +225,13 @@ class RolloutConsumer:
                 ``err.batch`` is the batch, still uncommitted: retry ``commit(err.batch)``.
             GroupConflictError: another client committed for this group (two trainers on one group id).
             FilterError: a filter raised; nothing was taken.
-            RollstreamError: the topic does not exist, the broker is unreachable, or `n` < 1.
+            ConfigError: `n` < 1 or a negative `timeout`.
+            RollstreamError: the topic does not exist or the broker is unreachable.
         """
         if n < 1:
-            raise RollstreamError(f"take(n={n}): n must be at least 1")
+            raise ConfigError(f"take(n={n}): n must be at least 1")
         if timeout is not None and timeout < 0:
-            raise RollstreamError(f"take(timeout={timeout}): the timeout must be >= 0 seconds, or None")
+            raise ConfigError(f"take(timeout={timeout}): the timeout must be >= 0 seconds, or None")
         if policy_version is not None:
             self.policy_version = policy_version
         started = time.monotonic()

@@ -29,7 +29,7 @@ from rollstream.producers.gate import LagGate
 from rollstream.producers.intake import Intake, TakenPrompt
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.producers.publisher import Publisher, PublishError
-from rollstream.schemas import ConfigError, Prompt, ScoredGroup, decode
+from rollstream.schemas import ConfigError, LifecycleError, Prompt, ScoredGroup, decode
 
 # -- a group task ends acknowledged (ok or failed) or fatal ----------------------------------------------
 
@@ -54,7 +54,7 @@ class _Engine:
 
 
 class _Publisher:
-    """Records what is published; the first `fail` publishes raise RuntimeError like a closed publisher."""
+    """Records what is published; the first `fail` publishes raise LifecycleError like a closed publisher."""
 
     def __init__(self, fail: int = 0) -> None:
         self.fail = fail
@@ -64,7 +64,7 @@ class _Publisher:
     async def publish(self, key: bytes, value: bytes) -> None:
         if self.fail:
             self.fail -= 1
-            raise RuntimeError("publisher closed")
+            raise LifecycleError("the publisher to rollouts is closed")
         self.records.append(decode(value, ScoredGroup))
 
     async def close(self, timeout: float = 30.0) -> int:
@@ -229,7 +229,7 @@ def test_a_group_that_cannot_be_published_at_all_stops_the_producer() -> None:
     publisher = _Publisher(fail=2)  # the group and its failed stand-in: "publisher closed"
     producer, parts, intake = _running(_Engine(), publisher)
     asyncio.run(producer._group(parts, intake.take()))
-    assert isinstance(producer._fatal, RuntimeError) and producer._stopping
+    assert isinstance(producer._fatal, LifecycleError) and producer._stopping
     assert (producer.exit_reason or "").startswith("fatal") and intake.marks.committable() == {0: 5}
 
 
