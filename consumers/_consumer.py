@@ -53,6 +53,7 @@ from rollstream.consumers.filters import GroupFilter, default_filters
 from rollstream.infra import (
     DEFAULT_TRAINER_GROUP,
     REACH_TIMEOUT_S,
+    ClientReplacement,
     GroupLag,
     KafkaConfig,
     LagReader,
@@ -122,6 +123,10 @@ class RolloutConsumer:
         self._ledger = StepLedger(dedupe_epochs=dedupe_epochs)
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
         self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout)
+        # A client that lost its coordinator for good (librdkafka#5511) is replaced after failed commits.
+        self._replacement = ClientReplacement[Consumer](
+            "trainer", open_client=lambda: self._client.open(self.config), swap=self._swap_client,
+            close_client=Consumer.close, after_failures=FRESH_CLIENT_AFTER, on_replace=self._client_replaced)
         self._positions = PositionPublisher(self.names, group_id)
         self._closed = False
         self._buffer: deque[Entry] = deque()
@@ -244,7 +249,7 @@ class RolloutConsumer:
         if commit:
             self.commit(batch)
         elif self.manifests:
-            self._committer.retrying(lambda t: self._committer.record(batch, timeout=t), on_stuck=self._replace_client)
+            self._committer.retrying(lambda t: self._committer.record(batch, timeout=t), replacement=self._replacement)
             for r in batch.requeues:  # published: the same attempt is not requeued again
                 self._ledger.note_requeued(r.group_id, r.attempt)
         return batch
@@ -385,7 +390,7 @@ class RolloutConsumer:
             raise RollstreamError(f"step {batch.step} is not an uncommitted batch of this consumer "
                                   "(taken by another consumer, or dropped by seek_to)")
         batches = self._pending[:index + 1]
-        offsets, manifests = self._committer.commit_retrying(batches, on_stuck=self._replace_client)
+        offsets, manifests = self._committer.commit_retrying(batches, replacement=self._replacement)
         for m, b in zip(manifests, batches, strict=True):
             self._ledger.add(m)
             self._ledger.release(b.group_ids)  # now taken in an effective step
@@ -402,11 +407,16 @@ class RolloutConsumer:
         committed = self._committer.committed
         self._positions.publish(step, committed, self._client.end_offsets(list(committed)))
 
-    def _replace_client(self, cause: BaseException) -> None:
-        """A fresh Kafka client at this consumer's position (see `rollstream.consumers._client`). Records fetched and
-        not looked at are dropped from the buffer and fetched again, in order: none skipped, none twice."""
-        self._committer.use(self._client.replace(self.config, self._position))
+    def _swap_client(self, fresh: Consumer) -> Consumer | None:
+        """Install `fresh` at this consumer's position and return the client it replaces (`self._replacement`).
+        Records fetched and not looked at are dropped from the buffer and fetched again, in order: none
+        skipped, none twice."""
+        stale = self._client.swap(fresh, self._position)
+        self._committer.use(fresh)
         self._buffer.clear()
+        return stale
+
+    def _client_replaced(self, cause: object) -> None:
         self.metrics.client_replacements.inc()
         log.warning("group %s: replaced the Kafka client after %d failed commit attempts in a row (last: %s); "
                     "continuing at offsets %s", self.group_id, FRESH_CLIENT_AFTER, cause, self._position)
@@ -508,7 +518,7 @@ class RolloutConsumer:
         upto = [m for m in effective if m.step <= step]
         later = [m for m in effective if m.step > step]
         position = position_after(upto, later, self._position)
-        self._committer.retrying(lambda t: self._committer.rewind(position, timeout=t), on_stuck=self._replace_client)
+        self._committer.retrying(lambda t: self._committer.rewind(position, timeout=t), replacement=self._replacement)
         self._drop_uncommitted()
         self._ledger = StepLedger(dedupe_epochs=self._dedupe_epochs)
         for m in upto:

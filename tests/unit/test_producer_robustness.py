@@ -329,6 +329,9 @@ class _GroupConsumer:
     def resume(self, partitions: list[Any]) -> None:
         pass
 
+    def close(self) -> None:  # a replaced client is closed in the background
+        self.closed = True
+
 
 @pytest.mark.parametrize("case,stuck", [("nothing-left", False), ("in-flight", False), ("prompts-wait", True),
                                         ("coordinator-gone", True)])
@@ -355,6 +358,12 @@ def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
     monkeypatch.setattr(intake_module, "time", SimpleNamespace(monotonic=lambda: later))
     assert intake._stuck(consumer) is stuck  # type: ignore[arg-type]
     assert (intake.owned() == []) is stuck and intake.client_replacements == int(stuck)
+    # a fresh client is installed, and counted by role; the stuck one closes in the background
+    assert (intake._consumer is not consumer) is stuck
+    assert metrics.registry.get_sample_value("rollstream_producer_client_replacements_total",
+                                             {"role": "intake"}) == int(stuck)
+    if stuck:
+        intake._consumer.close()  # type: ignore[union-attr]  # the fresh one, never subscribed
 
 
 # -- a revocation drains what started and leaves what only waits ------------------------------------------
