@@ -167,8 +167,9 @@ def wait_node_serves(node: int, proc: tuple[int, Path], host: str, port: int, au
 
 def _node_answers(node: int, bootstrap: str, auth: dict[str, Any], timeout: float) -> str | None:
     """None when the node at ``bootstrap`` answers metadata and lists itself, else what went wrong."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "logger": _DebugLog(),
-                         "socket.timeout.ms": max(1000, int(timeout * 1000)), **auth})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _DebugLog(),
+                            "socket.timeout.ms": max(1000, int(timeout * 1000)), **auth}
+    admin = AdminClient(conf)
     try:
         metadata = admin.list_topics(timeout=max(0.1, timeout))
     except KafkaException as exc:
