@@ -1,15 +1,15 @@
 """The trainer's librdkafka consumer on NS.rollouts: explicitly assigned, and replaceable.
 
 A client can lose its group coordinator for good after a broker stall (confluentinc/librdkafka#5511):
-fetches keep working, every committed-offsets lookup and commit times out. `RolloutConsumer` then asks
-for a fresh client (`replace`) at the position it holds; the old one is closed in the background, since
-a client without a coordinator may take long to close. Not thread-safe, like its owner.
+fetches keep working, every committed-offsets lookup and commit times out. `RolloutConsumer` then
+installs a fresh client (`swap`) at the position it holds, by the one replacement policy
+(`rollstream.infra.ClientReplacement`), which closes the old one in the background, since a client without
+a coordinator may take long to close. Not thread-safe, like its owner.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections import deque
 from collections.abc import Mapping
 
@@ -18,14 +18,14 @@ from rollstream.consumers._gather import Entry
 from rollstream.infra import (
     KafkaConfig,
     KafkaIOError,
-    call_within,
+    close_quietly,
     is_record,
     kafka_error,
     not_authorized_error,
     open_consumer,
     position_of,
 )
-from rollstream.schemas import RollstreamError
+from rollstream.schemas import LifecycleError
 
 log = logging.getLogger(__name__)
 _CLOSE_TIMEOUT_S = 5.0
@@ -54,16 +54,14 @@ class TrainerClient:
 
     def current(self) -> Consumer:
         if self._consumer is None:
-            raise RollstreamError(f"the client of group {self.group_id} is not open")
+            raise LifecycleError(f"the client of group {self.group_id} is not open: call use() first")
         return self._consumer
 
-    def replace(self, config: KafkaConfig, position: Mapping[int, int]) -> Consumer:
-        """A fresh client assigned at `position`; the old one is closed in the background."""
-        old = self._consumer
-        self.use(self.open(config), position)
-        if old is not None:
-            threading.Thread(target=_close_quietly, args=(old,), name="rollstream-close-stale", daemon=True).start()
-        return self.current()
+    def swap(self, fresh: Consumer, position: Mapping[int, int]) -> Consumer | None:
+        """Make `fresh`, assigned at `position`, the client; return the one it replaces (the caller closes it)."""
+        stale = self._consumer
+        self.use(fresh, position)
+        return stale
 
     def fetch_into(self, buffer: deque[Entry], count: int, wait: float) -> None:
         """Append up to `count` records to `buffer`, waiting up to `wait` s.
@@ -114,14 +112,7 @@ class TrainerClient:
         consumer, self._consumer = self._consumer, None
         if consumer is None:
             return
-        finished, _ = call_within(lambda: _close_quietly(consumer), _CLOSE_TIMEOUT_S, "rollstream-close")
-        if not finished:
+        if not close_quietly(consumer.close, f"trainer-{self.group_id}", wait_s=_CLOSE_TIMEOUT_S):
             log.warning("the Kafka client of group %s did not close within %g s (a commit without an answer?); "
                         "left to the process", self.group_id, _CLOSE_TIMEOUT_S)
 
-
-def _close_quietly(consumer: Consumer) -> None:
-    try:
-        consumer.close()
-    except (KafkaException, RuntimeError) as exc:
-        log.debug("closing a replaced client: %s", exc)

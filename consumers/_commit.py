@@ -28,6 +28,7 @@ from rollstream.consumers._manifests import ManifestIndex
 from rollstream.consumers._requeue import Requeue
 from rollstream.infra import (
     BoundedCaller,
+    ClientReplacement,
     CommitFailed,
     KafkaConfig,
     KafkaIOError,
@@ -38,7 +39,7 @@ from rollstream.infra import (
     open_producer,
     produce_and_wait,
 )
-from rollstream.schemas import RollstreamError, StepManifest, encode
+from rollstream.schemas import LifecycleError, StepManifest, encode
 
 log = logging.getLogger(__name__)
 _RETRY_PAUSE_S = 0.2
@@ -68,7 +69,6 @@ class StepCommitter:
         # (a commit that failed on the client may still have landed): anything else means another client.
         self._committed: dict[int, int | None] = {}
         self._tried: dict[int, set[int]] = {}
-        self._failed_attempts = 0  # commit attempts failed in a row, across calls
         self._recorded: set[int] = set()  # id() of the uncommitted batches whose manifest is on NS.steps
         self._requeued: set[int] = set()  # id() of the uncommitted batches whose requeues are on NS.prompts
         self._calls = BoundedCaller(f"rollstream-commit-{group_id}")  # offset checks and commits, bounded
@@ -184,15 +184,15 @@ class StepCommitter:
         self._committed.update(offsets)
         self._tried.clear()
 
-    def commit_retrying(self, batches: Sequence[Batch], *, on_stuck: Callable[[CommitError], None]
+    def commit_retrying(self, batches: Sequence[Batch], *, replacement: ClientReplacement[Consumer]
                         ) -> tuple[dict[int, int], list[StepManifest]]:
         """`commit` retried within the committer's timeout in all (each attempt gets a share of it); after
-        `FRESH_CLIENT_AFTER` failed attempts in a row, also across calls, `on_stuck` is called to replace
-        the client (see `RolloutConsumer.commit`). Raises what `commit` raises once the time is up;
-        `GroupConflictError` at once."""
-        return self.retrying(lambda t: self.commit(batches, timeout=t), on_stuck=on_stuck)
+        `FRESH_CLIENT_AFTER` failed attempts in a row, also across calls, `replacement` replaces the
+        client (`rollstream.infra.ClientReplacement`, see `RolloutConsumer.commit`). Raises what `commit`
+        raises once the time is up; `GroupConflictError` at once."""
+        return self.retrying(lambda t: self.commit(batches, timeout=t), replacement=replacement)
 
-    def retrying(self, attempt: Callable[[float], _T], *, on_stuck: Callable[[CommitError], None]) -> _T:
+    def retrying(self, attempt: Callable[[float], _T], *, replacement: ClientReplacement[Consumer]) -> _T:
         """`attempt(timeout)` (a `record`, `commit` or `rewind`) retried as `commit_retrying` describes."""
         deadline = time.monotonic() + self._timeout
         share = max(1.0, self._timeout / (FRESH_CLIENT_AFTER + 1))
@@ -202,22 +202,19 @@ class StepCommitter:
             except GroupConflictError:
                 raise
             except CommitError as exc:
-                self._failed_attempts += 1
-                log.info("group %s: commit attempt failed (%d in a row): %s", self.group_id, self._failed_attempts,
-                         exc)
-                if self._failed_attempts >= FRESH_CLIENT_AFTER:
-                    self._failed_attempts = 0
-                    on_stuck(exc)
+                log.info("group %s: commit attempt failed (%d in a row): %s", self.group_id,
+                         replacement.failures + 1, exc)
+                replacement.failed(exc)  # every FRESH_CLIENT_AFTER-th in a row: a fresh client
                 if not exc.retriable or time.monotonic() + _RETRY_PAUSE_S >= deadline:
                     raise
                 time.sleep(_RETRY_PAUSE_S)
                 continue
-            self._failed_attempts = 0
+            replacement.succeeded()
             return result
 
     def _started(self) -> tuple[KafkaConfig, Consumer]:
         if self._config is None or self._consumer is None:
-            raise RollstreamError(f"the committer of group {self.group_id} was not started")
+            raise LifecycleError(f"the committer of group {self.group_id} was not started: call start() first")
         return self._config, self._consumer
 
     def _check_sole_committer(self, batch: Batch | None, timeout: float) -> None:

@@ -53,6 +53,7 @@ from rollstream.consumers.filters import GroupFilter, default_filters
 from rollstream.infra import (
     DEFAULT_TRAINER_GROUP,
     REACH_TIMEOUT_S,
+    ClientReplacement,
     GroupLag,
     KafkaConfig,
     LagReader,
@@ -63,7 +64,7 @@ from rollstream.infra import (
     sized_to_topic,
     watermarks,
 )
-from rollstream.schemas import RollstreamError, StepManifest, now_ms
+from rollstream.schemas import ConfigError, LifecycleError, RollstreamError, StepManifest, now_ms
 
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`rollstream.consumers.DEFAULT_GROUP`)
@@ -104,9 +105,9 @@ class RolloutConsumer:
                  metrics: ConsumerMetrics | CollectorRegistry | None = None,
                  overrides: Mapping[str, object] | None = None, timeout: float = 30.0) -> None:
         if not group_id:
-            raise RollstreamError("group_id must be a non-empty consumer group id")
+            raise ConfigError("group_id must be a non-empty consumer group id")
         if max_staleness is not None and max_staleness < 0:
-            raise RollstreamError(f"max_staleness={max_staleness} must be >= 0 (or None for no limit)")
+            raise ConfigError(f"max_staleness={max_staleness} must be >= 0 (or None for no limit)")
         self.config = config or KafkaConfig.load(bootstrap_servers, client_id=f"rollstream-trainer-{group_id}")
         self.group_id = group_id
         self.names = TopicNames(namespace)
@@ -122,6 +123,10 @@ class RolloutConsumer:
         self._ledger = StepLedger(dedupe_epochs=dedupe_epochs)
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
         self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout)
+        # A client that lost its coordinator for good (librdkafka#5511) is replaced after failed commits.
+        self._replacement = ClientReplacement[Consumer](
+            "trainer", open_client=lambda: self._client.open(self.config), swap=self._swap_client,
+            close_client=Consumer.close, after_failures=FRESH_CLIENT_AFTER, on_replace=self._client_replaced)
         self._positions = PositionPublisher(self.names, group_id)
         self._closed = False
         self._buffer: deque[Entry] = deque()
@@ -156,7 +161,7 @@ class RolloutConsumer:
 
     def _start(self) -> None:
         if self._closed:
-            raise RollstreamError(f"the consumer of group {self.group_id} is closed")
+            raise LifecycleError(f"the consumer of group {self.group_id} is closed: build a new RolloutConsumer")
         if self._client.opened:
             return
         # One bounded, clear error for an unreachable cluster or a missing topic, before the longer waits.
@@ -236,12 +241,13 @@ class RolloutConsumer:
                 ``err.batch`` is the batch, still uncommitted: retry ``commit(err.batch)``.
             GroupConflictError: another client committed for this group (two trainers on one group id).
             FilterError: a filter raised; nothing was taken.
-            RollstreamError: the topic does not exist, the broker is unreachable, or `n` < 1.
+            ConfigError: `n` < 1 or a negative `timeout`.
+            RollstreamError: the topic does not exist or the broker is unreachable.
         """
         if n < 1:
-            raise RollstreamError(f"take(n={n}): n must be at least 1")
+            raise ConfigError(f"take(n={n}): n must be at least 1")
         if timeout is not None and timeout < 0:
-            raise RollstreamError(f"take(timeout={timeout}): the timeout must be >= 0 seconds, or None")
+            raise ConfigError(f"take(timeout={timeout}): the timeout must be >= 0 seconds, or None")
         if policy_version is not None:
             self.policy_version = policy_version
         started = time.monotonic()
@@ -254,7 +260,7 @@ class RolloutConsumer:
         if commit:
             self.commit(batch)
         elif self.manifests:
-            self._committer.retrying(lambda t: self._committer.record(batch, timeout=t), on_stuck=self._replace_client)
+            self._committer.retrying(lambda t: self._committer.record(batch, timeout=t), replacement=self._replacement)
             for r in batch.requeues:  # published: the same attempt is not requeued again
                 self._ledger.note_requeued(r.group_id, r.attempt)
         return batch
@@ -395,7 +401,7 @@ class RolloutConsumer:
             raise RollstreamError(f"step {batch.step} is not an uncommitted batch of this consumer "
                                   "(taken by another consumer, or dropped by seek_to)")
         batches = self._pending[:index + 1]
-        offsets, manifests = self._committer.commit_retrying(batches, on_stuck=self._replace_client)
+        offsets, manifests = self._committer.commit_retrying(batches, replacement=self._replacement)
         for m, b in zip(manifests, batches, strict=True):
             self._ledger.add(m)
             self._ledger.release(b.group_ids)  # now taken in an effective step
@@ -412,11 +418,16 @@ class RolloutConsumer:
         committed = self._committer.committed
         self._positions.publish(step, committed, self._client.end_offsets(list(committed)))
 
-    def _replace_client(self, cause: BaseException) -> None:
-        """A fresh Kafka client at this consumer's position (see `rollstream.consumers._client`). Records fetched and
-        not looked at are dropped from the buffer and fetched again, in order: none skipped, none twice."""
-        self._committer.use(self._client.replace(self.config, self._position))
+    def _swap_client(self, fresh: Consumer) -> Consumer | None:
+        """Install `fresh` at this consumer's position and return the client it replaces (`self._replacement`).
+        Records fetched and not looked at are dropped from the buffer and fetched again, in order: none
+        skipped, none twice."""
+        stale = self._client.swap(fresh, self._position)
+        self._committer.use(fresh)
         self._buffer.clear()
+        return stale
+
+    def _client_replaced(self, cause: object) -> None:
         self.metrics.client_replacements.inc()
         log.warning("group %s: replaced the Kafka client after %d failed commit attempts in a row (last: %s); "
                     "continuing at offsets %s", self.group_id, FRESH_CLIENT_AFTER, cause, self._position)
@@ -520,7 +531,7 @@ class RolloutConsumer:
         later = [m for m in effective if m.step > step]
         position = position_after(upto, later, self._position)
         self._committer.use_index(read.index)
-        self._committer.retrying(lambda t: self._committer.rewind(position, timeout=t), on_stuck=self._replace_client)
+        self._committer.retrying(lambda t: self._committer.rewind(position, timeout=t), replacement=self._replacement)
         self._drop_uncommitted()
         self._ledger = StepLedger(dedupe_epochs=self._dedupe_epochs)
         for m in upto:

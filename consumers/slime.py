@@ -77,7 +77,7 @@ from typing import Any
 from rollstream.consumers._batch import Batch
 from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
 from rollstream.consumers.filters import FilterContext, default_filters, staleness_of
-from rollstream.schemas import RollstreamError, ScoredGroup
+from rollstream.schemas import ConfigError, RollstreamError, ScoredGroup
 
 log = logging.getLogger(__name__)
 _STATE_ATTR = "_rollstream_slime_rollout"
@@ -167,14 +167,14 @@ class SlimeSettings:
 
     @classmethod
     def from_args(cls, args: Any) -> SlimeSettings:
-        """Raises RollstreamError for a setting that is not valid, naming the values that are."""
+        """Raises ConfigError for a setting that is not valid, naming the values that are."""
         loop = _setting(args, "rollstream_slime_loop", "ROLLSTREAM_SLIME_LOOP")
         if loop is not None and str(loop) not in LOOPS:
-            raise RollstreamError(f"rollstream_slime_loop={loop!r}: use 'sync' (slime's train.py) or 'async' "
-                                  "(train_async.py)")
+            raise ConfigError(f"rollstream_slime_loop={loop!r}: use 'sync' (slime's train.py) or 'async' "
+                              "(train_async.py)")
         if _setting(args, "rollstream_commit", "ROLLSTREAM_COMMIT") is not None:
-            raise RollstreamError("rollstream_commit is gone: commits follow slime's loop now; set "
-                                  "rollstream_slime_loop (ROLLSTREAM_SLIME_LOOP) to 'sync' or 'async' instead")
+            raise ConfigError("rollstream_commit is gone: commits follow slime's loop now; set "
+                              "rollstream_slime_loop (ROLLSTREAM_SLIME_LOOP) to 'sync' or 'async' instead")
         timeout = _setting(args, "rollstream_take_timeout", "ROLLSTREAM_TAKE_TIMEOUT")
         staleness = _setting(args, "rollstream_max_staleness", "ROLLSTREAM_MAX_STALENESS")
         return cls(
@@ -262,8 +262,8 @@ class SlimeRollout:
         else:
             order = (f"slime's {what} of rollout {rollout_id} came before rollout {rollout_id + 1} was asked for, "
                      "which is train.py's order")
-        raise RollstreamError(f"{order}, but rollstream_slime_loop={self.settings.loop}; set rollstream_slime_loop="
-                              f"{seen} (ROLLSTREAM_SLIME_LOOP) so that a batch is committed only after it was trained")
+        raise ConfigError(f"{order}, but rollstream_slime_loop={self.settings.loop}; set rollstream_slime_loop="
+                          f"{seen} (ROLLSTREAM_SLIME_LOOP) so that a batch is committed only after it was trained")
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -312,9 +312,9 @@ def _load_function(path: str) -> Callable[..., Any]:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise RollstreamError(f"cannot load the eval function {path!r} ({exc}); rollstream serves training rollouts "
-                              "only: point rollstream_eval_function_path (ROLLSTREAM_EVAL_FUNCTION_PATH) or slime's "
-                              "--eval-function-path at an eval rollout function") from exc
+        raise ConfigError(f"cannot load the eval function {path!r} ({exc}); rollstream serves training rollouts "
+                          "only: point rollstream_eval_function_path (ROLLSTREAM_EVAL_FUNCTION_PATH) or slime's "
+                          "--eval-function-path at an eval rollout function") from exc
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any = None, evaluation: bool = False) -> Any:
@@ -400,21 +400,21 @@ class RollstreamDataSource:
         state = _state(self.args)
         mine = (state.settings.group, state.settings.namespace)
         if (saved["group"], saved["namespace"]) != mine:
-            raise RollstreamError(f"{path} was saved by group {saved['group']} in namespace {saved['namespace']}, "
-                                  f"but this run uses group {mine[0]} in namespace {mine[1]}: set rollstream_group "
-                                  "and rollstream_namespace as in the run that saved it")
+            raise ConfigError(f"{path} was saved by group {saved['group']} in namespace {saved['namespace']}, "
+                              f"but this run uses group {mine[0]} in namespace {mine[1]}: set rollstream_group "
+                              "and rollstream_namespace as in the run that saved it")
         state.resume(rollout_id, int(saved["step"]))
 
     def get_samples(self, num_samples: int) -> list[list[Any]]:
-        raise RollstreamError("RollstreamDataSource feeds rollstream.consumers.slime.generate_rollout only; set "
-                              "--rollout-function-path rollstream.consumers.slime.generate_rollout")
+        raise ConfigError("RollstreamDataSource feeds rollstream.consumers.slime.generate_rollout only; set "
+                          "--rollout-function-path rollstream.consumers.slime.generate_rollout")
 
     def add_samples(self, samples: list[list[Any]]) -> None:
         raise RollstreamError("RollstreamDataSource takes no samples back: aborted or partial groups are requeued "
                               "by the producers, not by slime")
 
     def __len__(self) -> int:
-        raise RollstreamError("rollstream is a stream and has no length: pass --num-rollout to slime")
+        raise ConfigError("rollstream is a stream and has no length: pass --num-rollout to slime")
 
     @staticmethod
     def _path(root: str, rollout_id: int) -> Path:

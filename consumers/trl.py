@@ -55,7 +55,7 @@ from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
 from rollstream.consumers._errors import TakeTimeout
 from rollstream.consumers.filters import FilterContext, default_filters, reason_label
 from rollstream.infra import KafkaConfig, PolicyAnnouncer, TopicNames
-from rollstream.schemas import PolicyVersion, RollstreamError, ScoredGroup
+from rollstream.schemas import ConfigError, LifecycleError, PolicyVersion, RollstreamError, ScoredGroup
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -103,16 +103,16 @@ class TRLWorkerSettings:
 
     def __post_init__(self) -> None:
         if not self.namespace or not self.group:
-            raise RollstreamError(f"namespace={self.namespace!r} and group={self.group!r} must be non-empty")
+            raise ConfigError(f"namespace={self.namespace!r} and group={self.group!r} must be non-empty")
         if self.prefetch_steps < 2:
-            raise RollstreamError(f"prefetch_steps={self.prefetch_steps}: use 2 or more; TRL reads the first "
-                                  "micro-batch of the next step before it trains the current one")
+            raise ConfigError(f"prefetch_steps={self.prefetch_steps}: use 2 or more; TRL reads the first "
+                              "micro-batch of the next step before it trains the current one")
         for name in ("take_timeout_s", "commit_timeout_s", "kafka_timeout_s", "poll_interval_s"):
             value = getattr(self, name)
             if value is not None and not value > 0:
-                raise RollstreamError(f"{name}={value}: give a positive number of seconds")
+                raise ConfigError(f"{name}={value}: give a positive number of seconds")
         if self.max_staleness is not None and self.max_staleness < 0:
-            raise RollstreamError(f"max_staleness={self.max_staleness} must be >= 0 (or None)")
+            raise ConfigError(f"max_staleness={self.max_staleness} must be >= 0 (or None)")
 
 
 @dataclass(frozen=True)
@@ -130,22 +130,22 @@ class StepShape:
 
 
 def step_shape(args: Any, settings: TRLWorkerSettings) -> StepShape:
-    """The step shape of TRL config `args`. Raises RollstreamError for a config rollstream cannot serve."""
+    """The step shape of TRL config `args`. Raises ConfigError for a config rollstream cannot serve."""
     budget = args.token_budget
     if budget is None or budget > 0:
-        raise RollstreamError(f"AsyncGRPOConfig(token_budget={budget}): set token_budget=0. rollstream hands TRL "
-                              "exactly the groups of one step, which needs TRL's fixed-count batching")
+        raise ConfigError(f"AsyncGRPOConfig(token_budget={budget}): set token_budget=0. rollstream hands TRL "
+                          "exactly the groups of one step, which needs TRL's fixed-count batching")
     samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
     n = args.num_generations
     if samples % n:
-        raise RollstreamError(f"a TRL step drains per_device_train_batch_size x gradient_accumulation_steps x "
-                              f"world_size = {samples} samples, not a multiple of num_generations={n}; make it one")
+        raise ConfigError(f"a TRL step drains per_device_train_batch_size x gradient_accumulation_steps x "
+                          f"world_size = {samples} samples, not a multiple of num_generations={n}; make it one")
     bound = args.max_staleness - settings.prefetch_steps
     if bound < 0 or (settings.max_staleness is not None and settings.max_staleness > bound):
-        raise RollstreamError(f"TRL drops samples more than max_staleness={args.max_staleness} versions old and "
-                              f"reads a batch up to prefetch_steps={settings.prefetch_steps} versions after it was "
-                              f"taken: rollstream's max_staleness must be <= {max(bound, 0)} (got "
-                              f"{settings.max_staleness}); raise TRL's max_staleness or lower rollstream's")
+        raise ConfigError(f"TRL drops samples more than max_staleness={args.max_staleness} versions old and "
+                          f"reads a batch up to prefetch_steps={settings.prefetch_steps} versions after it was "
+                          f"taken: rollstream's max_staleness must be <= {max(bound, 0)} (got "
+                          f"{settings.max_staleness}); raise TRL's max_staleness or lower rollstream's")
     chosen = bound if settings.max_staleness is None else settings.max_staleness
     return StepShape(samples, n, chosen, args.max_staleness)
 
@@ -427,7 +427,8 @@ class RollstreamRolloutWorker:
         if self._error is not None:
             raise self._error
         if self._thread is None or not self._thread.is_alive():
-            raise RollstreamError("the rollstream worker thread is not running (start() not called, or stopped)")
+            raise LifecycleError("the rollstream worker thread is not running (start() not called, or stopped): call "
+                                 "start() first, or build a new worker after stop()")
         if self._full and self.rollout_buffer.qsize() == 0:
             raise RollstreamError(f"TRL read all {self.settings.prefetch_steps} batches handed over without finishing "
                                   f"a step; a step should drain {self.shape.samples_per_step} samples")
@@ -540,8 +541,8 @@ class RollstreamCommitCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         shape = step_shape(args, self._worker.settings)
         if shape != self._worker.shape:
-            raise RollstreamError(f"the trainer's config gives {shape}, but its rollstream worker was built for "
-                                  f"{self._worker.shape}: build RollstreamRolloutWorker with the trainer's args")
+            raise ConfigError(f"the trainer's config gives {shape}, but its rollstream worker was built for "
+                              f"{self._worker.shape}: build RollstreamRolloutWorker with the trainer's args")
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_world_process_zero:

@@ -2,6 +2,7 @@
 mapping), consumer-group lag, policy versions on NS.control, the local broker."""
 
 from rollstream.infra._bounded import BoundedCaller, call_within
+from rollstream.infra._replaceable import ClientReplacement, close_quietly
 from rollstream.infra._worker import WorkerThread
 from rollstream.infra.acls import AclRule, apply_acls, plan_acls
 from rollstream.infra.clients import open_admin, open_consumer, open_producer
@@ -52,11 +53,12 @@ from rollstream.infra.topics import (
 )
 
 __all__ = [
-    "AclRule", "BOOTSTRAP_ENV", "BoundedCaller", "CommitFailed", "ControlWatcher", "DEFAULT_BOOTSTRAP",
-    "DEFAULT_TRAINER_GROUP",
+    "AclRule", "BOOTSTRAP_ENV", "BoundedCaller", "ClientReplacement", "CommitFailed", "ControlWatcher",
+    "DEFAULT_BOOTSTRAP", "DEFAULT_TRAINER_GROUP",
     "GroupLag", "KafkaConfig", "KafkaIOError", "LagReader", "PartitionLag", "PolicyAnnouncer", "ProducerState",
     "REACH_TIMEOUT_S",
     "TopicNames", "TopicPlan", "TopicSpec", "WorkerThread", "announce_policy_version", "apply_acls", "call_within",
+    "close_quietly",
     "commit_offsets", "committed_offsets", "committed_with_metadata", "create_topics", "default_bootstrap",
     "describe_topic_configs", "is_record", "kafka_error", "missing_topic_error", "not_authorized_error", "open_admin",
     "open_consumer",

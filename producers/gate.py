@@ -30,13 +30,15 @@ import logging
 import time
 from collections import deque
 
-from rollstream.infra import KafkaConfig, LagReader, WorkerThread
+from rollstream.infra import ClientReplacement, KafkaConfig, LagReader, WorkerThread
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.schemas import TrainerPosition, now_ms
 
 log = logging.getLogger(__name__)
 
-# Consecutive failed lag reads after which the gate replaces its reader's client (see _fresh_reader).
+# Failed lag reads in a row after which (and after each further as many) the gate replaces its reader: a new
+# client (fresh connections and coordinator lookup), so no state a client kept from before a broker restart
+# or failover can pin the gate (rollstream.infra.ClientReplacement).
 _FRESH_CLIENT_AFTER = 3
 _PUSHED_MARGIN_MS = 5  # a pushed position counts this producer's records acknowledged from this long before it
 _HISTORY_MS = 60_000  # how far back the produced counts are kept (older positions count everything since)
@@ -67,6 +69,10 @@ class LagGate(WorkerThread):
         self._history: deque[tuple[int, int]] = deque()  # (wall ms, _settled) at each note_settled
         self._opened = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader: LagReader | None = None  # the gate thread's reader (that thread only)
+        self._readers = ClientReplacement[LagReader](
+            "lag", open_client=lambda: LagReader(self._config), swap=self._swap_reader, close_client=LagReader.close,
+            after_failures=_FRESH_CLIENT_AFTER, on_replace=lambda _: metrics.client_replacements.labels("lag").inc())
 
     async def start(self, timeout: float = 10.0) -> None:
         """Take a first reading (off-loop), then keep reading in the gate thread.
@@ -157,7 +163,7 @@ class LagGate(WorkerThread):
         self._evaluate()
 
     def _run(self, reader: LagReader) -> None:
-        failures = 0
+        self._reader = reader
         while not self._stop.wait(self._next_read_in()):
             if self._pushed_recently():
                 continue
@@ -165,17 +171,16 @@ class LagGate(WorkerThread):
             try:
                 lag = reader.group_lag(self.trainer_group, self.topic, timeout=max(1.0, 4 * self._interval_s)).total
             except Exception as exc:  # noqa: BLE001 -- this thread must outlive any one failed read
-                failures += 1
+                failures = self._readers.failures + 1
                 if failures in (1, 10) or failures % 100 == 0:
                     log.warning("cannot read lag of %s on %s (%d times; keeping the estimate): %s",
                                 self.trainer_group, self.topic, failures, exc)
-                if failures % _FRESH_CLIENT_AFTER == 0:
-                    reader = self._fresh_reader(reader)
+                reader = self._readers.failed(exc) or reader  # every _FRESH_CLIENT_AFTER-th in a row: a new one
                 continue
+            failures = self._readers.succeeded()
             if failures >= _FRESH_CLIENT_AFTER:
                 log.info("lag of %s on %s readable again after %d failed reads", self.trainer_group, self.topic,
                          failures)
-            failures = 0
             if self._loop is None:
                 break
             try:
@@ -193,8 +198,7 @@ class LagGate(WorkerThread):
         return (self._fallback_s is not None and pushed_at is not None
                 and time.monotonic() - pushed_at < self._fallback_s)
 
-    def _fresh_reader(self, stale: LagReader) -> LagReader:
-        """A new reader (new client: fresh connections and coordinator lookup) in place of one that keeps
-        failing, so no state a client kept from before a broker restart or failover can pin the gate."""
-        stale.close()
-        return LagReader(self._config)
+    def _swap_reader(self, fresh: LagReader) -> LagReader | None:
+        """Make `fresh` the gate thread's reader; return the one it replaces (closed in the background)."""
+        stale, self._reader = self._reader, fresh
+        return stale

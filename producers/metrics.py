@@ -90,6 +90,11 @@ class ProducerMetrics:
         self.bytes = Counter(p + "published_bytes_total", "Bytes of groups acknowledged by the broker.", registry=r)
         self.queue_full = Counter(p + "queue_full_waits_total", "Produces that waited off-loop for room in "
                                   "librdkafka's queue.", registry=r)
+        self.client_replacements = Counter(p + "client_replacements_total", "Kafka clients replaced because they "
+                                           "stopped working (librdkafka#5511), by role: intake (the prompt "
+                                           "consumer) or lag (the gate's lag reader).", ["role"], registry=r)
+        for role in ("intake", "lag"):  # each series from 0, so a rate is defined before the first replacement
+            self.client_replacements.labels(role)
         self.generation = Histogram(p + "generation_seconds", "Generation plus scoring time of a group.",
                                     buckets=_LATENCY_BUCKETS, registry=r)
         self.publish = Histogram(p + "publish_seconds", "Produce-to-acknowledgement time of a group.",

@@ -25,6 +25,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from rollstream.infra import KafkaConfig, KafkaIOError, WorkerThread, open_producer
+from rollstream.schemas import LifecycleError
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +91,10 @@ class Publisher(WorkerThread):
         durably written (acks=all). Cancelling the await does not unsend the record.
         Raises:
             PublishError: the broker rejected it (e.g. too large) or delivery timed out.
+            LifecycleError: called before ``start()`` or after ``close()``.
         """
         if self._producer is None or self._loop is None:
-            raise RuntimeError("Publisher.publish before start()")
+            raise LifecycleError(f"Publisher.publish to {self.topic} before start(): call start(loop) first")
         future: asyncio.Future[Delivery] = self._loop.create_future()
         callback = self._delivery_callback(future)
         if self._waiting:
@@ -117,7 +119,7 @@ class Publisher(WorkerThread):
     def _produce(self, key: bytes, value: bytes, callback: Callable[..., None]) -> None:
         producer = self._producer
         if producer is None:
-            raise RuntimeError("publisher closed")
+            raise LifecycleError(f"the publisher to {self.topic} is closed: publish before close(), or build a new one")
         try:
             producer.produce(self.topic, value=value, key=key, on_delivery=callback)
         except KafkaException as exc:

@@ -37,7 +37,7 @@ from rollstream.producers.intake import TakenPrompt
 from rollstream.producers.metrics import LoopLagProbe, ProducerMetrics, ProducerStats
 from rollstream.producers.rewards import Reward, RewardFn, load_reward
 from rollstream.producers.settings import ProducerSettings
-from rollstream.schemas import RollstreamError
+from rollstream.schemas import LifecycleError, RollstreamError
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +137,10 @@ class RolloutProducer:
         Raises:
             RollstreamError: startup failed (broker unreachable within ``startup_timeout_s``, topics
                 missing, engine not loadable) or a fatal Kafka error stopped the producer.
+            LifecycleError: ``run`` was called before on this producer (build a new one).
         """
         if self._loop is not None:
-            raise RuntimeError("RolloutProducer.run() can run once; build a new producer to run again")
+            raise LifecycleError("RolloutProducer.run() can run once; build a new producer to run again")
         self._loop = asyncio.get_running_loop()
         if self._stopping:
             self._stopped.set()

@@ -35,8 +35,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "create_topics",
     ),
     "rollstream.schemas": (
-        "ConfigError", "DecodeError", "PolicyVersion", "Prompt", "RollstreamError", "Sample", "SchemaError",
-        "ScoredGroup", "StepManifest", "decode", "encode",
+        "ConfigError", "DecodeError", "LifecycleError", "PolicyVersion", "Prompt", "RollstreamError", "Sample",
+        "SchemaError", "ScoredGroup", "StepManifest", "decode", "encode",
     ),
 }
 _PACKAGE_OF = {name: package for package, names in _EXPORTS.items() for name in names}
@@ -50,8 +50,8 @@ __all__ = [  # the same names as _EXPORTS (tests/unit/test_layout.py checks)
     "load_prompts",
     "KafkaConfig", "KafkaIOError", "PolicyAnnouncer", "TopicNames", "TopicPlan", "announce_policy_version",
     "create_topics",
-    "ConfigError", "DecodeError", "PolicyVersion", "Prompt", "RollstreamError", "Sample", "SchemaError",
-    "ScoredGroup", "StepManifest", "decode", "encode",
+    "ConfigError", "DecodeError", "LifecycleError", "PolicyVersion", "Prompt", "RollstreamError", "Sample",
+    "SchemaError", "ScoredGroup", "StepManifest", "decode", "encode",
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads the same names
@@ -94,6 +94,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from rollstream.schemas import (
         ConfigError,
         DecodeError,
+        LifecycleError,
         PolicyVersion,
         Prompt,
         RollstreamError,

@@ -4,6 +4,7 @@ from rollstream.schemas._errors import (
     ConfigError,
     DecodeError,
     InvalidRecordError,
+    LifecycleError,
     RollstreamError,
     SchemaError,
     UnknownSchemaError,
@@ -35,7 +36,7 @@ from rollstream.schemas.records import (
 
 __all__ = [
     "DISPOSITION_KINDS", "FINISH_REASONS", "GREEDY_BELOW", "VERSION_FILE", "ChatMessage", "Codec", "ConfigError",
-    "DecodeError",
+    "DecodeError", "LifecycleError",
     "InvalidRecordError", "OffsetDisposition", "PartitionRange", "PolicyVersion", "Prompt", "RollstreamError",
     "Sample", "Samples", "Sampling", "SchemaError", "ScoredGroup", "StepManifest", "TrainerPosition",
     "UnknownSchemaError", "VersionSpan", "decode", "default_codec", "encode", "fingerprint", "float32_array",

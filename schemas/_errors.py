@@ -28,6 +28,11 @@ class ConfigError(RollstreamError):
     """A setting is missing, unknown or out of range; the message names it and the fix."""
 
 
+class LifecycleError(RollstreamError):
+    """A call out of order on a client: before ``start()``, after ``close()``, or a second ``run()``; the
+    message names the call that has to come first (or says to build a new object)."""
+
+
 class SchemaError(RollstreamError):
     """A record cannot be encoded or decoded.
 

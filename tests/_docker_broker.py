@@ -1,5 +1,5 @@
 """The Docker test broker (``ROLLSTREAM_TEST_BROKER=docker``): the official apache/kafka image, configured as
-``infra/kafka/docker-compose.yml`` and the local broker (``infra/_broker_files.write_config``) are.
+``infra/kafka/docker-compose.yml`` and the local broker (``infra/broker/_files.write_config``) are.
 
 Why not testcontainers' ``KafkaContainer``: its ``with_kraft()`` rejects tags below 7.0.0 (it expects
 Confluent's ``cp-kafka``, so ``apache/kafka:4.1.1`` raises ValueError), and its start script runs
@@ -40,7 +40,7 @@ START_READY = "/tmp/rollstream-start.ready"
 IMAGE_RUN = "/etc/kafka/docker/run"  # the apache image's CMD (docker/jvm/Dockerfile)
 # KafkaRaftServer logs "[KafkaRaftServer nodeId=1] Kafka Server started" once it serves.
 READY_LOG = r"Kafka Server started"
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024 + 1024 * 1024  # 64 MiB records plus batch overhead, as infra/broker.py
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024 + 1024 * 1024  # 64 MiB records plus batch overhead, as infra/broker/
 
 # What the apache image leaves out of server.properties (KafkaDockerWrapper.ExcludeServerPropsEnv, 4.x). It
 # names KAFKA_HEAP_OPT, not KAFKA_HEAP_OPTS, so the heap setting also lands there as `heap.opts`, which Kafka

@@ -3,7 +3,7 @@ Java's single-file source launcher (no build, so no compiler plugin to download)
 both sides print, so a test compares the Java reader's output with what Python decodes, field for field.
 
 The jars land in ``$ROLLSTREAM_CACHE_DIR`` (or ``~/.cache/rollstream``) ``/java-reader/libs``, marked complete
-with the pom's hash, as the Kafka broker's jars are (`rollstream.infra._broker_jars`): an unchanged pom never touches
+with the pom's hash, as the Kafka broker's jars are (`rollstream.infra.broker._jars`): an unchanged pom never touches
 the network.
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rollstream.infra._broker_files import TAIL_LINES, locked, read_text
-from rollstream.infra._broker_jars import find_java
-from rollstream.infra._broker_spec import BrokerError
+from rollstream.infra.broker._files import TAIL_LINES, locked, read_text
+from rollstream.infra.broker._jars import find_java
+from rollstream.infra.broker._spec import BrokerError
 from rollstream.schemas import ScoredGroup
 from rollstream.schemas.codec import SCHEMA_DIR
 

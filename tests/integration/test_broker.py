@@ -1,4 +1,4 @@
-"""The local broker launcher against real Kafka JVMs (no mocks). Seven behaviours are pinned here:
+"""The local broker launcher against real Kafka JVMs (no mocks). Eight behaviours are pinned here:
 
 1. start -> serves -> stop -> start again on the same data dir keeps the records (storage formatted once),
    and a second start of a running broker is idempotent;
@@ -11,7 +11,10 @@
    otherwise wait 45 s in each probe's commit), and leaves no process;
 6. ``BrokerSpec`` rejects bad values by name, and ``rollstream.infra.broker`` exports the public names;
 7. a broker started with its own controller port listens there, is reported, adopted and stopped from
-   its data dir alone, and a start asking for other controller ports is refused while it runs.
+   its data dir alone, and a start asking for other controller ports is refused while it runs;
+8. ``restart_node`` starts a SIGKILLed node again alone, on its own data, returns once it serves and
+   re-records it (status, adoption and stop see the new JVM); a running node, a node out of range and a data
+   dir without a broker are a ``BrokerError`` that says what to do.
 
 Each test uses its own ``tmp_path`` data dir and free ports (never 9092 nor ``~/.rollstream``) and stops
 what it started in a ``finally``.
@@ -20,7 +23,9 @@ what it started in a ``finally``.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import signal
 import socket
 import time
 import uuid
@@ -38,6 +43,7 @@ from rollstream.infra.broker import (
     default_data_dir,
     free_port,
     free_ports,
+    restart_node,
     start_broker,
     stop_broker,
 )
@@ -248,7 +254,7 @@ def test_spec_rejects_bad_values_by_name(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert set(broker_module.__all__) == {
         "BrokerSpec", "BrokerError", "BrokerStatus", "start_broker", "stop_broker", "broker_status",
         "ensure_kafka_jars", "default_data_dir", "free_port", "free_ports", "CONTROLLER_PORT_OFFSET", "PROBE_TOPIC",
-        "PRINCIPALS", "client_config_files"}
+        "PRINCIPALS", "client_config_files", "restart_node"}
     assert all(hasattr(broker_module, name) for name in broker_module.__all__)
 
 
@@ -275,6 +281,37 @@ def test_a_custom_controller_port_is_used_recorded_and_stopped(tmp_path: Path) -
         _produce(status.bootstrap or "", "custom-controller", [b"served"])
         assert stop_broker(spec.data_dir) is True
         assert not broker_status(spec.data_dir).running and _kafka_pids_for(spec.data_dir) == []
+    finally:
+        stop_broker(spec.data_dir)
+    assert _kafka_pids_for(spec.data_dir) == []
+
+
+@pytest.mark.integration
+def test_restart_node_brings_one_killed_node_back_on_its_data(tmp_path: Path) -> None:
+    spec = BrokerSpec(port=free_port(1), data_dir=tmp_path / "broker", heap_mb=384)
+    with pytest.raises(BrokerError, match="start it with start_broker"):
+        restart_node(spec.data_dir, 1, timeout=5)
+    try:
+        bootstrap = start_broker(spec, timeout=90)
+        _create_topic(bootstrap, "kept", 1)
+        _produce(bootstrap, "kept", [b"survives a node restart"])
+        with pytest.raises(BrokerError, match="still runs"):
+            restart_node(spec.data_dir, 1, timeout=5)
+        with pytest.raises(BrokerError, match="has nodes 1 to 1"):
+            restart_node(spec.data_dir, 2, timeout=5)
+
+        (old,) = broker_status(spec.data_dir).pids
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while broker_status(spec.data_dir).node_pids != (None,) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert broker_status(spec.data_dir).node_pids == (None,)
+        took = restart_node(spec.data_dir, 1, timeout=90)
+        log.info("1-node restart_node: %.1f s", took)
+        status = broker_status(spec.data_dir)
+        assert status.running and status.pids != (old,) and status.node_pids == status.pids
+        assert _consume_all(bootstrap, "kept", 1) == [b"survives a node restart"]
+        assert start_broker(spec, timeout=30) == bootstrap and broker_status(spec.data_dir).pids == status.pids
     finally:
         stop_broker(spec.data_dir)
     assert _kafka_pids_for(spec.data_dir) == []

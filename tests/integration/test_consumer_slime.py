@@ -25,7 +25,7 @@ import pytest
 from rollstream.consumers import audit
 from rollstream.consumers.slime import RollstreamDataSource, close, generate_rollout
 from rollstream.infra import LagReader
-from rollstream.schemas import RollstreamError
+from rollstream.schemas import ConfigError
 
 from tests.records import make_group, publish, publish_many
 
@@ -256,10 +256,10 @@ def test_calls_that_contradict_the_loop_setting_raise(bootstrap_servers, kafka_c
     # the first save shows the order and stops the run.
     slime = Slime(slime_args(bootstrap_servers, names, group_id, tmp_path, rollstream_slime_loop=setting,
                              save_interval=1), kafka_config, check_commits=False)
-    with pytest.raises(RollstreamError, match=message):
+    with pytest.raises(ConfigError, match=message):
         slime.run(driver)
     assert slime.trained.keys() == {0}  # stopped at the first checkpoint
-    with pytest.raises(RollstreamError, match="rollstream_slime_loop"):
+    with pytest.raises(ConfigError, match="rollstream_slime_loop"):
         generate_rollout(slime_args(bootstrap_servers, names, group_id, tmp_path, rollstream_slime_loop="fast"), 0)
-    with pytest.raises(RollstreamError, match="rollstream_commit is gone"):
+    with pytest.raises(ConfigError, match="rollstream_commit is gone"):
         generate_rollout(slime_args(bootstrap_servers, names, group_id, tmp_path, rollstream_commit="next"), 0)

@@ -31,7 +31,14 @@ from rollstream.consumers.trl import (  # noqa: E402
 )
 from rollstream.infra import LagReader  # noqa: E402
 from rollstream.producers import HFEngine, ProducerSettings, RolloutProducer, build_tiny_model  # noqa: E402
-from rollstream.schemas import PolicyVersion, RollstreamError, Sample, ScoredGroup, make_group_id  # noqa: E402
+from rollstream.schemas import (  # noqa: E402
+    ConfigError,
+    LifecycleError,
+    PolicyVersion,
+    Sample,
+    ScoredGroup,
+    make_group_id,
+)
 
 from tests.integration._kafka import cli_env, read_records, write_prompts  # noqa: E402
 from tests.integration._trl_train import EVENT, REPO_ROOT, build_trainer, patch_trl_for_cpu, trl_config  # noqa: E402
@@ -170,13 +177,13 @@ def test_configs_rollstream_cannot_serve_are_refused(tmp_path) -> None:
     settings = TRLWorkerSettings()
     shape = step_shape(trl_config(tmp_path, gradient_accumulation_steps=3, num_generations=6), settings)
     assert (shape.samples_per_step, shape.groups_per_step, shape.max_staleness) == (12, 2, 2)  # TRL's 4 - prefetch 2
-    with pytest.raises(RollstreamError, match="token_budget=0"):
+    with pytest.raises(ConfigError, match="token_budget=0"):
         step_shape(trl_config(tmp_path, token_budget=None), settings)
-    with pytest.raises(RollstreamError, match="not a multiple of num_generations=3"):
+    with pytest.raises(ConfigError, match="not a multiple of num_generations=3"):
         step_shape(trl_config(tmp_path, num_generations=3), settings)
-    with pytest.raises(RollstreamError, match="must be <= 1"):
+    with pytest.raises(ConfigError, match="must be <= 1"):
         step_shape(trl_config(tmp_path, max_staleness=3), TRLWorkerSettings(max_staleness=2))
-    with pytest.raises(RollstreamError, match="prefetch_steps=1"):
+    with pytest.raises(ConfigError, match="prefetch_steps=1"):
         TRLWorkerSettings(prefetch_steps=1)
 
 
@@ -185,7 +192,7 @@ def test_a_worker_built_for_another_step_shape_is_refused(tmp_path, monkeypatch)
     model_dir = build_tiny_model(tmp_path / "tiny")
     worker = RollstreamRolloutWorker(trl_config(tmp_path / "a", gradient_accumulation_steps=1), TRLWorkerSettings())
     trainer = build_trainer(model_dir, trl_config(tmp_path / "b"), worker)  # 8 samples a step, not 4
-    with pytest.raises(RollstreamError, match="build RollstreamRolloutWorker with the trainer's args"):
+    with pytest.raises(ConfigError, match="build RollstreamRolloutWorker with the trainer's args"):
         trainer.train()
     assert worker._thread is None  # refused before TRL started it: nothing taken
 
@@ -194,7 +201,7 @@ def test_check_health_raises_the_worker_threads_error(kafka_config, namespace_fa
     names = namespace_factory(partitions=1)
     worker = RollstreamRolloutWorker(trl_config(tmp_path), TRLWorkerSettings(
         namespace=names.namespace, group=group_id, take_timeout_s=1.0, poll_interval_s=0.2), kafka=kafka_config)
-    with pytest.raises(RollstreamError, match="not running"):
+    with pytest.raises(LifecycleError, match="not running"):
         worker.check_health(60.0)
     worker.start()
     try:

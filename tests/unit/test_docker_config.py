@@ -1,6 +1,6 @@
 """The Docker paths, without Docker: the container the ``ROLLSTREAM_TEST_BROKER=docker`` fixture builds
 (``tests/_docker_broker.py``) and ``infra/kafka/docker-compose.yml`` carry the local broker's settings
-(``infra/_broker_files.write_config``), advertise listeners a client can follow, and use the testcontainers
+(``infra/broker/_files.write_config``), advertise listeners a client can follow, and use the testcontainers
 API the pin in pyproject.toml admits. The one test that starts the container needs a Docker engine.
 """
 
@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import pytest
 from packaging.requirements import Requirement
 from rollstream.infra import KafkaConfig
-from rollstream.infra._broker_files import write_config
 from rollstream.infra.broker import BrokerSpec
+from rollstream.infra.broker._files import write_config
 
 from tests import _docker_broker as db
 

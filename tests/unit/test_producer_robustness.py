@@ -29,7 +29,7 @@ from rollstream.producers.gate import LagGate
 from rollstream.producers.intake import Intake, TakenPrompt
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.producers.publisher import Publisher, PublishError
-from rollstream.schemas import ConfigError, Prompt, ScoredGroup, decode
+from rollstream.schemas import ConfigError, LifecycleError, Prompt, ScoredGroup, decode
 
 # -- a group task ends acknowledged (ok or failed) or fatal ----------------------------------------------
 
@@ -54,7 +54,7 @@ class _Engine:
 
 
 class _Publisher:
-    """Records what is published; the first `fail` publishes raise RuntimeError like a closed publisher."""
+    """Records what is published; the first `fail` publishes raise LifecycleError like a closed publisher."""
 
     def __init__(self, fail: int = 0) -> None:
         self.fail = fail
@@ -64,7 +64,7 @@ class _Publisher:
     async def publish(self, key: bytes, value: bytes) -> None:
         if self.fail:
             self.fail -= 1
-            raise RuntimeError("publisher closed")
+            raise LifecycleError("the publisher to rollouts is closed")
         self.records.append(decode(value, ScoredGroup))
 
     async def close(self, timeout: float = 30.0) -> int:
@@ -229,7 +229,7 @@ def test_a_group_that_cannot_be_published_at_all_stops_the_producer() -> None:
     publisher = _Publisher(fail=2)  # the group and its failed stand-in: "publisher closed"
     producer, parts, intake = _running(_Engine(), publisher)
     asyncio.run(producer._group(parts, intake.take()))
-    assert isinstance(producer._fatal, RuntimeError) and producer._stopping
+    assert isinstance(producer._fatal, LifecycleError) and producer._stopping
     assert (producer.exit_reason or "").startswith("fatal") and intake.marks.committable() == {0: 5}
 
 
@@ -329,6 +329,9 @@ class _GroupConsumer:
     def resume(self, partitions: list[Any]) -> None:
         pass
 
+    def close(self) -> None:  # a replaced client is closed in the background
+        self.closed = True
+
 
 @pytest.mark.parametrize("case,stuck", [("nothing-left", False), ("in-flight", False), ("prompts-wait", True),
                                         ("coordinator-gone", True)])
@@ -355,6 +358,12 @@ def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
     monkeypatch.setattr(intake_module, "time", SimpleNamespace(monotonic=lambda: later))
     assert intake._stuck(consumer) is stuck  # type: ignore[arg-type]
     assert (intake.owned() == []) is stuck and intake.client_replacements == int(stuck)
+    # a fresh client is installed, and counted by role; the stuck one closes in the background
+    assert (intake._consumer is not consumer) is stuck
+    assert metrics.registry.get_sample_value("rollstream_producer_client_replacements_total",
+                                             {"role": "intake"}) == int(stuck)
+    if stuck:
+        intake._consumer.close()  # type: ignore[union-attr]  # the fresh one, never subscribed
 
 
 # -- a revocation drains what started and leaves what only waits ------------------------------------------

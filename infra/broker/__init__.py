@@ -24,10 +24,13 @@ data dir with the pids, so status and stop need only the data dir. ``free_port(n
 default ranges are free; ``free_ports(nodes)`` a ``(port, controller_port)`` pair. Every node is a
 combined broker+controller.
 
-This module is the public face; the parts live in private modules: ``_broker_spec`` (the types),
-``_broker_jars`` (Maven, Java), ``_broker_files`` (the data dir layout, ``server.properties``, records,
-locks), ``_broker_procs`` (format, spawn, signal), ``_broker_probe`` (ports, readiness), ``_broker_sasl``
-(the security mode).
+- ``restart_node(data_dir, node)`` starts one killed node of a running broker again, alone (``start_broker``
+  would restart every node), and returns once that node serves (pinned by the chaos harness, ``make chaos``).
+
+This package's ``__init__`` is the public face; the parts live in private modules: ``_spec`` (the types),
+``_jars`` (Maven, Java; the pom and log4j2 config stay in ``infra/kafka/``), ``_files`` (the data dir layout,
+``server.properties``, records, locks), ``_procs`` (format, spawn, signal), ``_probe`` (ports, readiness),
+``_sasl`` (the security mode).
 """
 
 from __future__ import annotations
@@ -36,27 +39,29 @@ import logging
 import time
 from pathlib import Path
 
-from rollstream.infra._broker_files import (
+from rollstream.infra.broker._files import (
     cluster_id,
     drop_record,
     locked,
     read_record,
     recorded_controller_ports,
+    rewrite_record,
     write_config,
     write_record,
 )
-from rollstream.infra._broker_jars import ensure_kafka_jars, find_java
-from rollstream.infra._broker_probe import check_ports_free, free_port, free_ports, wait_ready
-from rollstream.infra._broker_procs import format_storage, is_ours, spawn, terminate
-from rollstream.infra._broker_sasl import (
+from rollstream.infra.broker._jars import ensure_kafka_jars, find_java
+from rollstream.infra.broker._probe import check_ports_free, free_port, free_ports, wait_node_serves, wait_ready
+from rollstream.infra.broker._procs import format_storage, is_ours, spawn, terminate
+from rollstream.infra.broker._sasl import (
     PRINCIPALS,
     client_config_path,
+    client_properties,
     credentials,
     format_args,
     server_properties,
     write_client_configs,
 )
-from rollstream.infra._broker_spec import (
+from rollstream.infra.broker._spec import (
     CONTROLLER_PORT_OFFSET,
     PROBE_TOPIC,
     BrokerError,
@@ -67,7 +72,7 @@ from rollstream.infra._broker_spec import (
 
 __all__ = ["CONTROLLER_PORT_OFFSET", "PRINCIPALS", "PROBE_TOPIC", "BrokerError", "BrokerSpec", "BrokerStatus",
            "broker_status", "client_config_files", "default_data_dir", "ensure_kafka_jars", "free_port", "free_ports",
-           "start_broker", "stop_broker"]
+           "restart_node", "start_broker", "stop_broker"]
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +160,61 @@ def broker_status(data_dir: Path | None = None) -> BrokerStatus:
     record, recorded = found
     nodes = record.get("nodes", len(recorded))
     nodes = nodes if isinstance(nodes, int) else len(recorded)
-    alive = tuple(pid for pid, cfg in recorded if is_ours(pid, cfg))
+    node_pids = tuple(pid if is_ours(pid, cfg) else None for pid, cfg in recorded)
+    alive = tuple(pid for pid in node_pids if pid is not None)
     running = bool(alive) and len(alive) == len(recorded) == nodes
     return BrokerStatus(running, record.get("bootstrap") if running else None, alive, nodes, directory, log_path,
-                        recorded_controller_ports(record), bool(record.get("sasl")))
+                        recorded_controller_ports(record), bool(record.get("sasl")), node_pids)
+
+
+def restart_node(data_dir: Path | None, node: int, *, timeout: float = 60.0) -> float:
+    """Start node ``node`` (1-based) of the broker recorded in ``data_dir`` again, alone, on its own data and
+    ``server.properties``, while the other nodes keep running; return the seconds until it served.
+
+    For a node that was killed (a chaos test, a crash): ``start_broker`` would restart every node instead.
+    Blocks until the node answers a metadata request sent to it alone and lists itself among the registered
+    brokers, at most ``timeout`` seconds (plus a one-time Maven resolution, see ``ensure_kafka_jars``).
+    Re-records the pids, so ``broker_status`` and ``stop_broker`` see the new JVM. Process-safe (the data
+    dir's lock); the JVM is detached, as ``start_broker``'s are.
+
+    Raises:
+        BrokerError: no broker is recorded in ``data_dir`` (start one with ``start_broker``); ``node`` is not
+            one of its nodes; the node still runs (kill it first, or use it); the JVM exited or did not serve
+            within ``timeout`` (the message holds its log tail; the new JVM is killed; retriable on timeout).
+    """
+    directory = _resolve(data_dir)
+    started = time.monotonic()
+    if read_record(directory) is None:  # before the lock: a data dir that does not exist has no lock file
+        raise BrokerError(f"no broker is recorded in {directory}: start it with start_broker "
+                          f"(`rollstream broker start --data-dir {directory}`) before restarting a node")
+    with locked(directory / ".lock", timeout):
+        found = read_record(directory)
+        if found is None:
+            raise BrokerError(f"the broker of {directory} was stopped meanwhile: start it with start_broker")
+        record, recorded = found
+        if isinstance(node, bool) or not isinstance(node, int) or not 1 <= node <= len(recorded):
+            raise BrokerError(f"node={node!r}: the broker in {directory} has nodes 1 to {len(recorded)}")
+        pid, config = recorded[node - 1]
+        host, port = record.get("host"), record.get("port")
+        if not isinstance(host, str) or not isinstance(port, int):
+            raise BrokerError(f"the record {directory / 'pids.json'} names no host and port: stop the broker "
+                              "(stop_broker) and start it again with start_broker")
+        if is_ours(pid, config):
+            raise BrokerError(f"Kafka node {node} of {directory} still runs (pid {pid}): kill it before restarting "
+                              "it, or keep using it")
+        heap_mb = record.get("heap_mb")
+        pid = spawn(find_java(), ensure_kafka_jars(), heap_mb if isinstance(heap_mb, int) else 512, config)
+        recorded[node - 1] = (pid, config)
+        rewrite_record(directory, record, recorded)  # at once: a JVM is never left running unrecorded
+        auth = client_properties(credentials(directory), "admin") if record.get("sasl") else {}
+        try:
+            wait_node_serves(node, (pid, config), host, port + node - 1, auth, started + timeout, timeout)
+        except BaseException:
+            terminate([(pid, config)], 5.0)
+            raise
+    took = time.monotonic() - started
+    log.info("restarted Kafka node %d of %s (pid %d) after %.1f s", node, directory, pid, took)
+    return took
 
 
 def client_config_files(data_dir: Path | None = None) -> dict[str, Path]:

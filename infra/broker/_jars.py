@@ -15,12 +15,12 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from rollstream.infra._broker_files import TAIL_LINES, locked, read_text
-from rollstream.infra._broker_spec import BrokerError
+from rollstream.infra.broker._files import TAIL_LINES, locked, read_text
+from rollstream.infra.broker._spec import BrokerError
 
 log = logging.getLogger(__name__)
 
-_POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
+_POM = Path(__file__).resolve().parent.parent / "kafka" / "pom.xml"
 _MVN_TIMEOUT = 900.0  # first resolution downloads ~60 MB from Maven Central
 
 

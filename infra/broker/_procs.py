@@ -15,12 +15,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rollstream.infra._broker_files import TAIL_LINES
-from rollstream.infra._broker_spec import BrokerError
+from rollstream.infra.broker._files import TAIL_LINES
+from rollstream.infra.broker._spec import BrokerError
 
 log = logging.getLogger(__name__)
 
-_LOG4J = Path(__file__).resolve().parent / "kafka" / "log4j2.properties"
+_LOG4J = Path(__file__).resolve().parent.parent / "kafka" / "log4j2.properties"
 # Serial GC and C1 only: the JVM serves in ~1.5 s on two cores instead of ~2.5 s with G1 + C2.
 _JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:+ExitOnOutOfMemoryError",
               "-Djava.awt.headless=true")

@@ -17,10 +17,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from rollstream.infra._broker_files import log_tail
-from rollstream.infra._broker_procs import is_ours
-from rollstream.infra._broker_sasl import client_properties, credentials
-from rollstream.infra._broker_spec import CONTROLLER_PORT_OFFSET, PROBE_TOPIC, BrokerError, BrokerSpec
+from rollstream.infra.broker._files import log_tail
+from rollstream.infra.broker._procs import is_ours
+from rollstream.infra.broker._sasl import client_properties, credentials
+from rollstream.infra.broker._spec import CONTROLLER_PORT_OFFSET, PROBE_TOPIC, BrokerError, BrokerSpec, hostport
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,47 @@ def wait_ready(spec: BrokerSpec, procs: Sequence[tuple[int, Path]], deadline: fl
             log.debug("%s not ready yet: %s", spec.bootstrap, error)
             last_error = error
         time.sleep(0.1)
+
+
+def wait_node_serves(node: int, proc: tuple[int, Path], host: str, port: int, auth: dict[str, Any],
+                     deadline: float, timeout: float) -> None:
+    """Poll until node ``node`` (``proc``: its pid and config) answers a metadata request sent to it alone
+    (``host:port``, with the librdkafka settings ``auth``) and lists itself as a registered broker, at most until
+    ``deadline``. ``timeout`` is only named in the error. Leaves the node running whatever happens.
+
+    Raises:
+        BrokerError: the node exited, or the deadline passed (retriable); with its log tail.
+    """
+    pid, config = proc
+    bootstrap, last_error = hostport(host, port), "no answer yet"
+    while True:
+        if not is_ours(pid, config):
+            raise BrokerError(f"Kafka node {node} exited right after its restart; its log below says why; fix that "
+                              f"and restart it again:\n{log_tail(config.parent)}")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BrokerError(f"Kafka node {node} did not serve on {bootstrap} within {timeout:.0f} s (last probe "
+                              f"error: {last_error}). If the log below shows it still starting, restart it with a "
+                              f"longer timeout:\n{log_tail(config.parent)}", retriable=True)
+        if _port_open(host, port):
+            error = _node_answers(node, bootstrap, auth, min(left, _PROBE_TIMEOUT))
+            if error is None:
+                return
+            log.debug("node %d on %s not serving yet: %s", node, bootstrap, error)
+            last_error = error
+        time.sleep(0.1)
+
+
+def _node_answers(node: int, bootstrap: str, auth: dict[str, Any], timeout: float) -> str | None:
+    """None when the node at ``bootstrap`` answers metadata and lists itself, else what went wrong."""
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _DebugLog(),
+                            "socket.timeout.ms": max(1000, int(timeout * 1000)), **auth}
+    admin = AdminClient(conf)
+    try:
+        metadata = admin.list_topics(timeout=max(0.1, timeout))
+    except KafkaException as exc:
+        return str(exc.args[0] if exc.args else exc)
+    return None if node in metadata.brokers else f"node {node} not among the registered brokers yet"
 
 
 def _port_open(host: str, port: int) -> bool:

@@ -33,7 +33,7 @@ class BrokerSpec:
     """What to start. ``nodes=3`` gives three combined KRaft nodes (rf 3, min.insync.replicas 2).
 
     ``sasl=True`` starts it secured: SASL/SCRAM-SHA-512 for clients, the StandardAuthorizer, SCRAM users
-    admin (super user), producer and trainer, and a client config file per user (see ``rollstream.infra._broker_sasl``).
+    admin (super user), producer and trainer, and a client config file per user (see ``rollstream.infra.broker._sasl``).
 
     Node ``i`` (1-based) serves clients on ``port + i - 1`` and runs its KRaft controller on
     ``controller_port + i - 1``; ``controller_port=None`` means ``port + CONTROLLER_PORT_OFFSET``.
@@ -117,6 +117,7 @@ class BrokerStatus:
     log_path: Path  # node 1's kafka.log; node i logs to data_dir/node-<i>/kafka.log
     controller_ports: tuple[int, ...] = ()  # as recorded at start; () when nothing is recorded
     sasl: bool = False  # as recorded at start: SASL/SCRAM and ACLs (client configs in data_dir/<user>.properties)
+    node_pids: tuple[int | None, ...] = ()  # node i's JVM at index i - 1; None where that node does not run
 
 
 def hostport(host: str, port: int) -> str:

@@ -26,8 +26,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from rollstream.infra._broker_files import read_json
-from rollstream.infra._broker_spec import BrokerError, BrokerSpec, hostport
+from rollstream.infra.broker._files import read_json
+from rollstream.infra.broker._spec import BrokerError, BrokerSpec, hostport
 
 PRINCIPALS = ("admin", "producer", "trainer")
 MECHANISM = "SCRAM-SHA-512"

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rollstream.infra._broker_spec import CONTROLLER_PORT_OFFSET, BrokerError, BrokerSpec, hostport
+from rollstream.infra.broker._spec import CONTROLLER_PORT_OFFSET, BrokerError, BrokerSpec, hostport
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def write_config(spec: BrokerSpec, node: int, security: Mapping[str, Any] | None
         **(security or {}),
     }
     config = node_dir / "server.properties"
-    config.write_text("# Written by infra/broker.py at each start; edits are overwritten.\n"
+    config.write_text("# Written by infra/broker/ at each start; edits are overwritten.\n"
                       + "".join(f"{key}={value}\n" for key, value in props.items()))
     return config
 
@@ -105,8 +105,14 @@ def write_record(spec: BrokerSpec, procs: Sequence[tuple[int, Path]]) -> None:
     """Record the running nodes' pids and configs in ``pids.json`` (what stop and status read)."""
     write_json(spec.data_dir / PIDS_FILE, {
         "bootstrap": spec.bootstrap, "port": spec.port, "nodes": spec.nodes, "host": spec.host,
-        "controller_ports": list(spec.controller_ports), "sasl": spec.sasl,
+        "controller_ports": list(spec.controller_ports), "sasl": spec.sasl, "heap_mb": spec.heap_mb,
         "pids": [pid for pid, _ in procs], "configs": [str(config) for _, config in procs]})
+
+
+def rewrite_record(data_dir: Path, record: dict[str, Any], procs: Sequence[tuple[int, Path]]) -> None:
+    """``record`` (as ``read_record`` gave it) with the pids and configs of ``procs``: one node restarted."""
+    write_json(data_dir / PIDS_FILE, {**record, "pids": [pid for pid, _ in procs],
+                                      "configs": [str(config) for _, config in procs]})
 
 
 def recorded_controller_ports(record: dict[str, Any]) -> tuple[int, ...]:
