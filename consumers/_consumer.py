@@ -40,6 +40,7 @@ from prometheus_client import CollectorRegistry
 from rollstream.consumers._batch import Batch
 from rollstream.consumers._client import TrainerClient
 from rollstream.consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
+from rollstream.consumers._diagnose import TimeoutDiagnoser
 from rollstream.consumers._errors import TakeTimeout
 from rollstream.consumers._gather import Entry, Gathering
 from rollstream.consumers._ledger import StepLedger
@@ -48,7 +49,7 @@ from rollstream.consumers._metrics import ConsumerMetrics
 from rollstream.consumers._position import PositionPublisher
 from rollstream.consumers._replay import read_taken
 from rollstream.consumers._resume import chained, latest_by_step, position_after
-from rollstream.consumers._status import Diagnosis, TimeoutDiagnoser
+from rollstream.consumers._status_report import Diagnosis
 from rollstream.consumers.filters import GroupFilter, default_filters
 from rollstream.infra import (
     DEFAULT_TRAINER_GROUP,
@@ -153,6 +154,8 @@ class RolloutConsumer:
         self._client.close()
         self._committer.close()
         self._positions.close()
+        if self._diagnoser is not None:
+            self._diagnoser.close()
 
     def _start(self) -> None:
         if self._closed:
@@ -530,8 +533,8 @@ class RolloutConsumer:
             return reader.group_lag(self.group_id, self.names.rollouts, timeout=timeout)
 
     def _diagnose(self, gathering: Gathering, timeout: float | None) -> Diagnosis | str:
-        """Why a take timed out, for its `TakeTimeout` (see `rollstream.consumers._status.TimeoutDiagnoser`: the cluster
-        is read at most every 30 s; waits at most a quarter of `timeout` and 5 s for it). Never raises."""
+        """Why a take timed out, for its `TakeTimeout` (see `rollstream.consumers._diagnose.TimeoutDiagnoser`: the
+        cluster is read at most every 30 s; waits at most a quarter of `timeout` and 5 s for it). Never raises."""
         try:
             diagnoser = self._diagnoser
             if diagnoser is None:
