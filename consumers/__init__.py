@@ -23,7 +23,8 @@ from rollstream.consumers._replay import (
     replay_step,
     since_bounds,
 )
-from rollstream.consumers._status import Diagnosis, StatusReport, status
+from rollstream.consumers._status import status
+from rollstream.consumers._status_report import Diagnosis, StatusReport
 from rollstream.consumers.filters import (
     FilterContext,
     GroupFilter,

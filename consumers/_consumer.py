@@ -40,6 +40,7 @@ from prometheus_client import CollectorRegistry
 from rollstream.consumers._batch import Batch
 from rollstream.consumers._client import TrainerClient
 from rollstream.consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
+from rollstream.consumers._diagnose import TimeoutDiagnoser
 from rollstream.consumers._errors import TakeTimeout
 from rollstream.consumers._gather import Entry, Gathering
 from rollstream.consumers._ledger import StepLedger
@@ -48,7 +49,7 @@ from rollstream.consumers._metrics import ConsumerMetrics
 from rollstream.consumers._position import PositionPublisher
 from rollstream.consumers._replay import read_taken
 from rollstream.consumers._resume import chained, latest_by_step, position_after
-from rollstream.consumers._status import Diagnosis, TimeoutDiagnoser
+from rollstream.consumers._status_report import Diagnosis
 from rollstream.consumers.filters import GroupFilter, default_filters
 from rollstream.infra import (
     DEFAULT_TRAINER_GROUP,
@@ -64,7 +65,7 @@ from rollstream.infra import (
     sized_to_topic,
     watermarks,
 )
-from rollstream.schemas import ConfigError, LifecycleError, RollstreamError, StepManifest, now_ms
+from rollstream.schemas import ConfigError, LifecycleError, OffsetDisposition, RollstreamError, StepManifest, now_ms
 
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`rollstream.consumers.DEFAULT_GROUP`)
@@ -136,6 +137,7 @@ class RolloutConsumer:
         self._next_step = 0
         self._last_committed_step: int | None = None
         self._diagnoser: TimeoutDiagnoser | None = None  # created at the first TakeTimeout (`_diagnose`)
+        self._last_poll: tuple[tuple[OffsetDisposition, ...], int] = ((), 0)  # for `timeout_error`
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -158,6 +160,8 @@ class RolloutConsumer:
         self._client.close()
         self._committer.close()
         self._positions.close()
+        if self._diagnoser is not None:
+            self._diagnoser.close()
 
     def _start(self) -> None:
         if self._closed:
@@ -244,6 +248,46 @@ class RolloutConsumer:
             ConfigError: `n` < 1 or a negative `timeout`.
             RollstreamError: the topic does not exist or the broker is unreachable.
         """
+        batch = self._take(n, timeout, commit, policy_version, raising=True)
+        if batch is None:  # never: a take that runs out raises
+            raise TakeTimeout(n, 0, timeout or 0.0)
+        return batch
+
+    def poll_batch(self, n: int, timeout: float, commit: bool = True, *,
+                   policy_version: int | None = None) -> Batch | None:
+        """`take` for a caller that waits in slices (an adapter serving its trainer in between): returns None
+        instead of raising `TakeTimeout` when the groups are not there yet.
+
+        Blocks up to `timeout` s (0: only what is already fetched or arrives at once), plus the manifest write
+        and, with ``commit=True``, the commit once n groups are there. A batch is returned exactly as
+        `take(n, timeout, commit)` returns it: manifest written; offsets committed with ``commit=True``,
+        nothing committed with ``commit=False`` (call `commit(batch)` after the optimizer step). None: fewer
+        than n acceptable groups came within `timeout`; nothing is committed and nothing is lost (every record
+        looked at is put back, in order, and judged again by the next call), requeues found are published as
+        a timed-out take publishes them, and no diagnosis is built (no cluster read, no thread started). When
+        the caller's own deadline passes, raise `timeout_error(n, deadline_s)`. Not thread-safe.
+
+        Raises:
+            What `take` raises, except TakeTimeout; ConfigError also when `timeout` is None or negative
+            (wait without a limit with `take`).
+        """
+        if timeout is None:
+            raise ConfigError("poll_batch(timeout=None): give a timeout in seconds; take(n) waits without limit")
+        return self._take(n, timeout, commit, policy_version, raising=False)
+
+    def timeout_error(self, n: int, timeout: float) -> TakeTimeout:
+        """The `TakeTimeout` for a caller whose own deadline of `timeout` s for `n` groups passed while
+        `poll_batch` returned None: the groups the last such poll gathered, what it looked at, and the likely
+        cause from the cluster (``diagnosis``, as a timed-out `take` gives it). Returned for the caller to raise.
+
+        Blocks up to a quarter of `timeout` and at most 5 s (the cluster read, at most every 30 s, as for
+        `take`). Commits nothing. Never raises. Not thread-safe.
+        """
+        seen, gathered = self._last_poll
+        return TakeTimeout(n, gathered, timeout, self._diagnose(seen, timeout))
+
+    def _take(self, n: int, timeout: float | None, commit: bool, policy_version: int | None, *,
+              raising: bool) -> Batch | None:
         if n < 1:
             raise ConfigError(f"take(n={n}): n must be at least 1")
         if timeout is not None and timeout < 0:
@@ -254,9 +298,12 @@ class RolloutConsumer:
         self._start()
         batch = self._take_recorded(n) if self._redo else None
         if batch is None:
-            gathering = self._gather(n, started, timeout)
+            gathering = self._gather(n, started, timeout, raising=raising)
+            if gathering is None:
+                return None
             batch = self._finish(gathering)
             self._observe(batch, gathering.taken_bytes, time.monotonic() - started)
+        self._last_poll = ((), 0)
         if commit:
             self.commit(batch)
         elif self.manifests:
@@ -265,7 +312,8 @@ class RolloutConsumer:
                 self._ledger.note_requeued(r.group_id, r.attempt)
         return batch
 
-    def _gather(self, n: int, started: float, timeout: float | None) -> Gathering:
+    def _gather(self, n: int, started: float, timeout: float | None, *, raising: bool) -> Gathering | None:
+        """n groups gathered, or (timed out) everything put back and TakeTimeout raised, or None."""
         deadline = None if timeout is None else started + timeout
         gathering = Gathering(self.names.rollouts, self.group_id, self.filters, self._ledger, self.dedupe,
                               self.policy_version, self.max_staleness, self.requeue)
@@ -274,13 +322,21 @@ class RolloutConsumer:
                 entry = self._next_entry(deadline, n - gathering.accepted)
                 if entry is None:
                     self._requeue_now(gathering)
-                    raise TakeTimeout(n, gathering.accepted, timeout or 0.0, self._diagnose(gathering, timeout))
+                    if raising:
+                        raise TakeTimeout(n, gathering.accepted, timeout or 0.0,
+                                          self._diagnose(gathering.dispositions, timeout))
+                    self._last_poll = (tuple(gathering.dispositions), gathering.accepted)
+                    self._put_back(gathering)
+                    return None
                 gathering.evaluate(entry)
         except BaseException:
-            self._ledger.release(gathering.group_ids)  # not taken after all
-            self._buffer.extendleft(reversed(gathering.entries))  # back to the front, in order
+            self._put_back(gathering)
             raise
         return gathering
+
+    def _put_back(self, gathering: Gathering) -> None:
+        self._ledger.release(gathering.group_ids)  # not taken after all
+        self._buffer.extendleft(reversed(gathering.entries))  # back to the front, in order
 
     def _requeue_now(self, gathering: Gathering) -> None:
         """A take is timing out: publish the requeues it found now, since the groups it waits for may be
@@ -553,14 +609,14 @@ class RolloutConsumer:
         with LagReader(self.config) as reader:
             return reader.group_lag(self.group_id, self.names.rollouts, timeout=timeout)
 
-    def _diagnose(self, gathering: Gathering, timeout: float | None) -> Diagnosis | str:
-        """Why a take timed out, for its `TakeTimeout` (see `rollstream.consumers._status.TimeoutDiagnoser`: the cluster
-        is read at most every 30 s; waits at most a quarter of `timeout` and 5 s for it). Never raises."""
+    def _diagnose(self, seen: Sequence[OffsetDisposition], timeout: float | None) -> Diagnosis | str:
+        """Why a take timed out, for its `TakeTimeout` (see `rollstream.consumers._diagnose.TimeoutDiagnoser`: the
+        cluster is read at most every 30 s; waits at most a quarter of `timeout` and 5 s for it). Never raises."""
         try:
             diagnoser = self._diagnoser
             if diagnoser is None:
                 diagnoser = self._diagnoser = TimeoutDiagnoser(self.config, self.names)
-            return diagnoser.diagnose(gathering.dispositions, wait_s=min(5.0, (timeout or 0.0) / 4),
+            return diagnoser.diagnose(seen, wait_s=min(5.0, (timeout or 0.0) / 4),
                                       max_staleness=self.max_staleness, policy_version=self.policy_version)
         except Exception as exc:  # noqa: BLE001 - the timeout must be raised, whatever the diagnosis does
             return f"Why: diagnosis unavailable ({type(exc).__name__}: {exc})"

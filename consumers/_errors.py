@@ -7,11 +7,15 @@ from typing import TYPE_CHECKING
 from rollstream.schemas import RollstreamError
 
 if TYPE_CHECKING:
-    from rollstream.consumers._status import Diagnosis
+    from rollstream.consumers._status_report import Diagnosis
 
 
 class TakeTimeout(RollstreamError):
-    """`take(n)` found fewer than n acceptable groups before its timeout.
+    """`take(n)` found fewer than n acceptable groups before its timeout: a caller's deadline passed.
+
+    A caller that waits in slices (an adapter serving its trainer in between) uses
+    `RolloutConsumer.poll_batch`, which returns None instead, and raises `RolloutConsumer.timeout_error`
+    when its own deadline passes.
 
     Nothing is lost and nothing is committed: every record the call looked at is put back, in order,
     at the front of the consumer's buffer, so the next `take` starts with them (and re-applies the
@@ -30,7 +34,7 @@ class TakeTimeout(RollstreamError):
         wanted: the n that was asked for.
         gathered: acceptable groups found before the timeout (kept for the next call).
         timeout: the timeout in seconds.
-        diagnosis: a `rollstream.consumers._status.Diagnosis` (``causes``, ``seen``, ``note``; ``str()`` gives the
+        diagnosis: a `rollstream.consumers.Diagnosis` (``causes``, ``seen``, ``note``; ``str()`` gives the
             two lines), a plain string, or None when the raiser gave none.
     """
 

@@ -1,6 +1,7 @@
 """Deciding, record by record, what one take does with each offset it looks at.
 
-Order of the checks: undecodable, then duplicate (group id already taken, here or in an earlier
+Order of the checks (`judge`, the one place that decides whether a take would take a group, also for
+`rollstream status`'s peek): undecodable, then duplicate (group id already taken, here or in an earlier
 step), then the filters in order. The first that applies is the offset's disposition; otherwise
 the group is taken. A filter's reason that may pass (stale, a retriable failure) requeues the prompt
 while attempts remain (`rollstream.consumers._requeue`): the offset is ``requeued``, unless the same attempt was
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from rollstream.consumers._errors import FilterError
 from rollstream.consumers._ledger import StepLedger
@@ -42,6 +44,37 @@ class Entry:
 
 def key_text(key: bytes | None) -> str | None:
     return None if key is None else key.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Why a take would not take a group: `kind` undecodable, duplicate or filtered, and the `reason` (the
+    decode error, "group_id already taken", or the first filter's reason as it returned it)."""
+
+    kind: Literal["undecodable", "duplicate", "filtered"]
+    reason: str
+
+
+def judge(group: ScoredGroup | SchemaError, ledger: StepLedger, filters: Sequence[GroupFilter],
+          context: FilterContext, *, dedupe: bool = True) -> Skip | None:
+    """None when a take would take `group` (decoded, or the error decoding it), else why not. Reads the ledger
+    and changes nothing: the caller holds a group it takes.
+
+    Raises:
+        FilterError: a filter raised (at `context`'s partition and offset).
+    """
+    if isinstance(group, SchemaError):
+        return Skip("undecodable", str(group))
+    if dedupe and ledger.is_taken(group.group_id):
+        return Skip("duplicate", "group_id already taken")
+    for f in filters:
+        try:
+            reason = f(group, context)
+        except Exception as exc:
+            raise FilterError(filter_name(f), context.partition, context.offset, exc) from exc
+        if reason:
+            return Skip("filtered", str(reason))
+    return None
 
 
 @dataclass
@@ -76,23 +109,24 @@ class Gathering:
         return [g.group_id for g in self.groups]
 
     def evaluate(self, entry: Entry) -> OffsetDisposition:
-        """Decide what to do with `entry` and record it. Raises FilterError if a filter raises."""
+        """Decide what to do with `entry` (`judge`) and record it. Raises FilterError if a filter raises."""
         result = entry.group(self.topic)
         p, o = entry.partition, entry.offset
+        context = FilterContext(self.policy_version, self.max_staleness, p, o, self.consumer_group)
+        skip = judge(result, self.ledger, self.filters, context, dedupe=self.dedupe)
         if isinstance(result, SchemaError):
             disp = OffsetDisposition(p, o, "undecodable", group_id=key_text(entry.key),
                                      reason=str(result)[:_MAX_REASON])
-        elif self.dedupe and self.ledger.is_taken(result.group_id):
-            disp = OffsetDisposition(p, o, "duplicate", group_id=result.group_id,
-                                     reason="group_id already taken")
-        elif (reason := self._filter(result, p, o)) is not None:
-            disp = self._skipped(result, p, o, reason)
-        else:
+        elif skip is None:
             disp = OffsetDisposition(p, o, "taken", group_id=result.group_id, attempt=result.attempt)
             self.groups.append(result)
             self.positions.append((p, o))
             self.ledger.hold([result.group_id])
             self.taken_bytes += len(entry.value)
+        elif skip.kind == "filtered":
+            disp = self._skipped(result, p, o, skip.reason)
+        else:
+            disp = OffsetDisposition(p, o, skip.kind, group_id=result.group_id, reason=skip.reason[:_MAX_REASON])
         self.entries.append(entry)
         self.dispositions.append(disp)
         return disp
@@ -117,17 +151,6 @@ class Gathering:
         """The highest attempt `group_id`'s prompt was requeued as, by an earlier step or this one (0: never)."""
         mine = max((r.attempt for r in self.requeues if r.group_id == group_id), default=0)
         return max(mine, self.ledger.requeued_as(group_id))
-
-    def _filter(self, group: ScoredGroup, partition: int, offset: int) -> str | None:
-        context = FilterContext(self.policy_version, self.max_staleness, partition, offset, self.consumer_group)
-        for f in self.filters:
-            try:
-                reason = f(group, context)
-            except Exception as exc:
-                raise FilterError(filter_name(f), partition, offset, exc) from exc
-            if reason:
-                return str(reason)
-        return None
 
     def ranges(self) -> tuple[PartitionRange, ...]:
         """Per partition looked at, [first offset, last offset + 1), in partition order."""

@@ -27,7 +27,9 @@ Contract (pinned by tests/integration/test_trl_worker.py; paths under TRL's ``ex
 Threading: one thread, ``rollstream-trl``, owns the `RolloutConsumer` (not thread-safe) and the
 `PolicyAnnouncer`. It keeps ``prefetch_steps`` batches handed over ahead (at least 2: accelerate's
 `DataLoaderDispatcher` reads the first micro-batch of step k+1 before step k trains, accelerate 1.15
-data_loader.py:919) and takes in slices of ``poll_interval_s`` so it serves the trainer in between. The
+data_loader.py:919) and waits for groups in slices of ``poll_interval_s`` (`RolloutConsumer.poll_batch`, which
+returns None when a slice ends: no error, no cluster read) so it serves the trainer in between; only
+``take_timeout_s`` passing raises a `TakeTimeout`, diagnosed then (`RolloutConsumer.timeout_error`). The
 trainer's thread only enqueues requests: a commit carries a future the callback waits on (bounded);
 `update_model_version` an announcement.
 
@@ -52,7 +54,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from rollstream.consumers._batch import Batch, grpo_advantages
 from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
-from rollstream.consumers._errors import TakeTimeout
 from rollstream.consumers.filters import FilterContext, default_filters, reason_label
 from rollstream.infra import KafkaConfig, PolicyAnnouncer, TopicNames
 from rollstream.schemas import ConfigError, LifecycleError, PolicyVersion, RollstreamError, ScoredGroup
@@ -77,7 +78,8 @@ class TRLWorkerSettings:
         bootstrap_servers: Kafka address (None: ``ROLLSTREAM_BOOTSTRAP_SERVERS``, else 127.0.0.1:9092).
         namespace: topic namespace (NS.rollouts, NS.steps, NS.control).
         group: the trainer's consumer group (offsets, step manifests, the producers' lag gate).
-        take_timeout_s: fail when one step's groups do not arrive within this time (None: wait;
+        take_timeout_s: fail with a `TakeTimeout` saying why when one step's groups do not arrive within this
+            time (None: wait;
             TRL's ``heartbeat_stale_after_s`` still aborts a trainer left waiting, via `check_health`).
         max_staleness: skip groups more than this many versions old at take time (None: TRL's
             ``max_staleness`` minus `prefetch_steps`, the most that TRL never drops).
@@ -211,29 +213,34 @@ def to_rollout_samples(group: ScoredGroup, *, model_version: int, eps: float = 1
 class _HandOver(queue.Queue[Any]):
     """The rollout buffer: counts what TRL drained and mirrors TRL's stale drop (async_grpo_trainer.py:366-372).
 
-    Unbounded on purpose: the worker never puts more than `prefetch_steps` batches in it. `_get` runs
-    under the queue's mutex, in the trainer's thread, right before TRL reads its model version (the
-    same value `update_model_version` gave us, set in that thread).
+    Unbounded on purpose: the worker never puts more than `prefetch_steps` batches in it. TRL reads it
+    with the public `get` (async_grpo_trainer.py:356), which this counts in, in the trainer's thread,
+    right before TRL reads its model version (the same value `update_model_version` gave us, set in that
+    thread). The trainer's thread asks for a commit only after that `get` returned, so a commit sees it.
     """
 
     def __init__(self, version: Callable[[], int], max_staleness: int) -> None:
         super().__init__()
         self._version = version
         self._max_staleness = max_staleness
-        self.drained = 0
-        self.dropped: list[str] = []
+        self._counted = threading.Lock()  # the trainer's thread counts, the worker's reads the counts
+        self._drained = 0
+        self._dropped: list[str] = []
 
-    def _get(self) -> Any:
-        sample = super()._get()
-        self.drained += 1
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        """`queue.Queue.get`, counted (and a sample TRL will drop as stale noted)."""
+        sample = super().get(block, timeout)
         staleness = self._version() - sample.model_version
-        if staleness > self._max_staleness:
-            self.dropped.append(f"group {sample.group_id} (staleness {staleness})")
+        with self._counted:
+            self._drained += 1
+            if staleness > self._max_staleness:
+                self._dropped.append(f"group {sample.group_id} (staleness {staleness})")
         return sample
 
     def counts(self) -> tuple[int, list[str]]:
-        with self.mutex:
-            return self.drained, list(self.dropped)
+        """(samples read so far, the ones TRL dropped as stale)."""
+        with self._counted:
+            return self._drained, list(self._dropped)
 
 
 @dataclass(frozen=True)
@@ -245,13 +252,14 @@ class _Handed:
 class _Pipeline:
     """What the worker thread owns: the consumer, the announcer, the batches handed to TRL (oldest first)."""
 
-    def __init__(self, worker: RollstreamRolloutWorker) -> None:
-        s, shape = worker.settings, worker.shape
-        self._worker, self._settings, self._shape = worker, s, shape
+    def __init__(self, settings: TRLWorkerSettings, shape: StepShape, kafka: KafkaConfig, buffer: _HandOver,
+                 push: Callable[[Metrics], None]) -> None:
+        s = self._settings = settings
+        self._shape, self._buffer, self._push = shape, buffer, push
         filters = (*default_filters(dynamic_sampling=s.dynamic_sampling), _trainable_filter(shape.num_generations))
-        self.consumer = RolloutConsumer(config=worker.kafka, group_id=s.group, namespace=s.namespace,
+        self.consumer = RolloutConsumer(config=kafka, group_id=s.group, namespace=s.namespace,
                                         filters=filters, max_staleness=shape.max_staleness, timeout=s.kafka_timeout_s)
-        self.announcer = PolicyAnnouncer(worker.kafka, TopicNames(s.namespace))
+        self.announcer = PolicyAnnouncer(kafka, TopicNames(s.namespace))
         self.handed: deque[_Handed] = deque()
         self._samples = 0
         self._waiting_since: float | None = None
@@ -262,13 +270,21 @@ class _Pipeline:
         return len(self.handed) >= self._settings.prefetch_steps
 
     def take_slice(self, version: int) -> bool:
-        """Try for one step's groups for at most one poll interval; True when a batch was handed over."""
-        n, started = self._shape.groups_per_step, time.monotonic()
-        self._waiting_since = self._waiting_since or started
-        try:
-            batch = self.consumer.take(n, timeout=self._settings.poll_interval_s, commit=False, policy_version=version)
-        except TakeTimeout as exc:
-            self._note_wait(exc.gathered)
+        """Wait for one step's groups for at most one poll interval (`RolloutConsumer.poll_batch`: no error,
+        no cluster read); True when a batch was handed over.
+
+        Raises:
+            TakeTimeout: ``take_timeout_s`` passed since this step's wait began (diagnosed once, then).
+        """
+        n, now = self._shape.groups_per_step, time.monotonic()
+        self._waiting_since = self._waiting_since or now
+        limit = self._settings.take_timeout_s
+        wait = self._settings.poll_interval_s
+        if limit is not None:
+            wait = max(0.0, min(wait, self._waiting_since + limit - now))
+        batch = self.consumer.poll_batch(n, wait, commit=False, policy_version=version)
+        if batch is None:
+            self._note_wait()
             return False
         samples: list[Any] = []
         for g in batch.groups:  # a group's TRL version: its oldest weight version, else the one it was taken at
@@ -279,25 +295,25 @@ class _Pipeline:
                                   f"{self._shape.samples_per_step}")
         for sample in samples:
             sample.enqueued_at = time.time()
-            self._worker.rollout_buffer.put_nowait(sample)
+            self._buffer.put_nowait(sample)
         self._samples += len(samples)
         self.handed.append(_Handed(batch, self._samples))
-        self._worker._push(_take_metrics(batch, version, self.consumer.estimated_lag(),
-                                         time.monotonic() - self._waiting_since))
+        self._push(_take_metrics(batch, version, self.consumer.estimated_lag(), time.monotonic() - self._waiting_since))
         log.info("step %d handed to TRL: %d groups, %d samples at policy version %d (%d handed ahead)",
                  batch.step, len(batch.groups), len(samples), version, len(self.handed))
         self._waiting_since, self._logged_wait = None, 0.0
         return True
 
-    def _note_wait(self, gathered: int) -> None:
+    def _note_wait(self) -> None:
         waited = time.monotonic() - (self._waiting_since or time.monotonic())
         limit = self._settings.take_timeout_s
         if limit is not None and waited >= limit:
-            raise TakeTimeout(self._shape.groups_per_step, gathered, limit)
+            raise self.consumer.timeout_error(self._shape.groups_per_step, limit)
         if waited - self._logged_wait >= 30.0:
             self._logged_wait = waited
-            log.info("waiting %.0f s for %d groups on %s (gathered %d); are producers running? `rollstream lag "
-                     "--group %s`", waited, self._shape.groups_per_step, self.consumer.names.rollouts, gathered,
+            log.info("waiting %.0f s for %d groups on %s (%d records buffered); are producers running? `rollstream "
+                     "status --namespace %s --group %s`", waited, self._shape.groups_per_step,
+                     self.consumer.names.rollouts, self.consumer.buffered(), self._settings.namespace,
                      self._settings.group)
 
     def commit_oldest(self, trl_step: int) -> int:
@@ -305,7 +321,7 @@ class _Pipeline:
         if not self.handed:
             raise RollstreamError(f"TRL finished step {trl_step} but no rollstream batch was handed over")
         handed = self.handed[0]
-        drained, dropped = self._worker.rollout_buffer.counts()
+        drained, dropped = self._buffer.counts()
         if dropped:
             raise RollstreamError(f"TRL dropped {len(dropped)} sample(s) as stale ({dropped[0]}, max_staleness="
                                   f"{self._shape.trl_max_staleness}), so step "
@@ -318,7 +334,7 @@ class _Pipeline:
         started = time.monotonic()
         self.consumer.commit(handed.batch)
         self.handed.popleft()
-        self._worker._push({"rollstream/commit_s": time.monotonic() - started})
+        self._push({"rollstream/commit_s": time.monotonic() - started})
         log.info("TRL step %d trained rollstream step %d: committed", trl_step, handed.batch.step)
         return handed.batch.step
 
@@ -473,7 +489,7 @@ class RollstreamRolloutWorker:
     def _run(self) -> None:
         pipeline: _Pipeline | None = None
         try:
-            pipeline = _Pipeline(self)
+            pipeline = _Pipeline(self.settings, self.shape, self.kafka, self.rollout_buffer, self._push)
             while not self._stop.is_set():
                 self._full = pipeline.full
                 if self._serve(pipeline, wait=self._full) or self._full:
