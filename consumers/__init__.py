@@ -1,30 +1,21 @@
-"""The trainer side of rollstream: take exactly N scored groups per step, replay any step, audit them all.
+"""The trainer side of rollstream, in three roles a reader finds by name:
 
-`RolloutConsumer` takes groups from NS.rollouts and commits exactly what it took; `Batch` is one
-step (with `to_tensors`); filters decide what is skipped (always recorded, never dropped silently);
-`replay_step` / `replay_range` / `replay_since` read back what was published or taken; `audit` proves
-every committed offset was accounted for once; `status` says why a trainer would wait (`TakeTimeout` too).
-`rollstream.consumers.slime.generate_rollout` plugs it into slime.
+- **The take path** (this folder's private modules): `RolloutConsumer` (`_consumer.py`) takes exactly N
+  groups from NS.rollouts (`_gather.py` judges each one, `filters.py` decides what is skipped: always
+  recorded, never dropped silently), writes the step's manifest and commits exactly what it took
+  (`_commit.py`, `_manifests.py`, `_requeue.py`), takes the same batch again after a crash (`_resume.py`,
+  `_ledger.py`) and tells the producers where it is (`_position.py`). `Batch` is one step (with `to_tensors`).
+- **Forensics** (`rollstream.consumers.forensics`): `audit`, `audit_epochs`, `replay_*`, `status`: read
+  back what happened, never taking or committing.
+- **Trainer adapters**: `rollstream.consumers.slime` (slime's `--rollout-function-path` and
+  `--data-source-path`), `rollstream.consumers.trl` (TRL's AsyncGRPOTrainer rollout worker); what they share
+  (settings readers, the group-size filter, the per-step metrics) is `_adapters.py`.
 """
 
-from rollstream.consumers._audit import AuditReport, audit
 from rollstream.consumers._batch import Batch, TensorBatch, grpo_advantages
 from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
-from rollstream.consumers._epoch_audit import EpochAuditReport, audit_epochs
 from rollstream.consumers._errors import CommitError, FilterError, GroupConflictError, TakeTimeout
 from rollstream.consumers._metrics import ConsumerMetrics
-from rollstream.consumers._replay import (
-    ReplayedRecord,
-    ReplayedStep,
-    group_to_json,
-    parse_time,
-    replay_range,
-    replay_since,
-    replay_step,
-    since_bounds,
-)
-from rollstream.consumers._status import status
-from rollstream.consumers._status_report import Diagnosis, StatusReport
 from rollstream.consumers.filters import (
     FilterContext,
     GroupFilter,
@@ -34,13 +25,31 @@ from rollstream.consumers.filters import (
     reward_missing,
     stale,
 )
+from rollstream.consumers.forensics import (
+    AuditReport,
+    Diagnosis,
+    EpochAuditReport,
+    ReplayedRecord,
+    ReplayedStep,
+    StatusReport,
+    audit,
+    audit_epochs,
+    group_to_json,
+    parse_time,
+    replay_range,
+    replay_since,
+    replay_step,
+    since_bounds,
+    status,
+)
 
 __all__ = [
-    "DEFAULT_GROUP", "AuditReport", "Batch", "CommitError", "ConsumerMetrics", "Diagnosis", "FilterContext",
-    "FilterError", "GroupConflictError", "GroupFilter", "ReplayedRecord", "ReplayedStep", "RolloutConsumer",
-    "TakeTimeout",
-    "TensorBatch", "all_rewards_equal", "audit", "default_filters", "failed_group", "group_to_json", "grpo_advantages",
-    "parse_time", "replay_range", "replay_since", "replay_step", "reward_missing", "since_bounds", "stale",
-    "status", "StatusReport",
-    "EpochAuditReport", "audit_epochs",
+    # the take path
+    "DEFAULT_GROUP", "Batch", "CommitError", "ConsumerMetrics", "FilterContext", "FilterError", "GroupConflictError",
+    "GroupFilter", "RolloutConsumer", "TakeTimeout", "TensorBatch", "all_rewards_equal", "default_filters",
+    "failed_group", "grpo_advantages", "reward_missing", "stale",
+    # forensics (rollstream.consumers.forensics)
+    "AuditReport", "Diagnosis", "EpochAuditReport", "ReplayedRecord", "ReplayedStep", "StatusReport", "audit",
+    "audit_epochs", "group_to_json", "parse_time", "replay_range", "replay_since", "replay_step", "since_bounds",
+    "status",
 ]

@@ -40,17 +40,17 @@ from prometheus_client import CollectorRegistry
 from rollstream.consumers._batch import Batch
 from rollstream.consumers._client import TrainerClient
 from rollstream.consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
-from rollstream.consumers._diagnose import TimeoutDiagnoser
 from rollstream.consumers._errors import TakeTimeout
 from rollstream.consumers._gather import Entry, Gathering
 from rollstream.consumers._ledger import StepLedger
 from rollstream.consumers._manifests import ManifestIndex, ManifestRead, read_group_manifests
 from rollstream.consumers._metrics import ConsumerMetrics
 from rollstream.consumers._position import PositionPublisher
-from rollstream.consumers._replay import read_taken
 from rollstream.consumers._resume import chained, latest_by_step, position_after
-from rollstream.consumers._status_report import Diagnosis
 from rollstream.consumers.filters import GroupFilter, default_filters
+from rollstream.consumers.forensics._diagnose import TimeoutDiagnoser
+from rollstream.consumers.forensics._replay import read_taken
+from rollstream.consumers.forensics._status_report import Diagnosis
 from rollstream.infra import (
     DEFAULT_TRAINER_GROUP,
     REACH_TIMEOUT_S,
@@ -610,7 +610,7 @@ class RolloutConsumer:
             return reader.group_lag(self.group_id, self.names.rollouts, timeout=timeout)
 
     def _diagnose(self, seen: Sequence[OffsetDisposition], timeout: float | None) -> Diagnosis | str:
-        """Why a take timed out, for its `TakeTimeout` (see `rollstream.consumers._diagnose.TimeoutDiagnoser`: the
+        """Why a take timed out, for its `TakeTimeout` (see `forensics._diagnose.TimeoutDiagnoser`: the
         cluster is read at most every 30 s; waits at most a quarter of `timeout` and 5 s for it). Never raises."""
         try:
             diagnoser = self._diagnoser

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from rollstream.schemas import RollstreamError
 
 if TYPE_CHECKING:
-    from rollstream.consumers._status_report import Diagnosis
+    from rollstream.consumers.forensics._status_report import Diagnosis
 
 
 class TakeTimeout(RollstreamError):

@@ -74,9 +74,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollstream.consumers._adapters import StepMetrics, group_size_filter
 from rollstream.consumers._batch import Batch
 from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
-from rollstream.consumers.filters import FilterContext, default_filters, staleness_of
+from rollstream.consumers.filters import default_filters
 from rollstream.schemas import ConfigError, RollstreamError, ScoredGroup
 
 log = logging.getLogger(__name__)
@@ -140,16 +141,17 @@ def _setting(args: Any, name: str, env: str, default: Any = None) -> Any:
     return default if value is None or value == "" else value
 
 
+def _number(kind: type[float] | type[int], name: str, value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={value!r}: give {'an integer' if kind is int else 'a number'}") from None
+
+
 def _flag(value: Any) -> bool:
     return value if isinstance(value, bool) else str(value).strip().lower() not in ("0", "false", "no", "off")
-
-
-def _group_size_filter(expected: int | None) -> Callable[[ScoredGroup, FilterContext], str | None]:
-    def group_size(group: ScoredGroup, context: FilterContext) -> str | None:
-        if expected is not None and len(group.samples) != expected:
-            return f"group_size: {len(group.samples)} samples, slime expects n_samples_per_prompt={expected}"
-        return None
-    return group_size
 
 
 @dataclass(frozen=True)
@@ -165,13 +167,26 @@ class SlimeSettings:
     loop: str | None
     eval_function_path: str
 
+    def __post_init__(self) -> None:
+        if not self.namespace or not self.group:
+            raise ConfigError(f"rollstream_namespace={self.namespace!r} and rollstream_group={self.group!r} must "
+                              "be non-empty")
+        if self.take_timeout is not None and not self.take_timeout > 0:
+            raise ConfigError(f"rollstream_take_timeout={self.take_timeout}: give a positive number of seconds "
+                              "(or leave it unset to wait without limit)")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ConfigError(f"rollstream_max_staleness={self.max_staleness} must be >= 0 (or unset)")
+        if self.loop is not None and self.loop not in LOOPS:
+            raise ConfigError(f"rollstream_slime_loop={self.loop!r}: use 'sync' (slime's train.py) or 'async' "
+                              "(train_async.py)")
+        if "." not in self.eval_function_path.strip("."):
+            raise ConfigError(f"rollstream_eval_function_path={self.eval_function_path!r}: give a dotted path "
+                              "module.function, as slime's --eval-function-path")
+
     @classmethod
     def from_args(cls, args: Any) -> SlimeSettings:
         """Raises ConfigError for a setting that is not valid, naming the values that are."""
         loop = _setting(args, "rollstream_slime_loop", "ROLLSTREAM_SLIME_LOOP")
-        if loop is not None and str(loop) not in LOOPS:
-            raise ConfigError(f"rollstream_slime_loop={loop!r}: use 'sync' (slime's train.py) or 'async' "
-                              "(train_async.py)")
         if _setting(args, "rollstream_commit", "ROLLSTREAM_COMMIT") is not None:
             raise ConfigError("rollstream_commit is gone: commits follow slime's loop now; set "
                               "rollstream_slime_loop (ROLLSTREAM_SLIME_LOOP) to 'sync' or 'async' instead")
@@ -181,8 +196,8 @@ class SlimeSettings:
             bootstrap_servers=_setting(args, "rollstream_bootstrap_servers", "ROLLSTREAM_BOOTSTRAP_SERVERS"),
             namespace=str(_setting(args, "rollstream_namespace", "ROLLSTREAM_NAMESPACE", "rollstream")),
             group=str(_setting(args, "rollstream_group", "ROLLSTREAM_TRAINER_GROUP", DEFAULT_GROUP)),
-            take_timeout=None if timeout is None else float(timeout),
-            max_staleness=None if staleness is None else int(staleness),
+            take_timeout=_number(float, "rollstream_take_timeout", timeout),
+            max_staleness=_number(int, "rollstream_max_staleness", staleness),
             dynamic_sampling=_flag(_setting(args, "rollstream_dynamic_sampling", "ROLLSTREAM_DYNAMIC_SAMPLING", True)),
             loop=None if loop is None else str(loop),
             eval_function_path=str(_setting(args, "rollstream_eval_function_path", "ROLLSTREAM_EVAL_FUNCTION_PATH",
@@ -200,7 +215,8 @@ class SlimeRollout:
         self.settings = settings
         n_samples = getattr(args, "n_samples_per_prompt", None)
         filters = (*default_filters(dynamic_sampling=settings.dynamic_sampling),
-                   _group_size_filter(int(n_samples) if n_samples else None))
+                   group_size_filter(int(n_samples) if n_samples else None, trainer="slime",
+                                     setting="n_samples_per_prompt"))
         self.consumer = consumer or RolloutConsumer(settings.bootstrap_servers, settings.group, settings.namespace,
                                                     filters=filters, max_staleness=settings.max_staleness)
         self.start: int | None = getattr(args, "start_rollout_id", None)
@@ -297,14 +313,10 @@ def _state(args: Any) -> SlimeRollout:
 
 
 def _metrics(batch: Batch, version: int, consumer: RolloutConsumer) -> dict[str, float]:
-    counts = batch.counts()
-    stale = [s for g in batch.groups if (s := staleness_of(g, version)) is not None]
-    return {"rollstream/step": batch.step, "rollstream/weight_version": version,
-            "rollstream/lag": consumer.estimated_lag(), "rollstream/filtered": counts["filtered"],
-            "rollstream/requeued": counts["requeued"], "rollstream/duplicate": counts["duplicate"],
-            "rollstream/undecodable": counts["undecodable"],
-            "rollstream/staleness_mean": sum(stale) / len(stale) if stale else 0.0,
-            "rollstream/staleness_max": max(stale, default=0)}
+    m = StepMetrics.of(batch, version, consumer.estimated_lag())
+    return {"rollstream/step": m.step, "rollstream/weight_version": m.weight_version, "rollstream/lag": m.lag,
+            **{f"rollstream/{kind}": m.counts[kind] for kind in ("filtered", "requeued", "duplicate", "undecodable")},
+            "rollstream/staleness_mean": m.staleness_mean, "rollstream/staleness_max": m.staleness_max}
 
 
 def _load_function(path: str) -> Callable[..., Any]:

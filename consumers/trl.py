@@ -43,7 +43,7 @@ import logging
 import queue
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -52,9 +52,10 @@ from hashlib import blake2b
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from rollstream.consumers._adapters import StepMetrics, group_size_filter
 from rollstream.consumers._batch import Batch, grpo_advantages
 from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
-from rollstream.consumers.filters import FilterContext, default_filters, reason_label
+from rollstream.consumers.filters import FilterContext, default_filters
 from rollstream.infra import KafkaConfig, PolicyAnnouncer, TopicNames
 from rollstream.schemas import ConfigError, LifecycleError, PolicyVersion, RollstreamError, ScoredGroup
 
@@ -157,16 +158,13 @@ def trl_group_id(group_id: str) -> int:
     return int.from_bytes(blake2b(group_id.encode(), digest_size=8).digest(), "big") >> 1
 
 
-def _trainable_filter(num_generations: int) -> Callable[[ScoredGroup, FilterContext], str | None]:
-    def trl_trainable(group: ScoredGroup, context: FilterContext) -> str | None:
-        if len(group.samples) != num_generations:
-            return f"group_size: {len(group.samples)} samples, TRL expects num_generations={num_generations}"
-        if any(s.logprobs is None for s in group.samples):
-            return "logprobs_missing: TRL's loss needs the engine's logprob of every response token"
-        if any(len(s.tokens) == 0 or (s.loss_mask is not None and not s.loss_mask.any()) for s in group.samples):
-            return "empty_response: a sample without a response token to train (none, or all masked)"
-        return None
-    return trl_trainable
+def _trainable(group: ScoredGroup, context: FilterContext) -> str | None:
+    """What TRL's loss needs of every sample (the group size is `group_size_filter`'s)."""
+    if any(s.logprobs is None for s in group.samples):
+        return "logprobs_missing: TRL's loss needs the engine's logprob of every response token"
+    if any(len(s.tokens) == 0 or (s.loss_mask is not None and not s.loss_mask.any()) for s in group.samples):
+        return "empty_response: a sample without a response token to train (none, or all masked)"
+    return None
 
 
 def to_rollout_samples(group: ScoredGroup, *, model_version: int, eps: float = 1e-6) -> list[Any]:
@@ -256,7 +254,8 @@ class _Pipeline:
                  push: Callable[[Metrics], None]) -> None:
         s = self._settings = settings
         self._shape, self._buffer, self._push = shape, buffer, push
-        filters = (*default_filters(dynamic_sampling=s.dynamic_sampling), _trainable_filter(shape.num_generations))
+        filters = (*default_filters(dynamic_sampling=s.dynamic_sampling),
+                   group_size_filter(shape.num_generations, trainer="TRL", setting="num_generations"), _trainable)
         self.consumer = RolloutConsumer(config=kafka, group_id=s.group, namespace=s.namespace,
                                         filters=filters, max_staleness=shape.max_staleness, timeout=s.kafka_timeout_s)
         self.announcer = PolicyAnnouncer(kafka, TopicNames(s.namespace))
@@ -351,19 +350,15 @@ class _Pipeline:
 
 def _take_metrics(batch: Batch, version: int, lag: int, waited_s: float) -> Metrics:
     """One take, in the shape TRL's `log()` drains (async_grpo_trainer.py:1698-1707; see `_reduce_metric`)."""
-    counts = batch.counts()
+    m = StepMetrics.of(batch, version, lag)
     out: Metrics = {"rollstream/lag": float(lag), "rollstream/take_s": waited_s,
-                    "rollstream/groups_taken_total": float(counts["taken"]),
-                    "rollstream/filtered_total": float(counts["filtered"]),
-                    "rollstream/requeued_total": float(counts["requeued"]),
-                    "rollstream/duplicate_total": float(counts["duplicate"]),
-                    "rollstream/undecodable_total": float(counts["undecodable"])}
-    reasons = Counter(reason_label(d.reason or "") for d in batch.dispositions if d.kind == "filtered")
-    out.update({f"rollstream/filtered_{label}_total": float(k) for label, k in reasons.items()})
-    lags = [version - v for g in batch.groups if (v := g.oldest_weight_version) is not None]
-    if lags:
-        out["rollstream/staleness_mean"] = sum(lags) / len(lags)
-        out["rollstream/staleness_max"] = float(max(lags))
+                    "rollstream/groups_taken_total": float(m.counts["taken"]),
+                    **{f"rollstream/{kind}_total": float(m.counts[kind])
+                       for kind in ("filtered", "requeued", "duplicate", "undecodable")},
+                    **{f"rollstream/filtered_{label}_total": float(k) for label, k in m.filtered_by_reason.items()}}
+    if m.staleness:
+        out["rollstream/staleness_mean"] = m.staleness_mean
+        out["rollstream/staleness_max"] = float(m.staleness_max)
     return out
 
 

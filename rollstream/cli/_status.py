@@ -17,8 +17,8 @@ from rollstream.cli._common import (
     kafka_config,
 )
 from rollstream.consumers import StatusReport, status
-from rollstream.consumers._status_causes import age
-from rollstream.consumers._status_report import ProducerInfo, ProducersReport, PromptsReport, TrainerReport
+from rollstream.consumers.forensics._status_causes import age
+from rollstream.consumers.forensics._status_report import ProducerInfo, ProducersReport, PromptsReport, TrainerReport
 
 EXIT_BLOCKED = 1
 EXIT_PARTIAL = 3

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from confluent_kafka import Consumer
 from rollstream.consumers import RolloutConsumer, audit_epochs
-from rollstream.consumers._epoch_audit import EpochSnapshot, PromptRecord, judge
+from rollstream.consumers.forensics._epoch_audit import EpochSnapshot, PromptRecord, judge
 from rollstream.infra import KafkaConfig, TopicNames, commit_offsets
 from rollstream.producers.prompts import publish_prompts
 from rollstream.schemas import OffsetDisposition, PartitionRange, Prompt, StepManifest, encode

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 from confluent_kafka import Consumer
 from rollstream.consumers import RolloutConsumer, TakeTimeout, status
-from rollstream.consumers._diagnose import TimeoutDiagnoser
+from rollstream.consumers.forensics._diagnose import TimeoutDiagnoser
 from rollstream.infra import KafkaConfig, ProducerState, TopicNames, commit_offsets
 from rollstream.producers.prompts import publish_prompts
 from rollstream.schemas import Prompt, now_ms

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from rollstream.consumers._audit import _check_manifest, _check_tiling, _check_unique_groups
 from rollstream.consumers._ledger import StepLedger, epoch_of
-from rollstream.consumers._replay import parse_time
+from rollstream.consumers.forensics._audit import _check_manifest, _check_tiling, _check_unique_groups
+from rollstream.consumers.forensics._replay import parse_time
 from rollstream.schemas import OffsetDisposition, PartitionRange, RollstreamError, StepManifest
 
 

@@ -1,6 +1,6 @@
 """Why a trainer waits, in words: the causes a status report or a timed-out take shows, and how they are said.
 
-Pure functions of what was read (`rollstream.consumers._status_report`); no I/O. A cause is *blocking* when work
+Pure functions of what was read (`_status_report`); no I/O. A cause is *blocking* when work
 is left that cannot reach the trainer without someone acting: NS.prompts empty and prompts exhausted are idle
 (nothing to unblock); no producer while prompts are left, every producer paused by backpressure, and every group
 looked at skipped are blocking.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
-from rollstream.consumers._status_report import Cause, ProducersReport, PromptsReport, TrainerReport
 from rollstream.consumers.filters import reason_label
+from rollstream.consumers.forensics._status_report import Cause, ProducersReport, PromptsReport, TrainerReport
 from rollstream.infra import TopicNames
 from rollstream.schemas import OffsetDisposition, now_ms
 

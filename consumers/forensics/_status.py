@@ -1,7 +1,7 @@
 """Why a trainer waits: a read-only report of a namespace (`status`).
 
 `status` reads three parts one after another, each in one kept thread (`rollstream.infra.BoundedCaller`), all
-within one deadline (the reads are in `rollstream.consumers._status_read`):
+within one deadline (the reads are in `rollstream.consumers.forensics._status_read`):
 
 - producers: the members of the producers' consumer group on NS.prompts (DescribeConsumerGroups: member,
   client and instance ids, host, assigned partitions) and the state each producer writes into the metadata
@@ -15,8 +15,8 @@ within one deadline (the reads are in `rollstream.consumers._status_read`):
   from the log start), counted exactly from the offsets, and decoded by epoch up to `max_prompts` records
   (beyond that the epochs are "at least"); requeued prompts (attempt > 0) counted apart, undecodable records too.
 
-The report types are in `rollstream.consumers._status_report`, the causes and their wording in
-`rollstream.consumers._status_causes`, `TakeTimeout`'s diagnosis in `rollstream.consumers._diagnose`.
+The report types are in `rollstream.consumers.forensics._status_report`, the causes and their wording in
+`forensics._status_causes`, `TakeTimeout`'s diagnosis in `forensics._diagnose`.
 
 Contract (pinned by tests/integration/test_status.py):
 
@@ -36,9 +36,10 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from confluent_kafka import KafkaException
-from rollstream.consumers._status_causes import causes_of, unavailable_note
-from rollstream.consumers._status_read import TrainerAsk, read_producers, read_prompts, read_trainer
-from rollstream.consumers._status_report import (
+from rollstream.consumers.filters import default_filters
+from rollstream.consumers.forensics._status_causes import causes_of, unavailable_note
+from rollstream.consumers.forensics._status_read import TrainerAsk, read_producers, read_prompts, read_trainer
+from rollstream.consumers.forensics._status_report import (
     PARTS,
     Diagnosis,
     ProducersReport,
@@ -46,7 +47,6 @@ from rollstream.consumers._status_report import (
     StatusReport,
     TrainerReport,
 )
-from rollstream.consumers.filters import default_filters
 from rollstream.infra import DEFAULT_TRAINER_GROUP, BoundedCaller, KafkaConfig, TopicNames, kafka_error
 from rollstream.schemas import RollstreamError, now_ms
 

@@ -1,7 +1,7 @@
 """What `rollstream status` reports and what a `TakeTimeout` carries: the report types, plain frozen data.
 
-Read by `rollstream.consumers._status_read`, judged by `rollstream.consumers._status_causes`, assembled by
-`rollstream.consumers._status.status`; `StatusReport.to_json` is the ``rollstream status --json`` document.
+Read by `_status_read`, judged by `_status_causes`, assembled by
+`rollstream.consumers.forensics._status.status`; `StatusReport.to_json` is the ``rollstream status --json`` document.
 """
 
 from __future__ import annotations

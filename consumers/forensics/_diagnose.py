@@ -1,7 +1,7 @@
 """`TakeTimeout`'s diagnosis: why one consumer's take (or its caller's own deadline) ran out.
 
-The take's own view (what it looked at) is worded at once (`rollstream.consumers._status_causes`); the
-cluster's (producers and prompts) comes from `rollstream.consumers._status.status`, read at most every
+The take's own view (what it looked at) is worded at once (`rollstream.consumers.forensics._status_causes`); the
+cluster's (producers and prompts) comes from `rollstream.consumers.forensics._status.status`, read at most every
 `refresh_s` and reused in between. Never raises: what could not be read is named in the diagnosis.
 """
 
@@ -12,9 +12,9 @@ import threading
 import time
 from collections.abc import Sequence
 
-from rollstream.consumers._status import status
-from rollstream.consumers._status_causes import age, causes_of, seen_line, take_cause, unavailable_note
-from rollstream.consumers._status_report import Diagnosis, StatusReport
+from rollstream.consumers.forensics._status import status
+from rollstream.consumers.forensics._status_causes import age, causes_of, seen_line, take_cause, unavailable_note
+from rollstream.consumers.forensics._status_report import Diagnosis, StatusReport
 from rollstream.infra import BoundedCaller, KafkaConfig, TopicNames
 from rollstream.schemas import OffsetDisposition, now_ms
 

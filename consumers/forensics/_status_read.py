@@ -1,6 +1,6 @@
 """The three reads of `rollstream status`: producers, prompts, trainer. Each blocks up to about its `timeout`
 (every read it makes has that timeout; its record scans stop at `deadline`) and raises what it cannot read
-(`rollstream.consumers._status.status` reports that instead). Read-only: explicit assignment, no commits, no
+(`rollstream.consumers.forensics._status.status` reports that instead). Read-only: explicit assignment, no commits, no
 membership (members come from the admin API).
 
 - producers: the producers' group as the coordinator describes it, and each producer's state from the metadata
@@ -23,8 +23,9 @@ from confluent_kafka import KafkaException, TopicPartition
 from rollstream.consumers._errors import FilterError
 from rollstream.consumers._gather import judge
 from rollstream.consumers._ledger import StepLedger
-from rollstream.consumers._status_causes import by_kind, ranked
-from rollstream.consumers._status_report import (
+from rollstream.consumers.filters import FilterContext, GroupFilter, reason_label
+from rollstream.consumers.forensics._status_causes import by_kind, ranked
+from rollstream.consumers.forensics._status_report import (
     EpochPrompts,
     ProducerInfo,
     ProducersReport,
@@ -32,7 +33,6 @@ from rollstream.consumers._status_report import (
     TrainerReport,
     WaitingGroups,
 )
-from rollstream.consumers.filters import FilterContext, GroupFilter, reason_label
 from rollstream.infra import (
     KafkaConfig,
     LagReader,

@@ -1,0 +1,30 @@
+"""Forensics: what happened to every group, read back from the topics after the fact. Nothing here takes or
+commits for a trainer; each reader opens its own clients with explicit assignment and no group membership.
+
+- `audit`: every committed offset of a trainer group accounted for exactly once, from the step manifests.
+- `audit_epochs`: every loaded prompt taken once or ended with a terminal reason (in flight listed apart).
+- `replay_step` / `replay_range` / `replay_since`: the batch a step took, or what was published, read again.
+- `status`: why a trainer would wait now (producers, prompts left, lag, recent steps); `TimeoutDiagnoser`
+  (`_diagnose`) builds the same diagnosis for a `TakeTimeout`.
+"""
+
+from rollstream.consumers.forensics._audit import AuditReport, audit
+from rollstream.consumers.forensics._epoch_audit import EpochAuditReport, audit_epochs
+from rollstream.consumers.forensics._replay import (
+    ReplayedRecord,
+    ReplayedStep,
+    group_to_json,
+    parse_time,
+    replay_range,
+    replay_since,
+    replay_step,
+    since_bounds,
+)
+from rollstream.consumers.forensics._status import status
+from rollstream.consumers.forensics._status_report import Diagnosis, StatusReport
+
+__all__ = [
+    "AuditReport", "Diagnosis", "EpochAuditReport", "ReplayedRecord", "ReplayedStep", "StatusReport", "audit",
+    "audit_epochs", "group_to_json", "parse_time", "replay_range", "replay_since", "replay_step", "since_bounds",
+    "status",
+]
