@@ -3,8 +3,9 @@
 An engine turns one prompt into `n` completions. It is async because generation fans out: many
 prompts are in flight at once on one event loop. An engine never blocks that loop: network I/O is
 awaited, CPU/GPU work (tokenising, `model.generate`) runs in a worker thread. An engine retries what
-is worth retrying (a 5xx, a timeout, a request aborted by a weight update) with bounded backoff and
-raises `EngineError` when it gives up; the producer then publishes the group as failed.
+is worth retrying (a 5xx, a timeout, a request aborted by a weight update) with bounded backoff, within
+the group's one `Deadline` when its `generate` takes one, and raises `EngineError` when it gives up; the
+producer then publishes the group as failed.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 from rollstream.schemas import FINISH_REASONS, RollstreamError, VersionSpan
 
-DEFAULT_REQUEST_TIMEOUT_S = 600.0  # one generation attempt may legitimately take minutes
+if TYPE_CHECKING:
+    from rollstream.producers.engines._retry import Deadline
+
+DEFAULT_REQUEST_TIMEOUT_S = 600.0  # one request of an HTTP engine may legitimately take minutes
 
 
 class EngineError(RollstreamError):
@@ -113,9 +117,13 @@ class Engine(Protocol):
     async def start(self) -> None:
         """Load what the engine needs (model, tokenizer, HTTP client). Never blocks the loop."""
 
-    async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
+    async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams, *,
+                       deadline: Deadline | None = None) -> Generation:
         """Generate `n` completions for `prompt` (a `Prompt.to_dict()`: id, prompt, label, metadata, epoch).
 
+        `deadline` is the group's: the engine's own retries spend it and never outlast it. It is optional
+        in implementations: the producer passes it only to a `generate` that declares it, and bounds every
+        call by it anyway (an engine without it simply cannot fit a last retry in).
         Raises:
             EngineError: generation failed after the engine's own retries.
         """

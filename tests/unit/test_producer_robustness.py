@@ -128,7 +128,7 @@ def _running(engine: Any, publisher: _Publisher, *, hook: Any = None, drain_time
         engine=engine, reward=load_reward(reward), policy=policy, publisher=publisher, gate=gate,  # type: ignore[arg-type]
         metrics=metrics)
     parts = Parts(engine=engine, publisher=publisher, gate=gate, policy=policy, intake=intake,  # type: ignore[arg-type]
-                  pipeline=pipeline)
+                  pipeline=pipeline, threads=pipeline.threads)
     return producer, parts, intake
 
 
