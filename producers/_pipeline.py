@@ -170,7 +170,8 @@ class GroupPipeline:
         try:
             async with asyncio.timeout(deadline.timeout()):  # no task of its own, unlike wait_for: ~8 us a group
                 if self._engine_takes_deadline:
-                    return await self.engine.generate(prompt, s.n_samples, s.sampling, deadline=deadline)
+                    return await self.engine.generate(prompt, s.n_samples, s.sampling,
+                                                      deadline=deadline)  # type: ignore[call-arg]
                 return await self.engine.generate(prompt, s.n_samples, s.sampling)
         except TimeoutError:
             raise deadline.error("generation") from None

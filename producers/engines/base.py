@@ -13,13 +13,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from rollstream.schemas import FINISH_REASONS, RollstreamError, VersionSpan
-
-if TYPE_CHECKING:
-    from rollstream.producers.engines._retry import Deadline
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # one request of an HTTP engine may legitimately take minutes
 
@@ -117,13 +114,12 @@ class Engine(Protocol):
     async def start(self) -> None:
         """Load what the engine needs (model, tokenizer, HTTP client). Never blocks the loop."""
 
-    async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams, *,
-                       deadline: Deadline | None = None) -> Generation:
+    async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
         """Generate `n` completions for `prompt` (a `Prompt.to_dict()`: id, prompt, label, metadata, epoch).
 
-        `deadline` is the group's: the engine's own retries spend it and never outlast it. It is optional
-        in implementations: the producer passes it only to a `generate` that declares it, and bounds every
-        call by it anyway (an engine without it simply cannot fit a last retry in).
+        An engine that retries on its own should also take a keyword ``deadline: Deadline | None = None``
+        (as the HTTP engines do): the producer then passes the group's `Deadline`, which its retries spend
+        and never outlast. The producer bounds every call by that deadline anyway.
         Raises:
             EngineError: generation failed after the engine's own retries.
         """

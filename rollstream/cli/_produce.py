@@ -168,7 +168,7 @@ def produce(
                         sampling=settings.sampling())
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-producer")
     if logging.getLogger().getEffectiveLevel() > logging.INFO:
-        logging.getLogger("producers").setLevel(logging.INFO)  # a service: progress is worth showing
+        logging.getLogger("rollstream.producers").setLevel(logging.INFO)  # a service: progress is worth showing
     RolloutProducer(built, settings, kafka=config, reward=reward).run_sync(handle_signals=True)
 
 
