@@ -159,3 +159,30 @@ def test_deadline_and_backoff() -> None:
         return time.monotonic() - started
 
     assert asyncio.run(sleeps_within()) < 0.2 + SLACK_S
+
+
+# -- the flags -------------------------------------------------------------------------------------------------
+
+
+def test_group_timeout_is_the_deadline_and_request_timeout_one_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from rollstream.cli import app
+
+    seen: dict[str, Any] = {}
+
+    class Recorder:
+        def __init__(self, engine: Any, settings: Any, **kwargs: Any) -> None:
+            seen.update(engine=engine, settings=settings)
+
+        def run_sync(self, **kwargs: Any) -> None:
+            pass
+
+    monkeypatch.setattr("rollstream.cli._produce.RolloutProducer", Recorder)
+    args = ["produce", "--engine", "vllm", "--vllm-url", "h:1", "--bootstrap-servers", "127.0.0.1:1",
+            "--request-timeout", "20"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert seen["engine"]._http.timeout_s == 20 and seen["settings"].generate_timeout_s == 60  # 3 x by default
+    assert CliRunner().invoke(app, [*args, "--group-timeout", "45"]).exit_code == 0
+    assert seen["engine"]._http.timeout_s == 20 and seen["settings"].generate_timeout_s == 45
