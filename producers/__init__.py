@@ -2,9 +2,11 @@
 NS.rollouts, and commit a prompt only once its group is durably written. Lag-gated, never blocking the loop."""
 
 from rollstream.producers.engines import (
+    DEFAULT_GROUP_TIMEOUT_S,
     DEFAULT_REQUEST_TIMEOUT_S,
     Completion,
     CustomEngine,
+    Deadline,
     Engine,
     EngineError,
     Generation,
@@ -26,7 +28,8 @@ from rollstream.producers.service import RolloutProducer
 from rollstream.producers.settings import ProducerSettings
 
 __all__ = [
-    "Completion", "CustomEngine", "DEFAULT_REQUEST_TIMEOUT_S", "Engine", "EngineError", "Generation", "HFEngine",
+    "Completion", "CustomEngine", "DEFAULT_GROUP_TIMEOUT_S", "DEFAULT_REQUEST_TIMEOUT_S", "Deadline", "Engine",
+    "EngineError", "Generation", "HFEngine",
     "PolicyFollower", "ProducerSettings", "ProducerStats", "PromptFileError", "PublishError", "RetryPolicy",
     "Reward", "RewardError", "RolloutProducer", "SGLangEngine", "SGLangHTTPEngine", "SGLangSyncEngine",
     "SamplingParams",

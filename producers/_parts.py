@@ -1,9 +1,11 @@
 """Building a producer's parts, fully made and started, and closing them in order.
 
-`open_parts` checks the cluster, sizes the clients to the rollouts topic, starts the engine, the
-publisher, the lag gate, the policy follower and intake, and returns them together; if any step
+`open_parts` checks the cluster, sizes the clients to the rollouts topic, makes the producer's thread
+pools (`ProducerThreads`: ``rollstream-user`` for sync plug-ins, ``rollstream-infra``), starts the engine,
+the publisher, the lag gate, the policy follower and intake, and returns them together; if any step
 fails, what was started is closed again before the error propagates. `Parts.close` undoes it in the
-order the guarantees need: the publisher is flushed before intake commits its final watermarks.
+order the guarantees need: the publisher is flushed before intake commits its final watermarks, and the
+pools close last (never waiting for a hung plug-in: its daemon thread is left).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from dataclasses import dataclass
 
 from rollstream.infra import KafkaConfig, require_topics, sized_to_topic
 from rollstream.producers._pipeline import GroupPipeline, GroupSettings
+from rollstream.producers._threads import ProducerThreads, in_thread
 from rollstream.producers.engines.base import Engine
+from rollstream.producers.engines.custom import CustomEngine
 from rollstream.producers.gate import LagGate
 from rollstream.producers.intake import Intake
 from rollstream.producers.metrics import ProducerMetrics
@@ -39,20 +43,24 @@ class Parts:
     policy: PolicyFollower
     intake: Intake
     pipeline: GroupPipeline
+    threads: ProducerThreads
 
     async def close(self, *, publish_timeout: float) -> None:
         """Flush the publisher (up to `publish_timeout` s), commit intake's final watermarks and leave the
-        group, stop every thread (bounded joins) and the engine. Idempotent parts; call once."""
-        await self.publisher.close(timeout=publish_timeout)
+        group, stop every thread (bounded joins), the engine and the pools. Idempotent parts; call once."""
         try:
-            await self.intake.close()
-        except TimeoutError:
-            log.error("prompt consumer did not close in time; its last commit may be missing")
-        self.gate.stop()
-        await self.policy.close()
-        await _join({"rollstream-intake": self.intake.join, "rollstream-lag": self.gate.join,
-                     "rollstream-control": self.policy.join})
-        await self.engine.close()
+            await self.publisher.close(timeout=publish_timeout)
+            try:
+                await self.intake.close()
+            except TimeoutError:
+                log.error("prompt consumer did not close in time; its last commit may be missing")
+            self.gate.stop()
+            await self.policy.close()
+            await _join({"rollstream-intake": self.intake.join, "rollstream-lag": self.gate.join,
+                         "rollstream-control": self.policy.join})
+            await self.engine.close()
+        finally:
+            self.threads.close()
 
 
 async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Engine, reward: Reward | None,
@@ -65,11 +73,16 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
             the engine cannot start, or the first lag reading failed.
     """
     s, names = settings, settings.topics
-    await asyncio.to_thread(require_topics, kafka, [names.prompts, names.rollouts], namespace=s.namespace,
-                            timeout=s.startup_timeout_s)
-    kafka = await asyncio.to_thread(sized_to_topic, kafka, names.rollouts, timeout=s.startup_timeout_s)
+    await in_thread(lambda: require_topics(kafka, [names.prompts, names.rollouts], namespace=s.namespace,
+                                           timeout=s.startup_timeout_s), name="rollstream-startup")
+    kafka = await in_thread(lambda: sized_to_topic(kafka, names.rollouts, timeout=s.startup_timeout_s),
+                            name="rollstream-startup")
     loop = asyncio.get_running_loop()
     async with contextlib.AsyncExitStack() as undo:  # closes what started if a later step fails
+        threads = ProducerThreads(s.effective_user_threads)
+        undo.callback(threads.close)
+        if isinstance(engine, CustomEngine):
+            engine.use_threads(threads.user)
         await engine.start()
         undo.push_async_callback(engine.close)
         publisher = Publisher(kafka, names.rollouts, overrides=s.producer_overrides, on_fatal=on_fatal,
@@ -98,16 +111,18 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
                           max_attempts=s.max_attempts,
                           backoff_s=s.retry_backoff_s, timeout_s=s.generate_timeout_s, producer_id=producer_id,
                           prompts_topic=names.prompts, max_message_bytes=kafka.max_message_bytes),
-            engine=engine, reward=reward, policy=policy, publisher=publisher, gate=gate, metrics=metrics)
+            engine=engine, reward=reward, policy=policy, publisher=publisher, gate=gate, metrics=metrics,
+            threads=threads)
         undo.pop_all()  # everything started: from here on `Parts.close` owns it
     log.info("producer %s: %s -> %s, group %s, n=%d, concurrency=%d, max_lag=%d (trainer group %s)",
              producer_id, names.prompts, names.rollouts, s.effective_intake_group, s.n_samples,
              s.concurrency, s.effective_max_lag, s.trainer_group)
-    return Parts(engine=engine, publisher=publisher, gate=gate, policy=policy, intake=intake, pipeline=pipeline)
+    return Parts(engine=engine, publisher=publisher, gate=gate, policy=policy, intake=intake, pipeline=pipeline,
+                 threads=threads)
 
 
 async def _join(joins: dict[str, Callable[[float], bool]]) -> None:
     """Join each named thread (bounded); a thread that does not stop in time is left running (daemon)."""
     for name, join in joins.items():
-        if not await asyncio.to_thread(join, _JOIN_TIMEOUT_S):
+        if not await in_thread(join, _JOIN_TIMEOUT_S, name=f"{name}-join"):
             log.warning("thread %s did not stop within %g s; left running (daemon)", name, _JOIN_TIMEOUT_S)

@@ -1,4 +1,13 @@
-"""One group's path on the event loop: generate (bounded retries) -> score -> record -> publish.
+"""One group's path on the event loop: generate -> score -> record -> publish, under one deadline.
+
+Each group gets one `Deadline` (``generate_timeout_s``) when it starts: its generation (every engine
+retry, continuation and backoff: an engine whose `generate` takes the deadline spends it and never
+outlasts it) and its scoring share it, and nothing extends or multiplies it. A retriable error the
+engine did not retry itself (a custom generate function raised, an in-process engine failed) is tried
+again here, up to ``attempts`` and only while the deadline leaves room for the backoff; the HTTP engines
+retry their own transport and raise final errors, so their retries are never multiplied. A group out of
+time is a failed group marked retriable (the trainer may requeue its prompt). Publishing is outside the
+deadline: every prompt ends in a record.
 
 The stages end in an `Outcome` (`rollstream.producers._groups`): ok, or failed with its error, so every prompt is
 accounted: the prompt did not decode, the engine gave up, a reward raised or returned junk, or an
@@ -11,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +30,8 @@ from typing import Any
 
 from rollstream.producers._budget import LoopBudget
 from rollstream.producers._groups import SHAPES, Outcome, Shape, encode_within, oversize_error, sampling_of
+from rollstream.producers._threads import ProducerThreads
+from rollstream.producers.engines._retry import Backoff, Deadline
 from rollstream.producers.engines.base import Engine, EngineError, Generation, SamplingParams
 from rollstream.producers.gate import LagGate
 from rollstream.producers.intake import TakenPrompt
@@ -30,6 +43,7 @@ from rollstream.schemas import ConfigError, InvalidRecordError, Sampling, Scored
 
 log = logging.getLogger(__name__)
 _ENCODE_OFF_LOOP_BYTES = 1 << 20
+_MAX_BACKOFF_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -39,10 +53,10 @@ class GroupSettings:
 
     n_samples: int
     sampling: SamplingParams
-    attempts: int  # generation tries within this producer (retriable engine errors)
+    attempts: int  # whole-generation tries within the deadline (retriable errors the engine did not retry)
     max_attempts: int  # attempts of the prompt across the fleet (requeues by the trainer), stamped on groups
     backoff_s: float
-    timeout_s: float | None
+    timeout_s: float | None  # the group's deadline: generation with its retries, and scoring (None: none)
     producer_id: str
     prompts_topic: str
     max_message_bytes: int
@@ -60,14 +74,21 @@ class GroupPipeline:
 
     Building and encoding a group runs on the loop; a burst of groups ready at once shares each turn of
     the loop up to `LoopBudget`'s budget (2 ms), so timers and delivery reports are never held for long.
+    Sync reward functions run in `threads.user`, a large group's encoding in `threads.infra` (None: pools
+    of its own, for tests; `open_parts` passes the producer's, which `Parts.close` closes).
     """
 
     def __init__(self, settings: GroupSettings, *, engine: Engine, reward: Reward | None, policy: PolicyFollower,
-                 publisher: Publisher, gate: LagGate, metrics: ProducerMetrics) -> None:
+                 publisher: Publisher, gate: LagGate, metrics: ProducerMetrics,
+                 threads: ProducerThreads | None = None) -> None:
         self.settings = settings
         self.engine, self.reward, self.policy = engine, reward, policy
         self.publisher, self.gate, self.metrics = publisher, gate, metrics
+        self.threads = threads or ProducerThreads(4)
         self._budget = LoopBudget()
+        self._backoff = Backoff(settings.backoff_s, max(settings.backoff_s, _MAX_BACKOFF_S))
+        self._rng = random.Random()
+        self._engine_takes_deadline = _takes_deadline(engine)
 
     async def run(self, taken: TakenPrompt) -> None:
         """Make the group and publish it; returns once the broker acknowledged it.
@@ -88,19 +109,21 @@ class GroupPipeline:
             await self.publish(taken, Outcome(error=f"internal error: {type(exc).__name__}: {exc}"))
 
     async def outcome(self, taken: TakenPrompt) -> Outcome:
-        """Generate and score. Never raises but for cancellation: a failure is a failed `Outcome`."""
+        """Generate and score under the group's one deadline. Never raises but for cancellation: a failure
+        is a failed `Outcome`."""
         if taken.prompt is None:
             return Outcome(error=f"undecodable prompt: {taken.error}")
+        deadline = Deadline.after(self.settings.timeout_s)
         prompt = taken.prompt.to_dict()
         version_at_start = self.policy.policy_version  # before generating: see rollstream.producers.policy
         try:
-            generation = await self.generate(prompt)
+            generation = await self.generate(prompt, deadline)
         except Exception as exc:
             log.warning("group %s failed: %s", taken.prompt.group_id, exc)
             return Outcome(error=f"generation failed: {exc}", retriable=getattr(exc, "retriable", False))
         versions = self.policy.stamp(generation.completions, version_at_start)
         try:
-            rewards = await self.score(prompt, generation)
+            rewards = await self.score(prompt, generation, deadline)
         except RewardError as exc:
             log.warning("group %s failed: %s", taken.prompt.group_id, exc)
             return Outcome(generation=generation, versions=versions, error=str(exc), retriable=exc.retriable)
@@ -110,12 +133,14 @@ class GroupPipeline:
                            error=f"internal error: {type(exc).__name__}: {exc}")
         return Outcome(generation=generation, rewards=rewards, versions=versions)
 
-    async def generate(self, prompt: dict[str, Any]) -> Generation:
-        """`engine.generate` with bounded retries of retriable errors. Raises the last error."""
+    async def generate(self, prompt: dict[str, Any], deadline: Deadline | None = None) -> Generation:
+        """`engine.generate` within `deadline` (None: the settings' from now); a retriable error is tried
+        again (see the module docstring). Raises the last error; a retriable EngineError when time ran out."""
         s = self.settings
+        deadline = deadline or Deadline.after(s.timeout_s)
         for attempt in range(1, s.attempts + 1):
             try:
-                generation = await self._attempt(prompt)
+                generation = await self._attempt(prompt, deadline)
                 if len(generation.completions) != s.n_samples:
                     raise EngineError(f"engine returned {len(generation.completions)} completions, expected "
                                       f"{s.n_samples}", retriable=False)
@@ -128,35 +153,44 @@ class GroupPipeline:
                 if attempt == s.attempts:
                     raise EngineError(f"{type(exc).__name__}: {exc}", retriable=False) from exc
                 error = exc
-            delay = s.backoff_s * 2 ** (attempt - 1)
+            delay = self._backoff.delay_s(attempt, self._rng)
+            if deadline.expired and isinstance(error, EngineError):
+                raise error  # out of time (the deadline's own error, or a last one that came just in time)
+            if delay >= deadline.remaining():  # no room for another try: the trainer may requeue the prompt
+                raise deadline.error("generation", str(error)) from error
             log.info("prompt %s: attempt %d/%d failed (%s); retrying in %.2f s", prompt["id"], attempt,
                      s.attempts, error, delay)
             await asyncio.sleep(delay)
         raise EngineError("no generation attempt was made", retriable=False)
 
-    async def _attempt(self, prompt: dict[str, Any]) -> Generation:
-        """One `engine.generate` call, bounded by the generation timeout (a hung engine or generate
+    async def _attempt(self, prompt: dict[str, Any], deadline: Deadline) -> Generation:
+        """One `engine.generate` call, bounded by what is left of the deadline (a hung engine or generate
         function becomes a retriable EngineError; a sync function's thread cannot be stopped and is left)."""
         s = self.settings
         try:
-            async with asyncio.timeout(s.timeout_s):  # no task of its own, unlike wait_for: ~8 us a group
+            async with asyncio.timeout(deadline.timeout()):  # no task of its own, unlike wait_for: ~8 us a group
+                if self._engine_takes_deadline:
+                    return await self.engine.generate(prompt, s.n_samples, s.sampling,
+                                                      deadline=deadline)  # type: ignore[call-arg]
                 return await self.engine.generate(prompt, s.n_samples, s.sampling)
         except TimeoutError:
-            raise EngineError(f"generation took longer than {s.timeout_s:g} s (--request-timeout / "
-                              "generate_timeout_s)", retriable=True) from None
+            raise deadline.error("generation") from None
 
-    async def score(self, prompt: dict[str, Any], generation: Generation) -> list[float | None]:
-        """One reward per completion (None each without a reward function), bounded like a generation
-        attempt. Raises RewardError (also when the reward function takes longer than that)."""
+    async def score(self, prompt: dict[str, Any], generation: Generation,
+                    deadline: Deadline | None = None) -> list[float | None]:
+        """One reward per completion (None each without a reward function), within what is left of
+        `deadline` (None: the settings' from now). Raises RewardError (also when the deadline runs out)."""
         if self.reward is None:
             return [None] * len(generation.completions)
-        reward, timeout = self.reward, self.settings.timeout_s
+        reward, pool = self.reward, self.threads.user
+        deadline = deadline or Deadline.after(self.settings.timeout_s)
         try:
-            async with asyncio.timeout(timeout):
-                return list(await asyncio.gather(*(reward(prompt, c.to_dict()) for c in generation.completions)))
+            async with asyncio.timeout(deadline.timeout()):
+                return list(await asyncio.gather(*(reward(prompt, c.to_dict(), threads=pool)
+                                                   for c in generation.completions)))
         except TimeoutError:  # a hung verifier must not hang its prompt forever
-            raise RewardError(f"reward {reward.name} took longer than {timeout:g} s (--request-timeout / "
-                              "generate_timeout_s)", retriable=True) from None
+            raise RewardError(f"reward {reward.name}: the group took longer than {deadline.total_s:g} s, its "
+                              "deadline (--group-timeout / generate_timeout_s)", retriable=True) from None
 
     async def publish(self, taken: TakenPrompt, outcome: Outcome) -> None:
         """Encode the outcome within the topic's limit (off-loop when large) and publish it.
@@ -191,7 +225,7 @@ class GroupPipeline:
         generation = outcome.generation
         tokens = sum(len(c.tokens) for c in generation.completions) if generation is not None else 0
         if tokens * 8 > _ENCODE_OFF_LOOP_BYTES:  # int32 tokens + float32 logprobs: a big record, encode off-loop
-            return await asyncio.to_thread(encode)
+            return await self.threads.infra.run(encode)
         return encode()
 
     async def _send(self, group: ScoredGroup, value: bytes) -> None:
@@ -205,3 +239,11 @@ class GroupPipeline:
 
     def _where(self, taken: TakenPrompt) -> str:
         return f"{self.settings.prompts_topic}[{taken.partition}]@{taken.offset}"
+
+
+def _takes_deadline(engine: Engine) -> bool:
+    """Whether `engine.generate` declares the ``deadline`` keyword (engines written before it do not)."""
+    try:
+        return "deadline" in inspect.signature(engine.generate).parameters
+    except (TypeError, ValueError):
+        return False

@@ -31,6 +31,7 @@ import time
 from collections import deque
 
 from rollstream.infra import ClientReplacement, KafkaConfig, LagReader, WorkerThread
+from rollstream.producers._threads import in_thread
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.schemas import TrainerPosition, now_ms
 
@@ -83,7 +84,8 @@ class LagGate(WorkerThread):
         self._loop = asyncio.get_running_loop()
         reader = LagReader(self._config)
         base, as_of = self._produced, now_ms()
-        lag = await asyncio.to_thread(lambda: reader.group_lag(self.trainer_group, self.topic, timeout=timeout).total)
+        lag = await in_thread(lambda: reader.group_lag(self.trainer_group, self.topic, timeout=timeout).total,
+                              name="rollstream-lag-first")  # a thread of its own: never behind user code
         self._measured, self._base, self._as_of_ms = lag, base, as_of
         self._metrics.lag.set_function(lambda: self.estimate)  # read when scraped, not set per record
         if self.is_open():

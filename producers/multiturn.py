@@ -162,7 +162,7 @@ async def run_episodes(policy: TokenPolicy, new_environment: Callable[[], Enviro
     turn is); the episodes then go on concurrently, each alternating a policy turn of at most
     ``sampling.max_new_tokens`` tokens and its environment's reply, until the environment returns None,
     `max_turns` policy turns were taken, the response reached `max_tokens` tokens (finish ``length``), or a
-    turn was aborted (finish ``abort``: the custom engine then retries the prompt). Never blocks the loop
+    turn was aborted (finish ``abort``: the producer tries the prompt again within its deadline). Never blocks the loop
     beyond what `policy` and the environments do.
 
     Raises:

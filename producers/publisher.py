@@ -25,6 +25,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from rollstream.infra import KafkaConfig, KafkaIOError, WorkerThread, open_producer
+from rollstream.producers._threads import in_thread
 from rollstream.schemas import LifecycleError
 
 log = logging.getLogger(__name__)
@@ -198,10 +199,11 @@ class Publisher(WorkerThread):
         if self._producer is None:
             return 0
         # Not on the worker: a produce waiting there for room would hold the flush up to message.timeout.ms.
-        left = await asyncio.to_thread(self._producer.flush, timeout)
+        # Nor in asyncio's default executor, which hung user code could fill: a thread of its own.
+        left = await in_thread(self._producer.flush, timeout, name="rollstream-flush")
         self._stop.set()
         self._room.set()
-        await asyncio.to_thread(self.join, 5.0)
+        await in_thread(self.join, 5.0, name="rollstream-publish-join")
         self._hand_over()  # reports the flush served
         self._producer = None
         self._executor.shutdown(wait=False)

@@ -3,8 +3,9 @@
 A reward function is ``f(prompt: dict, completion: dict) -> float``; `prompt` is a `Prompt.to_dict()`
 (id, prompt, label, metadata, epoch), `completion` a `Completion.to_dict()` (text, tokens, logprobs,
 finish_reason, weight_version, and the custom generate contract's loss_mask and weight_versions, so a
-multi-turn reward can tell the policy's tokens from a tool's). A user's sync function runs in a worker
-thread (a slow verifier must not stall the event loop); async functions are awaited. Whatever a reward
+multi-turn reward can tell the policy's tokens from a tool's). A user's sync function runs in the
+producer's ``rollstream-user`` threads (a slow verifier must not stall the event loop, and a hung one holds
+its own thread, never the producer's tokenization or shutdown); async functions are awaited. Whatever a reward
 raises, or a result that is not a finite number, becomes a `RewardError`, and the producer publishes the
 group as failed.
 
@@ -16,7 +17,6 @@ normalisation, numerically when both parse; ``exact`` compares stripped strings.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 import re
@@ -25,9 +25,11 @@ from fractions import Fraction
 from typing import Any
 
 from rollstream.producers._plugins import load_callable
+from rollstream.producers._threads import ThreadPool
 from rollstream.schemas import RollstreamError
 
 RewardFn = Callable[[dict[str, Any], dict[str, Any]], Any]
+_OWN_THREADS = 4  # a Reward called without the producer's threads (tests, scripts) makes this many of its own
 
 
 class RewardError(RollstreamError):
@@ -35,23 +37,29 @@ class RewardError(RollstreamError):
 
 
 class Reward:
-    """A reward function made safe to call on the event loop. Stateless; share it freely."""
+    """A reward function made safe to call on the event loop. Stateless but for the threads it makes when
+    called without any (made once); share it freely on one loop."""
 
     def __init__(self, fn: RewardFn, *, name: str, inline: bool = False) -> None:
         self.fn = fn
         self.name = name
         self._is_async = inspect.iscoroutinefunction(fn)
         self._inline = inline
+        self._own: ThreadPool | None = None
 
-    async def __call__(self, prompt: Mapping[str, Any], completion: Mapping[str, Any]) -> float:
-        """Score one completion. Raises RewardError (with the function's name and error)."""
+    async def __call__(self, prompt: Mapping[str, Any], completion: Mapping[str, Any], *,
+                       threads: ThreadPool | None = None) -> float:
+        """Score one completion; a sync function runs in `threads` (the producer's ``rollstream-user``; None:
+        a few threads of this reward's own). Raises RewardError (with the function's name and error)."""
         try:
             if self._is_async:
                 value = await self.fn(dict(prompt), dict(completion))
             elif self._inline:
                 value = self.fn(dict(prompt), dict(completion))
             else:
-                value = await asyncio.to_thread(self.fn, dict(prompt), dict(completion))
+                if threads is None:
+                    threads = self._own = self._own or ThreadPool("rollstream-user", _OWN_THREADS)
+                value = await threads.run(self.fn, dict(prompt), dict(completion))
             if inspect.isawaitable(value):
                 value = await value
         except RewardError:

@@ -9,6 +9,8 @@ Three behaviours are pinned by tests against a real broker (tests/integration/te
    publish, so lag stays within max_lag + concurrency.
 3. The event loop never blocks: polling, committing, lag reads, a full producer queue, flushing and
    any sync user code run in named threads or executors; delivery reports only schedule callbacks.
+   Sync user code has threads of its own (``rollstream-user``, `rollstream.producers._threads`): a hung
+   generate or reward function holds its own thread only, never tokenization, publishing or shutdown.
 
 The parts (`rollstream.producers._parts`) each own their state: intake (prompts, watermarks, credits), the lag
 gate (what was produced, the lag), the policy follower (versions, weights), the publisher, the group
@@ -31,6 +33,7 @@ from typing import Any
 
 from rollstream.infra import KafkaConfig, LagReader
 from rollstream.producers._parts import Parts, open_parts
+from rollstream.producers._threads import in_thread
 from rollstream.producers.engines.base import Engine
 from rollstream.producers.engines.custom import CustomEngine
 from rollstream.producers.intake import TakenPrompt
@@ -242,7 +245,7 @@ class RolloutProducer:
             if intake.buffered or self._in_flight or not intake.settled():
                 continue
             if now - quiet_since >= idle_s:
-                if await asyncio.to_thread(self._prompts_left, intake.owned()):
+                if await parts.threads.infra.run(self._prompts_left, intake.owned()):
                     quiet_since = time.monotonic()  # prompts wait that intake did not get (yet): not idle
                     continue
                 log.info("idle for %g s with everything published and committed: exiting", idle_s)
@@ -279,7 +282,7 @@ class RolloutProducer:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
         await parts.close(publish_timeout=max(remaining, 5.0))
-        await asyncio.to_thread(self.metrics.close)  # server.shutdown() waits for serve_forever's 0.5 s poll
+        await in_thread(self.metrics.close, name="rollstream-metrics-close")  # waits for serve_forever's 0.5 s poll
 
     async def _drain(self, deadline: float) -> None:
         """Let in-flight groups finish (up to the drain deadline); cancel what is left."""

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rollstream.infra import DEFAULT_TRAINER_GROUP, TopicNames
-from rollstream.producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, EngineError, SamplingParams
+from rollstream.producers.engines._retry import DEFAULT_GROUP_TIMEOUT_S
+from rollstream.producers.engines.base import EngineError, SamplingParams
 from rollstream.producers.engines.sglang_http import PARTIAL_ROLLOUTS, PartialRollouts
 from rollstream.schemas import ConfigError
 
@@ -33,14 +34,20 @@ class ProducerSettings:
         exit_when_idle_s: exit once for this long there was no prompt to take while intake was not
             paused by backpressure, and everything taken is published and committed.
         max_new_tokens, temperature, top_p, sampling_extra: sampling parameters (SGLang names).
-        generate_attempts: tries per prompt when the engine raises a retriable error (or times out).
+        generate_attempts: whole-generation tries of a group, within its deadline, when the engine raises a
+            retriable error it did not retry itself (a custom generate function raised); the HTTP engines
+            retry their requests themselves (`RetryPolicy`), within the same deadline.
         max_attempts: attempts per prompt across the fleet, stamped on every group: a group the trainer
             finds stale, or one that failed for a passing reason (engine timeout, server restart), has its
             prompt requeued on NS.prompts by the trainer while ``attempt + 1 < max_attempts``; 1: never.
-        generate_timeout_s: how long one generation attempt of a group may take, with any engine (a
-            custom generate function too); past it the attempt counts as a retriable failure, and after
-            the last attempt the group is published as failed. None: no limit.
-        retry_backoff_s: first backoff between those tries (doubles).
+        generate_timeout_s: the group's one deadline (``--group-timeout``): its generation, with every
+            engine retry, continuation of a partial rollout and backoff, and its scoring must end within it,
+            with any engine (a custom generate function too). Retries spend it and never extend it; an HTTP
+            request waits at most min(the engine's request timeout, what is left). Past it the group is
+            published as failed, marked retriable (the trainer may requeue its prompt). None: no limit.
+        retry_backoff_s: first backoff between those tries (doubles, with jitter, up to 10 s).
+        user_threads: threads for sync generate and reward functions (``rollstream-user``, their own: a hung
+            one holds its own thread, never the producer's). None: `concurrency`.
         backpressure: how the lag gate learns the trainer's lag: ``pushed`` follows the position the
             trainer's `RolloutConsumer` publishes on NS.control after every commit (within milliseconds,
             one record per trainer step whatever the number of producers) and, once one came, reads the
@@ -81,8 +88,9 @@ class ProducerSettings:
     sampling_extra: Mapping[str, Any] = field(default_factory=dict)
     generate_attempts: int = 3
     max_attempts: int = 3
-    generate_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S
+    generate_timeout_s: float | None = DEFAULT_GROUP_TIMEOUT_S
     retry_backoff_s: float = 0.5
+    user_threads: int | None = None
     backpressure: Backpressure = "pushed"
     lag_interval_s: float = 0.5
     lag_fallback_s: float = 5.0
@@ -104,6 +112,8 @@ class ProducerSettings:
         for name in ("n_samples", "concurrency", "generate_attempts", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.user_threads is not None and self.user_threads < 1:
+            raise ConfigError(f"user_threads={self.user_threads} must be >= 1 (or None: concurrency)")
         if self.max_lag is not None and self.max_lag < 0:
             raise ConfigError(f"max_lag={self.max_lag} must be >= 0")
         for name in ("retry_backoff_s", "drain_timeout_s", "drain_on_revoke_s", "summary_interval_s"):
@@ -137,6 +147,10 @@ class ProducerSettings:
     @property
     def effective_max_lag(self) -> int:
         return self.concurrency if self.max_lag is None else self.max_lag
+
+    @property
+    def effective_user_threads(self) -> int:
+        return self.concurrency if self.user_threads is None else self.user_threads
 
     @property
     def effective_intake_group(self) -> str:

@@ -1,6 +1,7 @@
 """Generation engines behind one interface (`Engine`): SGLang over HTTP, SGLang in-process, vLLM over
 HTTP, transformers on CPU, and a user's generate function. Heavy libraries are imported lazily."""
 
+from rollstream.producers.engines._retry import DEFAULT_GROUP_TIMEOUT_S, Backoff, Deadline, RetryPolicy
 from rollstream.producers.engines.base import (
     DEFAULT_REQUEST_TIMEOUT_S,
     Completion,
@@ -13,12 +14,12 @@ from rollstream.producers.engines.custom import CustomEngine
 from rollstream.producers.engines.factory import make_engine
 from rollstream.producers.engines.hf import HFEngine
 from rollstream.producers.engines.sglang_engine import SGLangEngine
-from rollstream.producers.engines.sglang_http import RetryPolicy, SGLangHTTPEngine, SGLangSyncEngine, WeightSync
+from rollstream.producers.engines.sglang_http import SGLangHTTPEngine, SGLangSyncEngine, WeightSync
 from rollstream.producers.engines.tiny_model import build_tiny_model
 from rollstream.producers.engines.vllm_http import VLLMHTTPEngine
 
 __all__ = [
-    "Completion", "CustomEngine", "DEFAULT_REQUEST_TIMEOUT_S", "Engine", "EngineError", "Generation", "HFEngine",
-    "RetryPolicy", "SGLangEngine", "SGLangHTTPEngine", "SGLangSyncEngine", "SamplingParams", "VLLMHTTPEngine",
-    "WeightSync", "build_tiny_model", "make_engine",
+    "Backoff", "Completion", "CustomEngine", "DEFAULT_GROUP_TIMEOUT_S", "DEFAULT_REQUEST_TIMEOUT_S", "Deadline",
+    "Engine", "EngineError", "Generation", "HFEngine", "RetryPolicy", "SGLangEngine", "SGLangHTTPEngine",
+    "SGLangSyncEngine", "SamplingParams", "VLLMHTTPEngine", "WeightSync", "build_tiny_model", "make_engine",
 ]

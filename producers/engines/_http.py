@@ -1,20 +1,22 @@
 """What the HTTP engines (SGLang's `/generate`, vLLM's `/v1/completions`) share: their server list, their
-client and prompt encoder, the prompt they send, and how one POST's failure is classified. Loop-only;
-never blocks the loop."""
+client, prompt encoder and tokenizer threads, the prompt they send, and how one POST's failure is
+classified (their per-sample loop is `_samples`). Loop-only; never blocks the loop."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+from rollstream.producers._threads import ThreadPool
+from rollstream.producers.engines._retry import Deadline
 from rollstream.producers.engines._tokenize import PromptEncoder, load_tokenizer
 from rollstream.producers.engines.base import EngineError
 from rollstream.schemas import ConfigError
 
 RETRY_STATUS = frozenset({408, 429})  # with every 5xx: the server may answer next time
+_TOKENIZE_THREADS = 4  # fast tokenizers release the GIL; a few threads keep up with many groups
 
 
 def base_urls(urls: str | Sequence[str], *, suffixes: Iterable[str], option: str) -> list[str]:
@@ -52,13 +54,16 @@ class RoundRobin:
 
 class HTTPSession:
     """An HTTP engine's client (opened by `start`, closed by `close`) and, with a tokenizer (a name or
-    path loaded at start, or a tokenizer object), its prompt encoder. Loop-only."""
+    path loaded at start, or a tokenizer object), its prompt encoder and the ``rollstream-tokenize`` threads
+    it runs in (its own: never behind user code or other infrastructure). Loop-only."""
 
     def __init__(self, tokenizer: str | Path | Any | None, *, chat_template: bool, timeout_s: float,
                  connect_timeout_s: float, max_connections: int) -> None:
+        self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.client: httpx.AsyncClient | None = None
         self.encoder: PromptEncoder | None = None
+        self.threads: ThreadPool | None = None
         self._tokenizer = tokenizer
         self._chat_template = chat_template
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
@@ -67,9 +72,11 @@ class HTTPSession:
     async def start(self) -> bool:
         """Load the tokenizer (in a thread) and open the client. Idempotent; True when it opened the client."""
         if self._tokenizer is not None and self.encoder is None:
+            if self.threads is None:
+                self.threads = ThreadPool("rollstream-tokenize", _TOKENIZE_THREADS)
             tok = self._tokenizer
             if isinstance(tok, str | Path):
-                tok = await asyncio.to_thread(load_tokenizer, tok)
+                tok = await self.threads.run(load_tokenizer, tok)
             self.encoder = PromptEncoder(tok, chat_template=self._chat_template)
         if self.client is not None:
             return False
@@ -77,30 +84,55 @@ class HTTPSession:
         return True
 
     async def close(self) -> None:
-        """Close the client. Idempotent."""
+        """Close the client and the tokenizer threads. Idempotent."""
+        if self.threads is not None:
+            threads, self.threads, self.encoder = self.threads, None, None
+            threads.close()
         if self.client is not None:
             client, self.client = self.client, None
             await client.aclose()
 
+    def timeout_within(self, deadline: Deadline | None) -> httpx.Timeout | None:
+        """One request's timeout under `deadline`: the session's own, each part cut to what is left (None:
+        the client's, without a deadline)."""
+        if deadline is None or deadline.total_s is None:
+            return None
+        left = deadline.remaining()
+        return httpx.Timeout(min(self.timeout_s, left), connect=min(self.connect_timeout_s, left))
 
-async def prompt_input(encoder: PromptEncoder | None, prompt: Mapping[str, Any]) -> tuple[str, Sequence[int] | None]:
-    """The prompt text and, with a tokenizer, its token ids (chat template applied, in a thread).
+    async def prompt_input(self, prompt: Mapping[str, Any]) -> tuple[str, Sequence[int] | None]:
+        """The prompt text and, with a tokenizer, its token ids (chat template applied, in a tokenizer thread).
+
+        Raises:
+            EngineError (not retriable): chat messages without a tokenizer to render them; the session is closed.
+        """
+        if self.encoder is None:
+            return prompt_input(None, prompt)
+        if self.threads is None:
+            raise EngineError("engine closed", retriable=False)
+        return await self.threads.run(self.encoder.encode, prompt)
+
+
+def prompt_input(encoder: PromptEncoder | None, prompt: Mapping[str, Any]) -> tuple[str, Sequence[int] | None]:
+    """The prompt text and, with a tokenizer, its token ids (chat template applied; blocks while it tokenizes:
+    call it off the loop, as `HTTPSession.prompt_input` does).
 
     Raises:
         EngineError (not retriable): chat messages without a tokenizer to render them.
     """
     if encoder is not None:
-        return await asyncio.to_thread(encoder.encode, prompt)
+        return encoder.encode(prompt)
     if isinstance(prompt["prompt"], str):
         return prompt["prompt"], None
     raise EngineError(f"prompt {prompt.get('id')!r} is a list of chat messages: pass --tokenizer so its chat "
                       "template can render them", retriable=False)
 
 
-async def post_json(client: httpx.AsyncClient | None, server: str, path: str,
-                    body: Mapping[str, Any]) -> tuple[Any, str | None]:
-    """One POST of `body` to `server` + `path`: (the decoded JSON answer, None), or (None, why) when another
-    try may work (timeout, transport error, 5xx/408/429, a body that is not JSON).
+async def post_json(client: httpx.AsyncClient | None, server: str, path: str, body: Mapping[str, Any], *,
+                    timeout: httpx.Timeout | None = None) -> tuple[Any, str | None]:
+    """One POST of `body` to `server` + `path` (waiting up to `timeout`; None: the client's): (the decoded
+    JSON answer, None), or (None, why) when another try may work (timeout, transport error, 5xx/408/429, a
+    body that is not JSON).
 
     Raises:
         EngineError (not retriable): the engine is closed, or a 4xx the server will refuse again.
@@ -108,7 +140,8 @@ async def post_json(client: httpx.AsyncClient | None, server: str, path: str,
     if client is None:
         raise EngineError("engine closed", retriable=False)
     try:
-        resp = await client.post(f"{server}{path}", json=dict(body))
+        resp = await client.post(f"{server}{path}", json=dict(body),
+                                 timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
     except httpx.TimeoutException as exc:
         return None, f"{server}: timed out ({type(exc).__name__})"
     except httpx.TransportError as exc:

@@ -3,8 +3,9 @@
 An engine turns one prompt into `n` completions. It is async because generation fans out: many
 prompts are in flight at once on one event loop. An engine never blocks that loop: network I/O is
 awaited, CPU/GPU work (tokenising, `model.generate`) runs in a worker thread. An engine retries what
-is worth retrying (a 5xx, a timeout, a request aborted by a weight update) with bounded backoff and
-raises `EngineError` when it gives up; the producer then publishes the group as failed.
+is worth retrying (a 5xx, a timeout, a request aborted by a weight update) with bounded backoff, within
+the group's one `Deadline` when its `generate` takes one, and raises `EngineError` when it gives up; the
+producer then publishes the group as failed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from rollstream.schemas import FINISH_REASONS, RollstreamError, VersionSpan
 
-DEFAULT_REQUEST_TIMEOUT_S = 600.0  # one generation attempt may legitimately take minutes
+DEFAULT_REQUEST_TIMEOUT_S = 600.0  # one request of an HTTP engine may legitimately take minutes
 
 
 class EngineError(RollstreamError):
@@ -116,6 +117,9 @@ class Engine(Protocol):
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
         """Generate `n` completions for `prompt` (a `Prompt.to_dict()`: id, prompt, label, metadata, epoch).
 
+        An engine that retries on its own should also take a keyword ``deadline: Deadline | None = None``
+        (as the HTTP engines do): the producer then passes the group's `Deadline`, which its retries spend
+        and never outlast. The producer bounds every call by that deadline anyway.
         Raises:
             EngineError: generation failed after the engine's own retries.
         """

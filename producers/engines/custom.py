@@ -19,23 +19,27 @@ completion dicts. Each dict has (README, "Plug-ins"):
 `rollstream.producers.multiturn` builds such dicts for multi-turn rollouts. MODULE:FUNC may also name a class: it
 is instantiated without arguments and its instances are the generate function (``async __call__``); an
 instance's ``async start()`` and ``async close()``, when it has them, bracket the producer's run (for a
-generate function that owns a model or a client). A plain (sync) function is accepted too and runs in a
-worker thread so it cannot block the event loop. A result with ``finish_reason=abort`` raises a retriable
-`EngineError`: the producer retries the prompt rather than ship an aborted sample. A malformed result
+generate function that owns a model or a client). A plain (sync) function is accepted too and runs in the
+producer's ``rollstream-user`` threads (`use_threads`; without them, a few of the engine's own) so it
+cannot block the event loop, and a hung call holds only its own thread. A result with
+``finish_reason=abort`` raises a retriable `EngineError`: the producer retries the prompt (within the
+group's deadline) rather than ship an aborted sample. A malformed result
 raises a non-retriable `EngineError` naming the completion, the field and the lengths.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from rollstream.producers._plugins import load_callable
+from rollstream.producers._threads import ThreadPool
 from rollstream.producers.engines.base import Completion, EngineError, Generation, SamplingParams
 from rollstream.schemas import ConfigError, InvalidRecordError, Sample, VersionSpan
+
+_OWN_THREADS = 4  # a sync function's threads when the producer lends none (the engine used on its own)
 
 
 class CustomEngine:
@@ -48,6 +52,12 @@ class CustomEngine:
         self._label: str = label or str(getattr(fn, "__qualname__", type(fn).__qualname__))
         # An instance with ``async def __call__`` is async too (iscoroutinefunction says no to the instance).
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+        self._threads: ThreadPool | None = None  # the producer's user threads, lent by `use_threads`
+        self._own: ThreadPool | None = None  # made on first need without them; closed by `close`
+
+    def use_threads(self, threads: ThreadPool) -> None:
+        """Run a sync generate function in `threads` (the producer's ``rollstream-user``, which it owns)."""
+        self._threads = threads
 
     @classmethod
     def from_spec(cls, spec: str) -> CustomEngine:
@@ -73,8 +83,15 @@ class CustomEngine:
         await self._lifecycle("start")
 
     async def close(self) -> None:
-        """Await the generate object's own ``close()`` if it has one."""
-        await self._lifecycle("close")
+        """Await the generate object's own ``close()`` if it has one; let the engine's own threads end."""
+        try:
+            await self._lifecycle("close")
+        finally:
+            if self._own is not None:
+                own, self._own = self._own, None
+                if self._threads is own:
+                    self._threads = None
+                own.close()
 
     async def _lifecycle(self, method: str) -> None:
         hook = None if inspect.isfunction(self._fn) else getattr(self._fn, method, None)
@@ -95,7 +112,9 @@ class CustomEngine:
             if self._is_async:
                 result = await self._fn(*args)
             else:
-                result = await asyncio.to_thread(self._fn, *args)
+                if self._threads is None:
+                    self._threads = self._own = ThreadPool("rollstream-user", _OWN_THREADS)
+                result = await self._threads.run(self._fn, *args)
                 if inspect.isawaitable(result):
                     result = await result
         except EngineError:

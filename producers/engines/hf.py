@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rollstream.producers._threads import in_thread
 from rollstream.producers.engines._tokenize import PromptEncoder, load_tokenizer
 from rollstream.producers.engines.base import Completion, EngineError, Generation, SamplingParams
 from rollstream.schemas import GREEDY_BELOW, ConfigError, logprob_temperature, read_policy_version
@@ -154,7 +155,7 @@ class HFEngine:
         if current is not None and version <= current:
             return False
         started = time.perf_counter()
-        state = await asyncio.to_thread(_read_state_dict, Path(weights_path))
+        state = await in_thread(_read_state_dict, Path(weights_path), name="rollstream-hf-read")
         loop = asyncio.get_running_loop()
         applied = await loop.run_in_executor(self._executor, self._apply_blocking, state, version)
         if applied:
@@ -188,7 +189,7 @@ class HFEngine:
         executor, self._executor = self._executor, None
         self._model = None
         if executor is not None:
-            await asyncio.to_thread(executor.shutdown, wait=True)
+            await in_thread(executor.shutdown, True, name="rollstream-hf-close")
 
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
         """Generate `n` samples in one batch on the worker thread.

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rollstream.producers._threads import ThreadPool, in_thread
 from rollstream.producers.engines._sglang_format import (
     PARTIAL_ROLLOUTS,
     PartialRollout,
@@ -35,6 +36,8 @@ from rollstream.producers.engines._tokenize import PromptEncoder, load_tokenizer
 from rollstream.producers.engines.base import Completion, EngineError, Generation, SamplingParams
 from rollstream.producers.engines.sglang_http import gather_or_cancel
 from rollstream.schemas import ConfigError, read_policy_version
+
+_TOKENIZE_THREADS = 4
 
 log = logging.getLogger(__name__)
 _IO_STRUCT = "sglang.srt.managers.io_struct"
@@ -74,6 +77,7 @@ class SGLangEngine:
         self._kwargs = dict(engine_kwargs or {})
         self._engine: Any = None
         self._encoder: PromptEncoder | None = None
+        self._threads: ThreadPool | None = None  # tokenization: its own threads, never behind user code
 
     async def start(self) -> None:
         """Import sglang and launch the engine in a worker thread (minutes for a large model). Idempotent.
@@ -84,23 +88,29 @@ class SGLangEngine:
         if self._engine is not None:
             return
         try:
-            sglang = await asyncio.to_thread(importlib.import_module, "sglang")  # torch and CUDA: seconds
+            # torch and CUDA: seconds
+            sglang = await in_thread(importlib.import_module, "sglang", name="rollstream-sglang-start")
         except ImportError as exc:
             raise ConfigError("--engine sglang without --sglang-url runs SGLang in-process and needs it "
                               "installed: pip install 'rollstream[sglang]' (GPU only)") from exc
-        tokenizer = await asyncio.to_thread(load_tokenizer, self._tokenizer_path)
+        tokenizer = await in_thread(load_tokenizer, self._tokenizer_path, name="rollstream-sglang-start")
         self._encoder = PromptEncoder(tokenizer, chat_template=self._chat_template)
         if self._version is None:
             self._version = read_policy_version(self._model_path)
         kwargs = dict(self._kwargs)
         if self._version is not None:
             kwargs.setdefault("weight_version", str(self._version))  # SGLang then reports it per sample
-        self._engine = await asyncio.to_thread(lambda: sglang.Engine(model_path=self._model_path, **kwargs))
+        self._engine = await in_thread(lambda: sglang.Engine(model_path=self._model_path, **kwargs),
+                                       name="rollstream-sglang-start")
+        self._threads = ThreadPool("rollstream-tokenize", _TOKENIZE_THREADS)
 
     async def close(self) -> None:
         engine, self._engine = self._engine, None
+        threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.close()
         if engine is not None:
-            await asyncio.to_thread(engine.shutdown)
+            await in_thread(engine.shutdown, name="rollstream-sglang-close")
 
     @property
     def policy_version(self) -> int | None:
@@ -109,9 +119,9 @@ class SGLangEngine:
 
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
         """`n` concurrent ``async_generate`` calls. Raises EngineError when one fails or keeps aborting."""
-        if self._engine is None or self._encoder is None:
+        if self._engine is None or self._encoder is None or self._threads is None:
             raise EngineError("SGLangEngine.generate called before start()", retriable=False)
-        text, ids = await asyncio.to_thread(self._encoder.encode, prompt)
+        text, ids = await self._threads.run(self._encoder.encode, prompt)
         payload = request_payload(text, ids, sampling.to_dict())
         completions = await gather_or_cancel([self._sample(payload) for _ in range(n)])
         return Generation(completions=completions, prompt_text=text, prompt_tokens=ids)
@@ -148,7 +158,7 @@ class SGLangEngine:
             raise EngineError("SGLangEngine.reload called before start()", retriable=False)
         if self._version is not None and version <= self._version:
             return False
-        io = await asyncio.to_thread(importlib.import_module, _IO_STRUCT)
+        io = await in_thread(importlib.import_module, _IO_STRUCT, name="rollstream-sglang-reload")
         manager = self._engine.tokenizer_manager
         if not hasattr(io, "PauseGenerationReqInput"):
             raise EngineError("this SGLang has no PauseGenerationReqInput: upgrade SGLang to reload weights "

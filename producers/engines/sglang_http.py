@@ -1,13 +1,14 @@
 """SGLang over HTTP: the production engine (native ``/generate``; see `_sglang_format` for the wire format).
 
 One or many server URLs (round robin, a retry moves to the next one) or one sglang-router URL. Each
-sample is its own request, retried with exponential backoff and jitter on connection errors, timeouts,
-HTTP 408/429/5xx and malformed bodies, up to `RetryPolicy.attempts`. Any other 4xx (a prompt the
-server refuses) fails at once. An aborted request (finish_reason ``abort``, e.g. a weight update) is
-never returned as a finished sample: with ``partial_rollouts="continue"`` (the default) its tokens are
-kept and a new request continues it from prompt + tokens on the new weights, at most
-`RetryPolicy.max_continuations` times; with ``"restart"`` it is issued again from scratch, at most
-`RetryPolicy.abort_attempts` times (see `_sglang_format.PartialRollout`).
+sample is its own request, run by the HTTP engines' one per-sample loop (`_samples.run_sample`): retried
+with exponential backoff and jitter on connection errors, timeouts, HTTP 408/429/5xx and malformed
+bodies, up to `RetryPolicy.attempts`, all within the group's `Deadline` (each request waits at most
+``min(timeout_s, what is left)``). Any other 4xx (a prompt the server refuses) fails at once. An aborted
+request (finish_reason ``abort``, e.g. a weight update) is never returned as a finished sample: with
+``partial_rollouts="continue"`` (the default) its tokens are kept and a new request continues it from
+prompt + tokens on the new weights, at most `RetryPolicy.max_continuations` times; with ``"restart"`` it
+is issued again from scratch, at most `RetryPolicy.abort_attempts` times (see `_sglang_format.PartialRollout`).
 
 Whose job the weights are: by default the trainer updates the servers itself (SGLang's
 ``/update_weights_from_disk`` or its NCCL path) and the producer only reads the versions SGLang reports.
@@ -20,13 +21,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
-from rollstream.producers.engines._http import HTTPSession, RoundRobin, base_urls, post_json, prompt_input
+from rollstream.producers.engines._http import HTTPSession, RoundRobin, base_urls
+from rollstream.producers.engines._retry import Deadline, RetryPolicy
+from rollstream.producers.engines._samples import Endpoint, gather_or_cancel, run_sample
 from rollstream.producers.engines._sglang_format import (
     PARTIAL_ROLLOUTS,
     PartialRollout,
@@ -51,33 +54,20 @@ __all__ = ["PARTIAL_ROLLOUTS", "PartialRollouts", "RetryPolicy", "SGLangHTTPEngi
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Bounded retries per sample. Backoff doubles from `backoff_s` up to `max_backoff_s`, with jitter.
-
-    `attempts`: tries of a request that failed (connection, timeout, 5xx); `abort_attempts`: re-issues of
-    an aborted request from scratch; `max_continuations`: continuations of an aborted sample from its
-    partial output (``partial_rollouts="continue"``).
-    """
-
-    attempts: int = 5
-    abort_attempts: int = 20
-    backoff_s: float = 0.5
-    max_backoff_s: float = 10.0
-    max_continuations: int = 4
-
-    def __post_init__(self) -> None:
-        if (self.attempts < 1 or self.abort_attempts < 0 or self.backoff_s < 0 or self.max_backoff_s < 0
-                or self.max_continuations < 0):
-            raise ConfigError(f"invalid retry policy {self}: attempts >= 1, the rest >= 0")
-
-    def delay_s(self, failures: int, rng: random.Random) -> float:
-        return min(self.max_backoff_s, self.backoff_s * 2 ** max(0, failures - 1)) * (0.5 + rng.random() / 2)
-
-
 def normalize_url(url: str) -> str:
     """``host:port``, ``http://host:port/`` or ``.../generate`` -> ``http://host:port``."""
     return base_urls(url, suffixes=("/generate",), option="--sglang-url")[0]
+
+
+def parse_answer(out: Any) -> tuple[Completion, str]:
+    """One ``/generate`` answer (SGLang may wrap it in a list of one) -> (completion, why it was aborted)."""
+    if isinstance(out, list) and len(out) == 1:
+        out = out[0]
+    completion = parse_completion(out)
+    return completion, abort_message(out["meta_info"]) if completion.finish_reason == "abort" else ""
+
+
+_GENERATE = Endpoint(label="sglang /generate", path="/generate", parse=parse_answer)
 
 
 class SGLangHTTPEngine:
@@ -88,7 +78,8 @@ class SGLangHTTPEngine:
         tokenizer: a tokenizer directory (or loaded tokenizer) to send ``input_ids`` (chat template
             applied when it has one); None sends the prompt text and lets the server tokenize (an
             aborted sample is then restarted, not continued: its prompt's token ids are not known here).
-        timeout_s: per-request read timeout (a long generation is legitimately slow).
+        timeout_s: per-request timeout (a long generation is legitimately slow), cut to what is left of
+            the group's deadline.
         partial_rollouts: ``continue`` an aborted sample from its partial output, or ``restart`` it.
     """
 
@@ -118,60 +109,30 @@ class SGLangHTTPEngine:
     async def close(self) -> None:
         await self._http.close()
 
-    async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
-        """`n` concurrent requests for `prompt`; if one gives up, the others are cancelled.
+    async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams, *,
+                       deadline: Deadline | None = None) -> Generation:
+        """`n` concurrent requests for `prompt`, all within `deadline` (None: each request's own timeout
+        only); if one gives up, the others are cancelled.
 
         Raises:
-            EngineError: a sample failed after its retries (not retriable: the engine already retried), or
-                was aborted more than ``max_continuations`` times with partial output (retriable).
+            EngineError: a sample failed after its retries (not retriable: the engine already retried);
+                was aborted more than ``max_continuations`` times with partial output, or the deadline
+                ran out (retriable).
         """
         if self._http.client is None:
             raise EngineError("SGLangHTTPEngine.generate called before start()", retriable=False)
-        text, ids = await prompt_input(self._http.encoder, prompt)
+        deadline = deadline or Deadline.after(None)
+        text, ids = await self._http.prompt_input(prompt)
         payload = request_payload(text, ids, sampling.to_dict())
-        completions = await gather_or_cancel([self._sample(payload) for _ in range(n)])
+        completions = await gather_or_cancel([self._sample(payload, deadline) for _ in range(n)])
         return Generation(completions=completions, prompt_text=text, prompt_tokens=ids or ())
 
-    async def _sample(self, payload: Mapping[str, Any]) -> Completion:
+    async def _sample(self, payload: Mapping[str, Any], deadline: Deadline) -> Completion:
         r = self._retry
         rollout = PartialRollout(payload, mode=self._partial, max_continuations=r.max_continuations,
                                  abort_attempts=r.abort_attempts)
-        failures = 0
-        while True:
-            url = self._servers.pick()
-            completion, error = await self._post_once(url, rollout.payload())
-            if completion is None:
-                failures += 1
-                if failures >= r.attempts:
-                    raise EngineError(f"sglang /generate failed {failures} times; last: {error}", retriable=False)
-                log.warning("sglang /generate failed (%s); retry %d/%d", error, failures, r.attempts - 1)
-                await asyncio.sleep(r.delay_s(failures, self._rng))
-                continue
-            aborts = rollout.aborts
-            done = rollout.add(completion, f" (last by {url}: {error or 'abort'})")
-            if done is not None:
-                return done
-            if rollout.aborts > aborts:  # issued again from scratch: back off, the server may be busy updating
-                log.info("sglang request aborted by %s (%s); issuing it again", url, error or "abort")
-                await asyncio.sleep(r.delay_s(min(rollout.aborts, 3), self._rng))
-            else:
-                log.info("sglang request aborted by %s after %d tokens (%s); continuing it", url,
-                         len(completion.tokens), error or "abort")
-
-    async def _post_once(self, url: str, payload: Mapping[str, Any]) -> tuple[Completion | None, str | None]:
-        """One POST. Returns (completion, None), (aborted completion, message) or (None, retriable error).
-
-        Raises:
-            EngineError (not retriable): a 4xx the server will refuse again.
-        """
-        out, error = await post_json(self._http.client, url, "/generate", payload)
-        if error is not None:
-            return None, error
-        if isinstance(out, list) and len(out) == 1:
-            out = out[0]
-        completion = parse_completion(out)
-        return completion, abort_message(out["meta_info"]) if completion.finish_reason == "abort" else None
-
+        return await run_sample(self._http, self._servers, _GENERATE, rollout, retry=r, deadline=deadline,
+                                rng=self._rng)
 
 
 @dataclass(frozen=True)
@@ -308,15 +269,3 @@ class SGLangSyncEngine(SGLangHTTPEngine):
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
             log.warning("could not read the weight version of %s (%s): taken as unknown", url, exc)
             return None
-
-
-async def gather_or_cancel(coros: Sequence[Awaitable[Completion]]) -> list[Completion]:
-    """Run all; on the first failure cancel the rest and raise that failure (not an ExceptionGroup)."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise

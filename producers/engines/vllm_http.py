@@ -1,13 +1,14 @@
 """vLLM over HTTP: its OpenAI-compatible ``/v1/completions`` (``vllm serve``; wire format in `_vllm_format`).
 
 One or many server URLs, round robin (a retry moves to the next one). Each sample is its own request
-(``n`` = 1, ``seed + i`` when a seed is set), retried with exponential backoff and jitter on connection
-errors, timeouts, HTTP 408/429/5xx and malformed bodies, up to `RetryPolicy.attempts`; any other 4xx (a
-prompt or parameter the server refuses) fails at once. A sample vLLM aborted (finish reason ``abort``:
-``POST /pause?mode=abort`` around a weight update, a server shutting down) is never returned as a
-finished sample: it is issued again from scratch, at most `RetryPolicy.abort_attempts` times, whatever
-``--partial-rollouts`` says (continuing a partial output is SGLang's; here a restarted sample is simply
-generated on whatever weights serve then).
+(``n`` = 1, ``seed + i`` when a seed is set), run by the HTTP engines' one per-sample loop
+(`_samples.run_sample`): retried with exponential backoff and jitter on connection errors, timeouts,
+HTTP 408/429/5xx and malformed bodies, up to `RetryPolicy.attempts`, all within the group's `Deadline`;
+any other 4xx (a prompt or parameter the server refuses) fails at once. A sample vLLM aborted (finish
+reason ``abort``: ``POST /pause?mode=abort`` around a weight update, a server shutting down) is never
+returned as a finished sample: it is issued again from scratch (`_samples.Reissue`), at most
+`RetryPolicy.abort_attempts` times, whatever ``--partial-rollouts`` says (continuing a partial output is
+SGLang's; here a restarted sample is simply generated on whatever weights serve then).
 
 Logprobs: vLLM's are what rollstream records only for some ``--logprobs-mode`` and sampling combinations
 (`_vllm_format.check_logprobs_contract`); the engine refuses the others before sending anything.
@@ -22,7 +23,6 @@ generation started (`rollstream.producers.policy`), never a newer one than gener
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from collections.abc import Mapping, Sequence
@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from rollstream.producers.engines._http import HTTPSession, RoundRobin, base_urls, post_json, prompt_input
+from rollstream.producers.engines._http import HTTPSession, RoundRobin, base_urls
+from rollstream.producers.engines._retry import Deadline, RetryPolicy
+from rollstream.producers.engines._samples import Endpoint, Reissue, gather_or_cancel, run_sample
 from rollstream.producers.engines._vllm_format import (
     LOGPROBS_MODES,
     LogprobsMode,
@@ -46,7 +48,6 @@ from rollstream.producers.engines.base import (
     Generation,
     SamplingParams,
 )
-from rollstream.producers.engines.sglang_http import RetryPolicy, gather_or_cancel
 from rollstream.schemas import ConfigError
 
 __all__ = ["LOGPROBS_MODES", "LogprobsMode", "VLLMHTTPEngine", "normalize_vllm_url"]
@@ -71,7 +72,8 @@ class VLLMHTTPEngine:
             ``GET /v1/models`` at `start`, or none sent (vLLM then uses its only model).
         tokenizer: a tokenizer directory (or loaded tokenizer) to send token ids (chat template applied
             when it has one); None sends the prompt text and vLLM tokenizes it (and returns its ids).
-        timeout_s: per-request read timeout (a long generation is legitimately slow).
+        timeout_s: per-request timeout (a long generation is legitimately slow), cut to what is left of
+            the group's deadline.
         logprobs_mode: the ``--logprobs-mode`` the servers run with (see `check_logprobs_contract`).
         sampling: the producer's sampling parameters, checked against `logprobs_mode` here (so a producer
             fails at startup instead of failing every group); `generate` checks what it gets anyway.
@@ -125,67 +127,39 @@ class VLLMHTTPEngine:
     async def close(self) -> None:
         await self._http.close()
 
-    async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
-        """`n` concurrent requests for `prompt`; if one gives up, the others are cancelled.
+    async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams, *,
+                       deadline: Deadline | None = None) -> Generation:
+        """`n` concurrent requests for `prompt`, all within `deadline` (None: each request's own timeout
+        only); if one gives up, the others are cancelled.
 
         Raises:
             EngineError: sampling whose logprobs vLLM cannot give as rollstream records them, or a chat
                 prompt without a tokenizer (not retriable); a sample failed after its retries or kept
-                being aborted (not retriable: the engine already retried).
+                being aborted (not retriable: the engine already retried); the deadline ran out (retriable).
         """
         if self._http.client is None:
             raise EngineError("VLLMHTTPEngine.generate called before start()", retriable=False)
-        text, ids = await prompt_input(self._http.encoder, prompt)
+        deadline = deadline or Deadline.after(None)
+        text, ids = await self._http.prompt_input(prompt)
         body = request_body(text, ids, sampling.to_dict(), model=self._model)
         check_logprobs_contract(self._logprobs_mode, body)
         served_ids: list[list[int]] = []  # the prompt's ids as vLLM tokenized it, when it says
-        completions = await gather_or_cancel([self._sample(seeded(body, i), served_ids) for i in range(n)])
+        completions = await gather_or_cancel([self._sample(seeded(body, i), served_ids, deadline) for i in range(n)])
         prompt_tokens = ids if ids is not None else (served_ids[0] if served_ids else ())
         return Generation(completions=completions, prompt_text=text, prompt_tokens=prompt_tokens)
 
-    async def _sample(self, body: Mapping[str, Any], served_ids: list[list[int]]) -> Completion:
+    async def _sample(self, body: Mapping[str, Any], served_ids: list[list[int]], deadline: Deadline) -> Completion:
         """One sample, retried and re-issued as the module docstring says; appends the prompt token ids
         vLLM returns to `served_ids`."""
-        r = self._retry
-        failures = aborts = 0
-        while True:
-            url = self._servers.pick()
-            result, error = await self._post_once(url, body)
-            if result is None:
-                failures += 1
-                if failures >= r.attempts:
-                    raise EngineError(f"vllm {_COMPLETIONS} failed {failures} times; last: {error}",
-                                      retriable=False)
-                log.warning("vllm %s failed (%s); retry %d/%d", _COMPLETIONS, error, failures, r.attempts - 1)
-                await asyncio.sleep(r.delay_s(failures, self._rng))
-                continue
-            completion, prompt_ids = result
+        def parse(out: Any) -> tuple[Completion, str]:
+            completion, prompt_ids = parse_response(out)
             if prompt_ids is not None:
                 served_ids.append(prompt_ids)
-            if completion.finish_reason != "abort":
-                return completion
-            aborts += 1
-            if aborts > r.abort_attempts:
-                raise EngineError(f"vllm request aborted {aborts} times (last by {url}); giving up", retriable=False)
-            log.info("vllm request aborted by %s after %d tokens; issuing it again", url, len(completion.tokens))
-            await asyncio.sleep(r.delay_s(min(aborts, 3), self._rng))  # the server may be busy updating
+            return completion, ""
 
-    async def _post_once(self, url: str, body: Mapping[str, Any]
-                         ) -> tuple[tuple[Completion, list[int] | None] | None, str | None]:
-        """One POST. Returns ((completion, prompt ids), None) or (None, a retriable error).
-
-        Raises:
-            EngineError (not retriable): a 4xx the server will refuse again, or a body not of vLLM's shape.
-        """
-        out, error = await post_json(self._http.client, url, _COMPLETIONS, body)
-        if error is not None:
-            return None, error
-        try:
-            return parse_response(out), None
-        except EngineError as exc:
-            if exc.retriable:
-                return None, f"{url}: {exc}"
-            raise
+        endpoint = Endpoint(label=f"vllm {_COMPLETIONS}", path=_COMPLETIONS, parse=parse)
+        return await run_sample(self._http, self._servers, endpoint, Reissue(body, self._retry.abort_attempts),
+                                retry=self._retry, deadline=deadline, rng=self._rng)
 
     async def _served_model(self, url: str) -> str | None:
         if self._http.client is None:

@@ -71,10 +71,16 @@ def produce(
         help="Tokenizer directory: send token ids with its chat template (SGLang over HTTP); without it the "
              "server tokenizes the prompt text.", rich_help_panel=_ENGINE)] = None,
     request_timeout: Annotated[float, typer.Option(
-        min=0.1, help="Seconds one generation attempt of a group may take, with every engine (--generate too; "
-                      "SGLang over HTTP: also each request). Past it the attempt is retried, and after the last "
-                      "attempt the group is published as failed (a long generation is slow, not dead).",
+        min=0.1, help="Seconds one request to an SGLang or vLLM server may take (a long generation is slow, not "
+                      "dead); a request that times out is retried within the group's --group-timeout. It no "
+                      "longer bounds a whole group or a --generate call: --group-timeout does.",
         rich_help_panel=_ENGINE)] = DEFAULT_REQUEST_TIMEOUT_S,
+    group_timeout: Annotated[float | None, typer.Option(
+        min=0.1, help="Seconds a group may take, one deadline for all of it: its generation, with every request "
+                      "retry, continuation of a partial rollout and backoff, and its scoring, with every engine "
+                      "(--generate too). Retries spend it, never extend it. Past it the group is published as "
+                      "failed (retriable: the trainer may requeue its prompt). Default: 3 x --request-timeout.",
+        rich_help_panel=_ENGINE)] = None,
     generate: Annotated[str | None, typer.Option(
         help="Custom generate function MODULE:FUNC: `async def f(prompt, n, sampling_params)` returning a list "
              "of dicts (text, tokens, logprobs, finish_reason, weight_version).",
@@ -151,7 +157,8 @@ def produce(
         exit_when_idle_s=exit_when_idle,
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, drain_timeout_s=drain_timeout,
         startup_timeout_s=startup_timeout, session_timeout_s=session_timeout, metrics_port=metrics_port,
-        summary_interval_s=summary_interval, generate_timeout_s=request_timeout,
+        summary_interval_s=summary_interval,
+        generate_timeout_s=group_timeout if group_timeout is not None else 3 * request_timeout,
         partial_rollouts=partial_rollouts.value, sglang_sync_weights=sglang_sync_weights, max_attempts=max_attempts,
         drain_on_revoke_s=drain_on_revoke)
     built = make_engine(engine.value if engine else None, sglang_urls=sglang_url or (), model=model,

@@ -19,10 +19,12 @@ from rollstream.producers import (
     ProducerSettings,
     RolloutProducer,
     SamplingParams,
+    SGLangHTTPEngine,
     load_reward,
 )
 from rollstream.producers._parts import Parts
 from rollstream.producers._pipeline import GroupPipeline, GroupSettings
+from rollstream.producers._threads import ProducerThreads
 from rollstream.producers._watermarks import Watermarks, commit_acknowledged
 from rollstream.producers.engines.base import Completion, Generation
 from rollstream.producers.gate import LagGate
@@ -30,6 +32,8 @@ from rollstream.producers.intake import Intake, TakenPrompt
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.producers.publisher import Publisher, PublishError
 from rollstream.schemas import ConfigError, LifecycleError, Prompt, ScoredGroup, decode
+
+from tests.standins.sglang_server import CharTokenizer, SGLangStandIn
 
 # -- a group task ends acknowledged (ok or failed) or fatal ----------------------------------------------
 
@@ -77,12 +81,12 @@ class _Intake:
 
     def __init__(self) -> None:
         self.marks = Watermarks()
-
-    def take(self, offset: int = 5) -> TakenPrompt:
         self.marks.assign([0])
+
+    def take(self, offset: int = 5, prompt_id: str = "p1") -> TakenPrompt:
         generation = self.marks.take(0, offset)
         assert generation is not None
-        return TakenPrompt(0, offset, generation, Prompt(id="p1", prompt="q"), None, 0)
+        return TakenPrompt(0, offset, generation, Prompt(id=prompt_id, prompt="q"), None, 0)
 
     def is_current(self, taken: TakenPrompt) -> bool:
         return self.marks.is_current(taken.partition, taken.generation)
@@ -114,8 +118,8 @@ class _Gate(LagGate):
 
 
 def _running(engine: Any, publisher: _Publisher, *, hook: Any = None, drain_timeout_s: float = 60.0,
-             timeout_s: float | None = None, attempts: int = 1,
-             reward: Any = None) -> tuple[RolloutProducer, Parts, _Intake]:
+             timeout_s: float | None = None, attempts: int = 1, reward: Any = None,
+             threads: ProducerThreads | None = None) -> tuple[RolloutProducer, Parts, _Intake]:
     """A producer and parts built as `open_parts` builds them, with a fake publisher and intake."""
     producer = RolloutProducer(engine, ProducerSettings(namespace="t", drain_timeout_s=drain_timeout_s))
     metrics = producer.metrics
@@ -126,9 +130,9 @@ def _running(engine: Any, publisher: _Publisher, *, hook: Any = None, drain_time
         GroupSettings(n_samples=1, sampling=SamplingParams(), attempts=attempts, max_attempts=1, backoff_s=0.0,
                       timeout_s=timeout_s, producer_id="p", prompts_topic="t.prompts", max_message_bytes=1 << 20),
         engine=engine, reward=load_reward(reward), policy=policy, publisher=publisher, gate=gate,  # type: ignore[arg-type]
-        metrics=metrics)
+        metrics=metrics, threads=threads)
     parts = Parts(engine=engine, publisher=publisher, gate=gate, policy=policy, intake=intake,  # type: ignore[arg-type]
-                  pipeline=pipeline)
+                  pipeline=pipeline, threads=pipeline.threads)
     return producer, parts, intake
 
 
@@ -223,6 +227,66 @@ def test_a_hung_reward_function_times_out_into_a_failed_group() -> None:
     assert [r.status for r in publisher.records] == ["failed"] and len(publisher.records[0].samples) == 1
     assert "took longer than 0.2 s" in (publisher.records[0].error or "")
     assert producer._fatal is None and intake.marks.committable() == {0: 6}
+
+
+def test_a_hung_user_function_holds_only_its_own_thread() -> None:
+    """Sync generate and reward functions that hang for good in some calls (3 hung, 4 user threads): every
+    other group still generates, scores and publishes (in the one thread left), the hung ones end failed
+    (retriable) at their deadline, an HTTP engine still tokenizes in its own threads once every user thread
+    hangs, and the producer closes within its bound, waiting for no hung thread."""
+    release = threading.Event()  # set at the end, so the daemon threads end with the test
+
+    def generate(prompt: dict[str, Any], n: int, sampling: dict[str, Any]) -> list[dict[str, Any]]:
+        if prompt["id"].startswith("hang-g"):
+            release.wait()
+        return [{"text": "a", "tokens": [1]}] * n
+
+    def reward(prompt: dict[str, Any], completion: dict[str, Any]) -> float:
+        if prompt["id"].startswith("hang-r"):
+            release.wait()
+        return 1.0
+
+    threads = ProducerThreads(4)
+    engine = CustomEngine(generate)
+    engine.use_threads(threads.user)
+    publisher = _Publisher()
+    producer, parts, intake = _running(engine, publisher, timeout_s=1.0, reward=reward, threads=threads,
+                                       drain_timeout_s=5.0)
+    ids = ["hang-g1", "hang-g2", "hang-r1", *(f"ok-{i}" for i in range(6))]
+
+    async def scenario() -> float:
+        slots = asyncio.Semaphore(len(ids))
+        for offset, prompt_id in enumerate(ids):
+            producer._spawn(parts, intake.take(offset, prompt_id), slots)
+        await asyncio.wait(set(producer._in_flight), timeout=4.0)
+        # Every user thread taken now: one more hung call fills the fourth.
+        filler = asyncio.ensure_future(threads.user.run(release.wait))
+        with SGLangStandIn(weight_version="1", token_delay_s=0.0) as server:
+            http = SGLangHTTPEngine([server.url], tokenizer=CharTokenizer())
+            await http.start()
+            try:
+                generation = await asyncio.wait_for(
+                    http.generate({"id": "t", "prompt": "2+2?"}, 1, SamplingParams(max_new_tokens=2)), 5.0)
+            finally:
+                await http.close()
+        assert list(generation.prompt_tokens) == [ord(ch) for ch in "2+2?"]  # tokenized in its own threads
+        started = time.monotonic()
+        await producer._close(parts, [])
+        filler.cancel()
+        return time.monotonic() - started
+
+    try:
+        closed_in = asyncio.run(asyncio.wait_for(scenario(), 20.0))
+    finally:
+        release.set()
+    assert closed_in < 2.0
+    by_id = {r.prompt_id: r for r in publisher.records}
+    assert sorted(by_id) == sorted(ids)
+    assert all(by_id[f"ok-{i}"].status == "ok" and by_id[f"ok-{i}"].rewards == [1.0] for i in range(6))
+    for prompt_id in ("hang-g1", "hang-g2", "hang-r1"):
+        assert by_id[prompt_id].status == "failed" and by_id[prompt_id].retriable
+        assert "took longer than 1 s" in (by_id[prompt_id].error or "")
+    assert producer._fatal is None and intake.marks.committable() == {0: len(ids)}
 
 
 def test_a_group_that_cannot_be_published_at_all_stops_the_producer() -> None:

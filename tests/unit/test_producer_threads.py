@@ -1,0 +1,98 @@
+"""The producer's thread pools and the lag reader's kept thread.
+
+Pinned: a `ThreadPool` runs at most `size` calls at once in daemon threads named after it, so a hung call
+holds one slot and the others go on; closing never waits for a hung call and cancels what had not
+started; `in_thread` runs a one-off call in a thread of its own. `LagReader` reads committed offsets in one
+kept thread (``rollstream-lag-read``), not a thread per read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+from rollstream.infra import KafkaConfig, LagReader
+from rollstream.producers._threads import ThreadPool, in_thread
+
+
+def test_a_pool_is_bounded_named_and_a_hung_call_holds_one_slot() -> None:
+    pool = ThreadPool("t-pool", 2)
+    release = threading.Event()
+    names: list[str] = []
+
+    def hang() -> None:
+        release.wait()
+
+    def quick(i: int) -> int:
+        names.append(threading.current_thread().name)
+        return i
+
+    async def scenario() -> list[int]:
+        hung = asyncio.ensure_future(pool.run(hang))
+        out = [await asyncio.wait_for(pool.run(quick, i), 2.0) for i in range(5)]  # the one free slot
+        hung.cancel()
+        return out
+
+    try:
+        assert asyncio.run(scenario()) == [0, 1, 2, 3, 4]
+        assert set(names) <= {"t-pool_0", "t-pool_1"}
+        assert all(t.daemon for t in threading.enumerate() if t.name.startswith("t-pool_"))
+        assert sum(t.name.startswith("t-pool_") for t in threading.enumerate()) == 2
+    finally:
+        release.set()
+        pool.close()
+
+
+def test_closing_a_pool_never_waits_and_cancels_what_had_not_started() -> None:
+    pool = ThreadPool("t-close", 1)
+    release = threading.Event()
+    running = pool.submit(release.wait)
+    waiting = pool.submit(lambda: 1)
+    started = time.monotonic()
+    pool.close()
+    assert time.monotonic() - started < 0.5 and waiting.cancelled() and not running.done()
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit(lambda: 2)
+    release.set()
+    assert running.result(2.0) is True
+
+
+def test_in_thread_runs_in_a_thread_of_its_own() -> None:
+    async def scenario() -> str:
+        return await in_thread(lambda: threading.current_thread().name, name="t-once")
+
+    assert asyncio.run(scenario()) == "t-once_0"
+
+
+class _Consumer:
+    """What `LagReader` asks of a consumer; records the thread each committed-offsets lookup ran in."""
+
+    def __init__(self, threads: list[int]) -> None:
+        self.threads = threads
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions={0: None, 1: None})})
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        self.threads.append(threading.get_ident())
+        assert threading.current_thread().name == "rollstream-lag-read"
+        return [TopicPartition(tp.topic, tp.partition, 3) for tp in partitions]
+
+    def get_watermark_offsets(self, tp: TopicPartition, cached: bool, timeout: float) -> tuple[int, int]:
+        return 0, 10
+
+    def close(self) -> None:
+        return None
+
+
+def test_the_lag_reader_reads_committed_offsets_in_one_kept_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: list[int] = []
+    monkeypatch.setattr("rollstream.infra.lag.open_consumer", lambda config: _Consumer(threads))
+    with LagReader(KafkaConfig()) as reader:
+        lags = [reader.group_lag("g", "t", timeout=2.0).total for _ in range(3)]
+    assert lags == [14, 14, 14] and len(threads) == 3 and len(set(threads)) == 1
