@@ -29,6 +29,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from rollstream.infra import ControlWatcher, KafkaConfig
+from rollstream.producers._threads import in_thread
 from rollstream.producers.engines.base import Completion, Engine, EngineError, ReloadableEngine
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.schemas import PolicyVersion, TrainerPosition
@@ -74,7 +75,7 @@ class PolicyFollower:
         if self._watcher is None:
             return
         self._watcher.start()
-        if not await asyncio.to_thread(self._watcher.wait_caught_up, catch_up_timeout):
+        if not await in_thread(self._watcher.wait_caught_up, catch_up_timeout, name="rollstream-policy-catch-up"):
             log.warning("%s not read to its end in time: early samples may carry an older policy version",
                         self._watcher.topic)
 
