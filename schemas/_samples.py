@@ -238,8 +238,9 @@ def _check_masks(c: SampleColumns) -> None:
     _check_parts(c.mask_parts, [m for m, has in zip(c.lengths, c.has_loss_mask, strict=True) if has], "loss_mask")
     top = max((int(p.max()) for p in c.mask_parts if p.size), default=0)
     if top > 1:
-        raise InvalidRecordError(f"loss_mask entries must be 0 or 1, found {top}; give one 0 or 1 per response "
-                                 "token (0: a tool or environment token)")
+        size = sum(p.size for p in c.mask_parts)
+        raise InvalidRecordError(f"loss_mask has {size} entries for {size} tokens; give one 0 or 1 per response token "
+                                 f"(0: a tool or environment token): loss mask entries must be 0 or 1, found {top}")
 
 
 def _check_spans(c: SampleColumns) -> None:
@@ -252,36 +253,37 @@ def _check_spans(c: SampleColumns) -> None:
     at = version_at = 0
     for i, count in enumerate(span_counts):
         n_versions = c.version_counts[i]
+        where = f"sample {i}: " if len(span_counts) > 1 else ""  # a sample checked alone needs no index
         if count:
             end = at + 3 * count
             versions, starts, ends = spans[at:end:3], spans[at + 1:end:3], spans[at + 2:end:3]
-            _check_cover(i, c.lengths[i], spans[at:end], starts, ends)
+            _check_cover(where, c.lengths[i], spans[at:end], starts, ends)
             named, own = tuple(dict.fromkeys(versions)), tuple(c.versions[version_at:version_at + n_versions])
             if named != own:
-                raise InvalidRecordError(f"sample {i}: version spans name versions {named}, its weight versions "
+                raise InvalidRecordError(f"{where}version spans name versions {named}, its weight versions "
                                          f"are {own}")
             if list(versions) != sorted(versions):
-                raise InvalidRecordError(f"sample {i}: version spans must be oldest first, got versions "
+                raise InvalidRecordError(f"{where}version spans must be oldest first, got versions "
                                          f"{list(versions)}")
             at = end
         version_at += n_versions
 
 
-def _check_cover(i: int, length: int, flat: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> None:
+def _check_cover(where: str, length: int, flat: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> None:
     if not starts[0] and ends[-1] == length and starts[1:] == ends[:-1] and all(map(operator.lt, starts, ends)):
         return
-    why = f"they end at token {ends[-1]}, but the sample has {length} tokens"
+    why = f"version spans end at token {ends[-1]}, but the sample has {length} tokens"
     cursor = 0
-    for start, stop in zip(starts, ends, strict=True):
+    for version, start, stop in zip(flat[::3], starts, ends, strict=True):
         if start != cursor:
-            why = f"a span starts at {start}, expected {cursor}"
+            why = f"the span of version {version} [{start}, {stop}) starts at {start}, expected {cursor}"
             break
         if stop <= start:
-            why = f"the span [{start}, {stop}) is empty"
+            why = f"the span of version {version} [{start}, {stop}) is empty"
             break
         cursor = stop
-    raise InvalidRecordError(f"sample {i}: version spans {list(flat)} (version, start, end) do not cover its "
-                             f"{length} response tokens back to back: {why}")
+    raise InvalidRecordError(f"{where}{why}: version spans {list(flat)} (version, start, end) do not cover its "
+                             f"{length} response tokens back to back")
 
 
 @dataclass(frozen=True, eq=False)

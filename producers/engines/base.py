@@ -114,7 +114,8 @@ class Engine(Protocol):
         """Load what the engine needs (model, tokenizer, HTTP client). Never blocks the loop."""
 
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
-        """Generate `n` completions for `prompt` (a `Prompt.to_dict()`: id, prompt, label, metadata, epoch).
+        """Generate `n` completions for `prompt` (a `Prompt.plugin_dict()`: id, prompt, label, metadata, epoch,
+        attempt).
 
         Raises:
             EngineError: generation failed after the engine's own retries.
