@@ -186,7 +186,9 @@ def check_columns(c: SampleColumns, *, values: bool = True) -> None:
         raise InvalidRecordError(f"{len(c.versions)} weight versions and {len(c.text)} text characters do not "
                                  f"match the samples' counts {list(c.version_counts)} and text lengths "
                                  f"{list(c.text_lengths)}")
-    _check_parts(c.logprob_parts, [m for m, has in zip(lengths, c.has_logprobs, strict=True) if has], "logprobs")
+    has_logprobs = c.has_logprobs
+    _check_parts(c.logprob_parts, lengths if 0 not in has_logprobs else  # most groups: every sample has them
+                 [m for m, has in zip(lengths, has_logprobs, strict=True) if has], "logprobs")
     if values:
         _check_finite(c.logprob_parts, c.rewards)
     _check_masks(c)

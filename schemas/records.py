@@ -245,6 +245,8 @@ class OffsetDisposition:
     def __post_init__(self) -> None:
         if self.kind not in DISPOSITION_KINDS:
             raise InvalidRecordError(f"disposition {self.kind!r} is not one of {DISPOSITION_KINDS}")
+        if self.attempt < 0:
+            raise InvalidRecordError(f"disposition of offset {self.offset}: attempt {self.attempt} must be >= 0")
 
 
 @dataclass(frozen=True)
