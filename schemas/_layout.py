@@ -235,8 +235,9 @@ def _dispositions(d: Mapping[str, Any]) -> tuple[OffsetDisposition, ...]:
     attempts = unpack_values(d["attempts"], "i", "attempts") if d["attempts"] else (0,) * n
     if len(attempts) != n or min(attempts, default=0) < 0:
         raise DecodeError(f"manifest has {len(attempts)} attempts (none below 0) for {n} dispositions")
-    return tuple(OffsetDisposition(partitions[i], offsets[i], DISPOSITION_KINDS[kinds[i]], group_ids[i], reasons.get(i),
-                         attempts[i]) for i in range(n))
+    row = OffsetDisposition._checked  # the rules of its constructor, checked above for every row at once
+    return tuple(row(partitions[i], offsets[i], DISPOSITION_KINDS[kinds[i]], group_ids[i], reasons.get(i),
+                     attempts[i]) for i in range(n))
 
 
 def _prompt_datum(prompt: Prompt) -> dict[str, Any]:

@@ -248,6 +248,17 @@ class OffsetDisposition:
         if self.attempt < 0:
             raise InvalidRecordError(f"disposition of offset {self.offset}: attempt {self.attempt} must be >= 0")
 
+    @classmethod
+    def _checked(cls, partition: int, offset: int, kind: DispositionKind, group_id: str | None, reason: str | None,
+                 attempt: int) -> OffsetDisposition:
+        """A row of manifest columns `_layout` checked with the rules above (kind codes in range, no attempt
+        below 0), for a whole manifest at once: a manifest holds one disposition per offset of a step, and
+        the constructor would add ~0.45 us per row (+55% to decoding a manifest of 1,000 offsets)."""
+        disposition = cls.__new__(cls)
+        disposition.__dict__.update({"partition": partition, "offset": offset, "kind": kind, "group_id": group_id,
+                                     "reason": reason, "attempt": attempt})
+        return disposition
+
 
 @dataclass(frozen=True)
 class StepManifest:
