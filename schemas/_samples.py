@@ -112,7 +112,8 @@ class SampleColumns(NamedTuple):
 
     def rows(self) -> tuple[Sample, ...]:
         """One `Sample` per row; its arrays are views of the columns. Only for checked columns."""
-        tokens, all_logprobs, all_masks, has_mask = self.tokens, self.logprobs, self.loss_masks, self.has_loss_mask
+        tokens, all_logprobs, has_mask = self.tokens, self.logprobs, self.has_loss_mask
+        all_masks = self.loss_masks if any(has_mask) else None  # most groups have none
         at, texts = 0, []
         for length in self.text_lengths:
             texts.append(self.text[at:at + length])
@@ -126,7 +127,7 @@ class SampleColumns(NamedTuple):
             if self.has_logprobs[i]:
                 logprobs = all_logprobs[logprob_at:logprob_at + n]
                 logprob_at += n
-            if has_mask[i]:
+            if all_masks is not None and has_mask[i]:
                 mask = all_masks[mask_at:mask_at + n]
                 mask_at += n
             count = self.version_counts[i]
