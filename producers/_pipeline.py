@@ -114,7 +114,7 @@ class GroupPipeline:
         if taken.prompt is None:
             return Outcome(error=f"undecodable prompt: {taken.error}")
         deadline = Deadline.after(self.settings.timeout_s)
-        prompt = taken.prompt.to_dict()
+        prompt = taken.prompt.plugin_dict()
         version_at_start = self.policy.policy_version  # before generating: see rollstream.producers.policy
         try:
             generation = await self.generate(prompt, deadline)

@@ -1,7 +1,7 @@
 """Reward functions: ``--reward MODULE:FUNC`` (sync or async) or a built-in NAME (``math``, ``exact``).
 
-A reward function is ``f(prompt: dict, completion: dict) -> float``; `prompt` is a `Prompt.to_dict()`
-(id, prompt, label, metadata, epoch), `completion` a `Completion.to_dict()` (text, tokens, logprobs,
+A reward function is ``f(prompt: dict, completion: dict) -> float``; `prompt` is a `Prompt.plugin_dict()`
+(id, prompt, label, metadata, epoch, attempt), `completion` a `Completion.to_dict()` (text, tokens, logprobs,
 finish_reason, weight_version, and the custom generate contract's loss_mask and weight_versions, so a
 multi-turn reward can tell the policy's tokens from a tool's). A user's sync function runs in the
 producer's ``rollstream-user`` threads (a slow verifier must not stall the event loop, and a hung one holds

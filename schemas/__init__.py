@@ -9,14 +9,15 @@ from rollstream.schemas._errors import (
     SchemaError,
     UnknownSchemaError,
 )
-from rollstream.schemas._layout import plain_samples
 from rollstream.schemas._packing import float32_array, int32_array
+from rollstream.schemas._samples import plain_samples
 from rollstream.schemas.codec import Codec, decode, default_codec, encode, fingerprint
 from rollstream.schemas.policy_dir import VERSION_FILE, read_policy_version, write_policy_version
 from rollstream.schemas.records import (
     DISPOSITION_KINDS,
     FINISH_REASONS,
     GREEDY_BELOW,
+    PLUGIN_KEYS,
     ChatMessage,
     OffsetDisposition,
     PartitionRange,
@@ -35,8 +36,8 @@ from rollstream.schemas.records import (
 )
 
 __all__ = [
-    "DISPOSITION_KINDS", "FINISH_REASONS", "GREEDY_BELOW", "VERSION_FILE", "ChatMessage", "Codec", "ConfigError",
-    "DecodeError", "LifecycleError",
+    "DISPOSITION_KINDS", "FINISH_REASONS", "GREEDY_BELOW", "PLUGIN_KEYS", "VERSION_FILE", "ChatMessage", "Codec",
+    "ConfigError", "DecodeError", "LifecycleError",
     "InvalidRecordError", "OffsetDisposition", "PartitionRange", "PolicyVersion", "Prompt", "RollstreamError",
     "Sample", "Samples", "Sampling", "SchemaError", "ScoredGroup", "StepManifest", "TrainerPosition",
     "UnknownSchemaError", "VersionSpan", "decode", "default_codec", "encode", "fingerprint", "float32_array",

@@ -115,7 +115,8 @@ class Engine(Protocol):
         """Load what the engine needs (model, tokenizer, HTTP client). Never blocks the loop."""
 
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
-        """Generate `n` completions for `prompt` (a `Prompt.to_dict()`: id, prompt, label, metadata, epoch).
+        """Generate `n` completions for `prompt` (a `Prompt.plugin_dict()`: id, prompt, label, metadata, epoch,
+        attempt).
 
         An engine that retries on its own should also take a keyword ``deadline: Deadline | None = None``
         (as the HTTP engines do): the producer then passes the group's `Deadline`, which its retries spend

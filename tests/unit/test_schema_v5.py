@@ -83,3 +83,5 @@ def test_v2_manifests_decode_with_attempt_zero_and_bad_attempts_are_refused() ->
     bad[-4:] = (-1).to_bytes(4, "little", signed=True)  # the attempts column is last: its one int32
     with pytest.raises(DecodeError, match="attempts"):
         decode(bytes(bad), StepManifest)
+    with pytest.raises(InvalidRecordError, match="attempt -1 must be >= 0"):  # as the constructor refuses it
+        OffsetDisposition(0, 0, "requeued", "a#0", "stale", attempt=-1)
