@@ -114,12 +114,14 @@ class ManifestRead:
         index: where they are, complete up to the end of NS.steps when the read started.
         records: records fetched from NS.steps (the group's and others' inside the ranges read).
         decoded: records decoded (the group's own).
+        whole: every partition was read from its log start (no index, no `newest` window cut anything).
     """
 
     manifests: list[StepManifest]
     index: ManifestIndex
     records: int
     decoded: int
+    whole: bool = True
 
 
 def read_manifests(config: KafkaConfig, steps_topic: str, consumer_group: str, *, timeout: float = 30.0,
@@ -130,10 +132,11 @@ def read_manifests(config: KafkaConfig, steps_topic: str, consumer_group: str, *
 
 
 def read_group_manifests(config: KafkaConfig, steps_topic: str, consumer_group: str, *,
-                         index: ManifestIndex | None = None, timeout: float = 30.0,
+                         index: ManifestIndex | None = None, newest: int | None = None, timeout: float = 30.0,
                          on_bad: Callable[[int, SchemaError], None] | None = None) -> ManifestRead:
     """Every StepManifest of `consumer_group` on `steps_topic` (keyed by group), in log order, reading only
-    where `index` says they can be (None: everything).
+    where `index` says they can be (None: everything), and of each partition only its `newest` records
+    (None: all; `rollstream status` reads a window, however long the history is).
 
     Records of other groups are skipped without decoding; an undecodable record under this group's
     key is reported to `on_bad(offset, error)` (default: a warning) and skipped. Blocks until everything
@@ -149,7 +152,11 @@ def read_group_manifests(config: KafkaConfig, steps_topic: str, consumer_group: 
     with reader(config, group_id) as consumer:
         partitions = partitions_of(consumer, steps_topic, timeout=timeout)
         bounds = {p: watermarks(consumer, steps_topic, p, timeout=timeout) for p in partitions}
+    starts = dict(bounds)
+    if newest is not None:
+        bounds = {p: (max(low, high - newest), high) for p, (low, high) in bounds.items()}
     plan = {p: _ranges(index, p, low, high) for p, (low, high) in bounds.items()}
+    whole = index is None and all(bounds[p][0] == starts[p][0] for p in bounds)
     found = ManifestIndex({p: PartIndex(high) for p, (_, high) in bounds.items()})
     out: list[StepManifest] = []
     records = decoded = 0
@@ -165,7 +172,7 @@ def read_group_manifests(config: KafkaConfig, steps_topic: str, consumer_group: 
             manifest = _decoded(msg.value() or b"", steps_topic, partition, offset, on_bad)
             if manifest is not None and manifest.consumer_group == consumer_group:
                 out.append(manifest)
-    return ManifestRead(out, found, records, decoded)
+    return ManifestRead(out, found, records, decoded, whole)
 
 
 def _ranges(index: ManifestIndex | None, partition: int, low: int, high: int) -> list[tuple[int, int]]:

@@ -19,10 +19,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaException
 from rollstream.consumers._errors import FilterError
 from rollstream.consumers._gather import judge
 from rollstream.consumers._ledger import StepLedger
+from rollstream.consumers._manifests import read_group_manifests
 from rollstream.consumers.filters import FilterContext, GroupFilter, reason_label
 from rollstream.consumers.forensics._status_causes import by_kind, ranked
 from rollstream.consumers.forensics._status_report import (
@@ -38,13 +39,13 @@ from rollstream.infra import (
     LagReader,
     ProducerState,
     TopicNames,
+    committed_with_metadata,
     kafka_error,
     open_admin,
     partitions_of,
     position_of,
     read_ranges,
     reader,
-    watermarks,
 )
 from rollstream.schemas import Prompt, SchemaError, ScoredGroup, StepManifest, decode
 
@@ -83,25 +84,13 @@ def read_producers(config: KafkaConfig, topic: str, group: str, timeout: float) 
 
 
 def _committed_states(config: KafkaConfig, topic: str, group: str, timeout: float) -> dict[int, ProducerState]:
-    """partition -> the `ProducerState` in the metadata of `group`'s commit on it (where there is one).
-
-    The metadata is what `rollstream.infra.committed_offsets` leaves out, so this reads the commits itself, through
-    a consumer that never joins (as `rollstream.infra.lag` explains, the admin API's ListConsumerGroupOffsets is
-    avoided); the caller bounds it from outside."""
+    """partition -> the `ProducerState` in the metadata of `group`'s commit on it (where there is one), read
+    through a consumer that never joins (as `rollstream.infra.lag` explains); the caller bounds it from outside."""
     with reader(config, group) as consumer:
-        parts = partitions_of(consumer, topic, timeout=timeout)
-        try:
-            tps = consumer.committed([TopicPartition(topic, p) for p in parts], timeout=timeout)
-        except KafkaException as exc:
-            raise kafka_error(f"cannot read the committed offsets of {group} on {topic}", exc, topic=topic) from exc
-    out: dict[int, ProducerState] = {}
-    for tp in tps:
-        if tp.error is not None:
-            raise kafka_error(f"cannot read the committed offset of {group} on {topic}[{tp.partition}]", tp.error,
-                              topic=topic, partition=tp.partition)
-        if (state := ProducerState.from_metadata(tp.metadata or None)) is not None:
-            out[tp.partition] = state
-    return out
+        found = committed_with_metadata(consumer, topic, partitions_of(consumer, topic, timeout=timeout),
+                                        timeout=timeout)
+    return {p: state for p, (_, metadata) in found.items()
+            if (state := ProducerState.from_metadata(metadata)) is not None}
 
 
 def read_prompts(config: KafkaConfig, topic: str, group: str, max_records: int, timeout: float,
@@ -189,28 +178,13 @@ def read_trainer(config: KafkaConfig, names: TopicNames, group: str, ask: Traine
 
 def _newest_manifests(config: KafkaConfig, topic: str, group: str, window: int, timeout: float
                       ) -> tuple[list[StepManifest], bool]:
-    """`group`'s manifests among the newest `window` records of each partition of NS.steps, in log order.
-
-    Not `rollstream.consumers._manifests.read_manifests`, which reads every record: a status read stays bounded
-    however long the history is (`TrainerReport.steps_read_all` says when it was all)."""
-    key = group.encode()
-    with reader(config, group) as consumer:  # the trainer's own group, as `rollstream.consumers._manifests` reads them
-        bounds = {p: watermarks(consumer, topic, p, timeout=timeout) for p in partitions_of(consumer, topic,
-                                                                                           timeout=timeout)}
-    ranges = {p: (max(low, high - window), high) for p, (low, high) in bounds.items() if high > low}
-    read_all = all(start == bounds[p][0] for p, (start, _) in ranges.items())
-    out: list[StepManifest] = []
-    for msg in read_ranges(config, topic, ranges, group_id=group, timeout=timeout):
-        if msg.key() != key:
-            continue
-        try:
-            manifest = decode(msg.value() or b"", StepManifest)
-        except SchemaError as exc:
-            log.debug("status: skipping an undecodable manifest of %s: %s", group, exc)
-            continue
-        if manifest.consumer_group == group:
-            out.append(manifest)
-    return out, read_all
+    """`group`'s manifests among the newest `window` records of each partition of NS.steps, in log order, and
+    whether that was all of them: a status read stays bounded however long the history is
+    (`TrainerReport.steps_read_all` says when it was all). Undecodable manifests are skipped."""
+    read = read_group_manifests(config, topic, group, newest=window, timeout=timeout,
+                                on_bad=lambda offset, exc: log.debug("status: skipping a manifest of %s: %s",
+                                                                     group, exc))
+    return read.manifests, read.whole
 
 
 def _peek(config: KafkaConfig, topic: str, group: str, bounds: Mapping[int, tuple[int, int]], ledger: StepLedger,
