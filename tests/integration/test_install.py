@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import sysconfig
 import textwrap
 import venv
 import zipfile
@@ -62,10 +61,12 @@ def test_installs_beside_a_users_own_packages(wheel: Path, tmp_path: Path):
     python = env_dir / "bin" / "python"
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)],
                    check=True, timeout=300)
-    # rollstream's dependencies (confluent-kafka, fastavro, ...) from this test's environment, behind the venv's own
+    # rollstream's dependencies (confluent-kafka, fastavro, ...) from this test's environment (its site-packages
+    # folders, also those a path file added), behind the venv's own
     fresh_site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                 capture_output=True, text=True, check=True).stdout.strip()
-    Path(fresh_site, "test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    ours = [p for p in sys.path if Path(p).name == "site-packages"]
+    Path(fresh_site, "test-dependencies.pth").write_text("".join(f"{p}\n" for p in ours))
 
     project = tmp_path / "users_project"
     for name in ("schemas", "infra", "producers", "consumers"):
