@@ -23,6 +23,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from rollstream.schemas import ConfigError, LifecycleError
+
 _T = TypeVar("_T")
 _Job = tuple[concurrent.futures.Future[Any], Callable[[], Any]]
 
@@ -34,7 +36,7 @@ class ThreadPool:
 
     def __init__(self, name: str, size: int) -> None:
         if size < 1:
-            raise ValueError(f"thread pool {name}: size {size} must be >= 1")
+            raise ConfigError(f"thread pool {name}: size {size} must be >= 1")
         self.name, self.size = name, size
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._idle = threading.Semaphore(0)
@@ -46,7 +48,7 @@ class ThreadPool:
         """`fn(*args)` in a thread of this pool; cancelling the caller cancels it unless it started.
 
         Raises:
-            RuntimeError: the pool is closed; else what `fn` raises.
+            LifecycleError: the pool is closed (the producer is closing); else what `fn` raises.
         """
         return await asyncio.wrap_future(self.submit(functools.partial(fn, *args)))
 
@@ -55,7 +57,7 @@ class ThreadPool:
         future: concurrent.futures.Future[_T] = concurrent.futures.Future()
         with self._lock:
             if self._closed:
-                raise RuntimeError(f"thread pool {self.name} is closed")
+                raise LifecycleError(f"thread pool {self.name} is closed: the producer is closing, nothing more runs")
             self._jobs.put((future, fn))
             if not self._idle.acquire(blocking=False) and self._threads < self.size:
                 self._threads += 1

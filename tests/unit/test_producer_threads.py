@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from rollstream.infra import KafkaConfig, LagReader
 from rollstream.producers._threads import ThreadPool, in_thread
+from rollstream.schemas import LifecycleError
 
 
 def test_a_pool_is_bounded_named_and_a_hung_call_holds_one_slot() -> None:
@@ -56,7 +57,7 @@ def test_closing_a_pool_never_waits_and_cancels_what_had_not_started() -> None:
     started = time.monotonic()
     pool.close()
     assert time.monotonic() - started < 0.5 and waiting.cancelled() and not running.done()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(LifecycleError, match="closed"):
         pool.submit(lambda: 2)
     release.set()
     assert running.result(2.0) is True
