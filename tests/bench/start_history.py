@@ -5,9 +5,9 @@ interpreter runs the same child, in turns, against one namespace on one broker. 
 
     ROLLSTREAM_BOOTSTRAP_SERVERS=... python -m tests.bench.start_history BEFORE_PYTHON AFTER_PYTHON
 
-where each is a venv's python with that tree installed (e.g. /work/main/.venv/bin/python). Each tree's
-trainer group first commits `STEPS` steps; then, per scenario, each tree starts a consumer (construction to
-ready to take: the manifests read) and calls `seek_to_step(2)`, `REPEATS` times, best run counts.
+where each is a venv's python with that tree installed (e.g. a git worktree of the older commit with its own .venv).
+Each tree's trainer group first commits `STEPS` steps; then, per scenario, each tree starts a consumer (construction
+to ready to take: the manifests read) and calls `seek_to_step(2)`, `REPEATS` times, best run counts.
 
 - A: the other groups' 100,000 manifests were written before this group's (an old experiment's history).
 - B: 100,000 more were written after this group's last commit (other trainers ran while it was down). Its

@@ -17,7 +17,7 @@ from typing import Any
 
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec
-from rollstream.consumers import RolloutConsumer, TakeTimeout, audit
+from rollstream.consumers import RolloutConsumer, audit
 from rollstream.infra import KafkaConfig, TopicNames, open_admin, open_producer, produce_and_wait
 from rollstream.schemas import Prompt, encode
 
@@ -147,9 +147,8 @@ class Trainer:
                 if left <= 0 or time.monotonic() - idle_since > self._settle_s:
                     return
                 n = min(n, left)
-            try:
-                batch = consumer.take(n, timeout=0.5, commit=False)
-            except TakeTimeout:
+            batch = consumer.poll_batch(n, 0.5, commit=False)  # None: not there yet (no error, no cluster read)
+            if batch is None:
                 continue
             idle_since = time.monotonic()
             time.sleep(self.step_s)  # the modelled optimizer step, between take and commit as a real trainer
