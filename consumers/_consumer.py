@@ -3,25 +3,23 @@
 Contract (each point pinned by tests/integration/test_consumer_*.py):
 
 - `take(n)` returns exactly n accepted groups, or raises `TakeTimeout` and puts back everything it
-  looked at, in order, so nothing is lost and the next take starts with it.
-- Records are looked at in order per partition; whatever was fetched and not looked at stays
-  buffered and comes first next time. Only ``n - accepted`` records are pulled from librdkafka at a
-  time, so the Python-side buffer stays small; librdkafka's own fetch queue is bounded by
-  ``queued.max.messages.kbytes``.
+  looked at, in order, so nothing is lost and the next take starts with it. Records are looked at in
+  order per partition, a few at a time (`rollstream.consumers._fetched`).
 - Every offset looked at gets one disposition (taken / filtered / duplicate / undecodable) in the
   step's manifest. The manifest is written to NS.steps before `take` returns (with ``commit=False``
   too) and *before* the offsets are committed; offsets committed are, per partition, one past the
   last offset of the step (the next record to read).
-- The same batch after a crash: a step handed over and never committed is recorded by its manifest,
-  so a restarted consumer's first takes are those recorded steps again, each the same batch (group
-  ids, order, step number), for any partition count (`rollstream.consumers._resume`). `seek_to_step(k)` goes
-  back to a trainer checkpoint's step k and takes the steps after it again the same way.
+- The same batch after a crash: a restarted consumer's first takes are the steps handed over and never
+  committed, each the same batch again (group ids, order, step number); `seek_to_step(k)` takes the
+  steps after a checkpoint's step k again the same way. Where the group stands after a start or a seek,
+  and the recorded steps taken again, are `rollstream.consumers._resume`'s.
 - Partitions are assigned explicitly (no group membership, no session timeout): a trainer that does
   not call in for hours keeps its position and commits fine, under the group id.
 - A group id already taken (in an earlier step of this consumer group, also before a restart, or
   earlier in this step) is skipped as ``duplicate``. Across restarts the taken ids are rebuilt from
   the group's manifests (see `rollstream.consumers._ledger` for which manifests count); the ledger is the one
-  owner of taken ids, also of those in uncommitted steps.
+  owner of taken ids, also of those in uncommitted steps. The consumer owns its position, ledger, step
+  numbers and uncommitted batches; `_resume.Restart` only says what they are after a start or a seek.
 - One consumer per group at a time: two trainers sharing a group id would both read everything.
   Kafka does not keep them apart (no membership), so every commit first checks that the group's
   committed offsets are still the ones this consumer left; if not, `GroupConflictError`.
@@ -31,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 
@@ -41,15 +38,14 @@ from rollstream.consumers._batch import Batch
 from rollstream.consumers._client import TrainerClient
 from rollstream.consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
 from rollstream.consumers._errors import TakeTimeout
-from rollstream.consumers._gather import Entry, Gathering
+from rollstream.consumers._fetched import Fetched
+from rollstream.consumers._gather import Gathering
 from rollstream.consumers._ledger import StepLedger
-from rollstream.consumers._manifests import ManifestIndex, ManifestRead, read_group_manifests
 from rollstream.consumers._metrics import ConsumerMetrics
 from rollstream.consumers._position import PositionPublisher
-from rollstream.consumers._resume import chained, latest_by_step, position_after
+from rollstream.consumers._resume import Restart, Standing
 from rollstream.consumers.filters import GroupFilter, default_filters
 from rollstream.consumers.forensics._diagnose import TimeoutDiagnoser
-from rollstream.consumers.forensics._replay import read_taken
 from rollstream.consumers.forensics._status_report import Diagnosis
 from rollstream.infra import (
     DEFAULT_TRAINER_GROUP,
@@ -59,17 +55,13 @@ from rollstream.infra import (
     KafkaConfig,
     LagReader,
     TopicNames,
-    committed_with_metadata,
-    partitions_of,
     require_topics,
     sized_to_topic,
-    watermarks,
 )
-from rollstream.schemas import ConfigError, LifecycleError, OffsetDisposition, RollstreamError, StepManifest, now_ms
+from rollstream.schemas import ConfigError, LifecycleError, OffsetDisposition, RollstreamError, now_ms
 
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`rollstream.consumers.DEFAULT_GROUP`)
-_MAX_PULL = 1000
 
 
 class RolloutConsumer:
@@ -120,20 +112,20 @@ class RolloutConsumer:
         self.requeue = requeue
         self.metrics = metrics if isinstance(metrics, ConsumerMetrics) else ConsumerMetrics(metrics)
         self._timeout = timeout
-        self._dedupe_epochs = dedupe_epochs
-        self._ledger = StepLedger(dedupe_epochs=dedupe_epochs)
+        self._ledger = StepLedger(dedupe_epochs=dedupe_epochs)  # replaced by the one a start or seek_to_step reads
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
         self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout)
+        self._restart = Restart(self.names, group_id, manifests=manifests, dedupe_epochs=dedupe_epochs,
+                                timeout=timeout)
         # A client that lost its coordinator for good (librdkafka#5511) is replaced after failed commits.
         self._replacement = ClientReplacement[Consumer](
             "trainer", open_client=lambda: self._client.open(self.config), swap=self._swap_client,
             close_client=Consumer.close, after_failures=FRESH_CLIENT_AFTER, on_replace=self._client_replaced)
         self._positions = PositionPublisher(self.names, group_id)
         self._closed = False
-        self._buffer: deque[Entry] = deque()
+        self._fetched = Fetched(self._client, self._committer)
         self._position: dict[int, int] = {}
         self._pending: list[Batch] = []
-        self._redo: deque[StepManifest] = deque()  # recorded steps to take again first, in order
         self._next_step = 0
         self._last_committed_step: int | None = None
         self._diagnoser: TimeoutDiagnoser | None = None  # created at the first TakeTimeout (`_diagnose`)
@@ -174,47 +166,23 @@ class RolloutConsumer:
         self.config = sized_to_topic(self.config, self.names.rollouts, timeout=self._timeout)
         consumer = self._client.open(self.config)
         try:
-            committed, index = self._initial_positions(consumer)
+            standing, committed = self._restart.at_start(self.config, consumer)
+            self._stand(standing)
             self._client.use(consumer, self._position)
         except BaseException:
             consumer.close()
             raise
-        self._committer.start(self.config, consumer, committed, index)
+        self._committer.start(self.config, consumer, committed, standing.index)
         self._positions.start(self.config, timeout=min(self._timeout, REACH_TIMEOUT_S))
         log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
                  self._position, self._next_step)
 
-    def _initial_positions(self, consumer: Consumer) -> tuple[dict[int, int | None], ManifestIndex | None]:
-        """Set the position (committed offsets, else each partition's start) and the ledger from the
-        group's manifests; return the committed offsets and where the manifests are on NS.steps."""
-        topic = self.names.rollouts
-        partitions = partitions_of(consumer, topic, timeout=self._timeout)
-        found = committed_with_metadata(consumer, topic, partitions, timeout=self._timeout)
-        committed = {p: offset for p, (offset, _) in found.items()}
-        self._position = {p: c if c is not None else watermarks(consumer, topic, p, timeout=self._timeout)[0]
-                          for p, c in committed.items()}
-        if not self.manifests:
-            return committed, None
-        read = self._read_manifests(ManifestIndex.newest(meta for _, meta in found.values()))
-        for manifest in read.manifests:
-            self._ledger.add(manifest)
-        orphans = [o.step for o in self._ledger.drop_uncommitted(committed)]
-        self._next_step = self._ledger.next_step
-        self._redo = deque(chained(latest_by_step(read.manifests, orphans), self._position))
-        if orphans:
-            log.warning("group %s: steps %s were handed over but never committed (the trainer stopped before "
-                        "committing them); taking steps %s again first, as recorded", self.group_id, orphans,
-                        [m.step for m in self._redo])
-        return committed, read.index
-
-    def _read_manifests(self, index: ManifestIndex | None) -> ManifestRead:
-        """The group's manifests, read where `index` says they are (None: all of NS.steps). Blocks until read."""
-        started = time.monotonic()
-        read = read_group_manifests(self.config, self.names.steps, self.group_id, index=index, timeout=self._timeout)
-        log.info("group %s: read %d step manifests from %d records of %s in %.3f s (%s)", self.group_id,
-                 len(read.manifests), read.records, self.names.steps, time.monotonic() - started,
-                 "all of it: no index in the commits" if index is None else "where the commits' index says")
-        return read
+    def _stand(self, standing: Standing) -> None:
+        """Install where the group stands after a start or `seek_to_step` (`rollstream.consumers._resume`)."""
+        self._position.update(standing.position)
+        self._ledger = standing.ledger
+        self._next_step = standing.next_step
+        self._restart.redo(standing)
 
     # -- taking ----------------------------------------------------------------------------------
 
@@ -296,7 +264,7 @@ class RolloutConsumer:
             self.policy_version = policy_version
         started = time.monotonic()
         self._start()
-        batch = self._take_recorded(n) if self._redo else None
+        batch = self._take_recorded(n) if self._restart.redoing else None
         if batch is None:
             gathering = self._gather(n, started, timeout, raising=raising)
             if gathering is None:
@@ -317,56 +285,12 @@ class RolloutConsumer:
         deadline = None if timeout is None else started + timeout
         gathering = Gathering(self.names.rollouts, self.group_id, self.filters, self._ledger, self.dedupe,
                               self.policy_version, self.max_staleness, self.requeue)
-        try:
-            while gathering.accepted < n:
-                entry = self._next_entry(deadline, n - gathering.accepted)
-                if entry is None:
-                    self._requeue_now(gathering)
-                    if raising:
-                        raise TakeTimeout(n, gathering.accepted, timeout or 0.0,
-                                          self._diagnose(gathering.dispositions, timeout))
-                    self._last_poll = (tuple(gathering.dispositions), gathering.accepted)
-                    self._put_back(gathering)
-                    return None
-                gathering.evaluate(entry)
-        except BaseException:
-            self._put_back(gathering)
-            raise
-        return gathering
-
-    def _put_back(self, gathering: Gathering) -> None:
-        self._ledger.release(gathering.group_ids)  # not taken after all
-        self._buffer.extendleft(reversed(gathering.entries))  # back to the front, in order
-
-    def _requeue_now(self, gathering: Gathering) -> None:
-        """A take is timing out: publish the requeues it found now, since the groups it waits for may be
-        their regenerations. Remembered in the ledger (the next take records those offsets as requeued
-        without publishing again); one that fails is retried by the next take. Blocks up to the timeout."""
-        fresh = [r for r in gathering.requeues if not self._ledger.requeued_from(r.partition, r.offset)]
-        if not fresh:
-            return
-        try:
-            self._committer.publish_requeues(fresh)
-        except RollstreamError as exc:
-            log.warning("group %s: could not requeue %d prompts while take timed out (the next take tries "
-                        "again): %s", self.group_id, len(fresh), exc)
-            return
-        for r in fresh:
-            self._ledger.note_requeued(r.group_id, r.attempt, (r.partition, r.offset))
-
-    def _next_entry(self, deadline: float | None, want: int) -> Entry | None:
-        while not self._buffer:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            # Wait in slices of at most 1 s so that Ctrl-C is seen; timeout=0 still drains what is queued.
-            wait = 1.0 if remaining is None else max(0.0, min(remaining, 1.0))
-            self._fetch(min(want, _MAX_PULL), wait)
-            if not self._buffer and remaining is not None and remaining <= wait:
-                return None
-        return self._buffer.popleft()
-
-    def _fetch(self, count: int, wait: float) -> None:
-        self._start()
-        self._client.fetch_into(self._buffer, count, wait)
+        if self._fetched.gather(gathering, n, deadline):
+            return gathering
+        if raising:
+            raise TakeTimeout(n, gathering.accepted, timeout or 0.0, self._diagnose(gathering.dispositions, timeout))
+        self._last_poll = (tuple(gathering.dispositions), gathering.accepted)
+        return None
 
     def _finish(self, gathering: Gathering) -> Batch:
         for e in gathering.entries:
@@ -381,37 +305,20 @@ class RolloutConsumer:
         return batch
 
     def _take_recorded(self, n: int) -> Batch | None:
-        """The next recorded step again, as the same batch; None (and no more redo) when it took other
-        than `n` groups or its records cannot be read back."""
+        """The next recorded step again, as the same batch (`Restart.take_again`); None (and no more redo) when
+        it took other than `n` groups or its records cannot be read back."""
         started = time.monotonic()
-        manifest = self._redo[0]
-        taken = sum(1 for d in manifest.dispositions if d.kind == "taken")
-        if taken != n:
-            log.warning("group %s: step %d was recorded with %d groups but take(%d) asks for %d; taking afresh "
-                        "from offsets %s instead of redoing steps %s", self.group_id, manifest.step, taken, n, n,
-                        self._position, [m.step for m in self._redo])
-            self._redo.clear()
+        again = self._restart.take_again(self.config, n, self._position)
+        if again is None:
             return None
-        try:
-            records = read_taken(self.config, manifest, timeout=self._timeout)
-        except RollstreamError as exc:
-            log.warning("group %s: cannot take recorded step %d again (%s); taking afresh from offsets %s",
-                        self.group_id, manifest.step, exc, self._position)
-            self._redo.clear()
-            return None
-        self._redo.popleft()
-        self._position.update({r.partition: r.end for r in manifest.ranges})
-        self._buffer.clear()
+        batch, taken_bytes = again
+        self._position.update(batch.offsets)
+        self._fetched.clear()
         self._client.use(self._client.current(), self._position)
-        groups = tuple(r.group for r in records if r.group is not None)
-        self._ledger.hold(g.group_id for g in groups)
-        batch = Batch(step=manifest.step, groups=groups, positions=tuple((r.partition, r.offset) for r in records),
-                      ranges=manifest.ranges, dispositions=manifest.dispositions, offsets=dict(self._position),
-                      consumer_group=self.group_id, topic=self.names.rollouts,
-                      policy_version=manifest.policy_version, created_at_ms=manifest.created_at_ms)
-        self._next_step = max(self._next_step, manifest.step + 1)
+        self._ledger.hold(batch.group_ids)
+        self._next_step = max(self._next_step, batch.step + 1)
         self._pending.append(batch)
-        self._observe(batch, sum(len(r.value) for r in records), time.monotonic() - started)
+        self._observe(batch, taken_bytes, time.monotonic() - started)
         return batch
 
     def _observe(self, batch: Batch, taken_bytes: int, seconds: float) -> None:
@@ -480,7 +387,7 @@ class RolloutConsumer:
         skipped, none twice."""
         stale = self._client.swap(fresh, self._position)
         self._committer.use(fresh)
-        self._buffer.clear()
+        self._fetched.clear()
         return stale
 
     def _client_replaced(self, cause: object) -> None:
@@ -515,7 +422,7 @@ class RolloutConsumer:
 
     def buffered(self) -> int:
         """Records fetched into this process and not looked at yet (they come first next take)."""
-        return len(self._buffer)
+        return len(self._fetched)
 
     def seek_to(self, offsets: Mapping[int, int], *, next_step: int | None = None) -> None:
         """Move the position to `offsets` (per partition, the next offset to look at), e.g. a checkpoint's.
@@ -549,8 +456,8 @@ class RolloutConsumer:
         self._pending.clear()
         self._committer.forget_recorded()
         self._ledger.release()  # nothing is held any more: the uncommitted batches are dropped
-        self._buffer.clear()
-        self._redo.clear()
+        self._fetched.clear()
+        self._restart.forget()
 
     def seek_to_step(self, step: int) -> None:
         """Continue exactly after step `step`: the resume point of a trainer checkpoint saved after it.
@@ -574,31 +481,16 @@ class RolloutConsumer:
         if not self.manifests:
             raise RollstreamError(f"seek_to_step({step}) needs the step manifests: create the consumer of group "
                                   f"{self.group_id} with manifests=True")
-        history = StepLedger(keep_manifests=True)
-        read = self._read_manifests(self._committer.index)
-        for m in read.manifests:
-            history.add(m)
-        effective = sorted(history.effective(), key=lambda m: m.step)
-        if not any(m.step == step for m in effective):
-            known = f"steps {effective[0].step}..{effective[-1].step}" if effective else "no steps yet"
-            raise RollstreamError(f"group {self.group_id} has no step {step} on {self.names.steps} ({known}); "
-                                  "was the checkpoint saved by a trainer of another group or namespace?")
-        upto = [m for m in effective if m.step <= step]
-        later = [m for m in effective if m.step > step]
-        position = position_after(upto, later, self._position)
-        self._committer.use_index(read.index)
-        self._committer.retrying(lambda t: self._committer.rewind(position, timeout=t), replacement=self._replacement)
+        standing = self._restart.after_step(self.config, step, self._position, self._committer.index)
+        self._committer.use_index(standing.index)
+        self._committer.retrying(lambda t: self._committer.rewind(standing.position, timeout=t),
+                                 replacement=self._replacement)
         self._drop_uncommitted()
-        self._ledger = StepLedger(dedupe_epochs=self._dedupe_epochs)
-        for m in upto:
-            self._ledger.add(m)
-        self._position.update(position)
-        self._next_step = step + 1
+        self._stand(standing)
         self._last_committed_step = step
-        self._redo = deque(chained(later, self._position))
         self._client.use(self._client.current(), self._position)
         log.info("group %s resumed after step %d at offsets %s; taking steps %s again first, as recorded",
-                 self.group_id, step, self._position, [m.step for m in self._redo])
+                 self.group_id, step, self._position, [m.step for m in standing.redo])
 
     def lag(self, timeout: float = 10.0) -> GroupLag:
         """The group's committed lag on NS.rollouts (`rollstream.infra.LagReader`). Blocks up to about `timeout` s.

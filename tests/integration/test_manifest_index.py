@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from rollstream.consumers import RolloutConsumer
-from rollstream.consumers import _consumer as consumer_module
+from rollstream.consumers import _resume as resume_module
 from rollstream.consumers._manifests import ManifestRead, read_group_manifests
 from rollstream.infra import KafkaConfig, TopicNames
 from rollstream.schemas import OffsetDisposition, PartitionRange, StepManifest, encode
@@ -45,7 +45,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[ManifestRead]:
         seen.append(read)
         return read
 
-    monkeypatch.setattr(consumer_module, "read_group_manifests", spy)
+    monkeypatch.setattr(resume_module, "read_group_manifests", spy)
     return seen
 
 

@@ -1,0 +1,94 @@
+"""The records a trainer fetched and has not looked at yet, and gathering one take's groups from them.
+
+Contract (pinned by tests/integration/test_consumer_take.py and test_poll_batch.py):
+
+- Records are looked at in order per partition; whatever was fetched and not looked at stays buffered and
+  comes first next time. Only ``n - accepted`` records are pulled from librdkafka at a time, so the
+  Python-side buffer stays small; librdkafka's own fetch queue is bounded by ``queued.max.messages.kbytes``.
+- A take that runs out of time (or raises) puts back everything it looked at, in order, and releases the
+  group ids it held in the ledger: nothing is lost and the next take starts with it. Before that, it
+  publishes the requeues it found (`rollstream.consumers._requeue`).
+- Every reassignment of the client (start, seek, a recorded step taken again, a replaced client) drops the
+  buffer: those records are fetched again from the new position, none skipped, none twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from rollstream.consumers._client import TrainerClient
+from rollstream.consumers._commit import StepCommitter
+from rollstream.consumers._gather import Entry, Gathering
+from rollstream.schemas import RollstreamError
+
+log = logging.getLogger(__name__)
+_MAX_PULL = 1000
+
+
+class Fetched:
+    """The records `client` fetched and no take has looked at yet, in order. Not thread-safe, like its owner."""
+
+    def __init__(self, client: TrainerClient, committer: StepCommitter) -> None:
+        self._client, self._committer = client, committer
+        self._buffer: deque[Entry] = deque()
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def clear(self) -> None:
+        """Drop every record fetched and not looked at: the client is being assigned elsewhere."""
+        self._buffer.clear()
+
+    def gather(self, gathering: Gathering, n: int, deadline: float | None) -> bool:
+        """Feed records to `gathering` until it accepted `n` groups (True), or `deadline` (a `time.monotonic`
+        instant; None: none) passed (False: its requeues are published and all it looked at is put back).
+
+        Blocks until then. Whatever `gathering.evaluate` raises (FilterError) or a fetch raises (KafkaIOError)
+        is raised after putting everything back.
+        """
+        try:
+            while gathering.accepted < n:
+                entry = self._next_entry(deadline, n - gathering.accepted)
+                if entry is None:
+                    self._requeue_now(gathering)
+                    self.put_back(gathering)
+                    return False
+                gathering.evaluate(entry)
+        except BaseException:
+            self.put_back(gathering)
+            raise
+        return True
+
+    def put_back(self, gathering: Gathering) -> None:
+        """`gathering`'s records back to the front of the buffer, in order, its held group ids released."""
+        gathering.ledger.release(gathering.group_ids)  # not taken after all
+        self._buffer.extendleft(reversed(gathering.entries))
+
+    def _requeue_now(self, gathering: Gathering) -> None:
+        """A take is timing out: publish the requeues it found now, since the groups it waits for may be
+        their regenerations. Remembered in the ledger (the next take records those offsets as requeued
+        without publishing again); one that fails is retried by the next take. Blocks up to the timeout."""
+        ledger = gathering.ledger
+        fresh = [r for r in gathering.requeues if not ledger.requeued_from(r.partition, r.offset)]
+        if not fresh:
+            return
+        try:
+            self._committer.publish_requeues(fresh)
+        except RollstreamError as exc:
+            log.warning("group %s: could not requeue %d prompts while take timed out (the next take tries "
+                        "again): %s", gathering.consumer_group, len(fresh), exc)
+            return
+        for r in fresh:
+            ledger.note_requeued(r.group_id, r.attempt, (r.partition, r.offset))
+
+    def _next_entry(self, deadline: float | None, want: int) -> Entry | None:
+        while not self._buffer:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            # Wait in slices of at most 1 s so that Ctrl-C is seen; timeout=0 still drains what is queued.
+            wait = 1.0 if remaining is None else max(0.0, min(remaining, 1.0))
+            self._client.fetch_into(self._buffer, min(want, _MAX_PULL), wait)
+            if not self._buffer and remaining is not None and remaining <= wait:
+                return None
+        return self._buffer.popleft()
