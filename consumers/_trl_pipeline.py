@@ -124,7 +124,7 @@ class Pipeline:
             self._buffer.put_nowait(sample)
         self._samples += len(samples)
         self.handed.append(_Handed(batch, self._samples))
-        self._push(_take_metrics(batch, version, self.consumer.estimated_lag(), time.monotonic() - self._waiting_since))
+        self._push(take_metrics(batch, version, self.consumer.estimated_lag(), time.monotonic() - self._waiting_since))
         log.info("step %d handed to TRL: %d groups, %d samples at policy version %d (%d handed ahead)",
                  batch.step, len(batch.groups), len(samples), version, len(self.handed))
         self._waiting_since, self._logged_wait = None, 0.0
@@ -175,7 +175,7 @@ class Pipeline:
         self.consumer.close()  # batches handed over and not committed come back to the next run
 
 
-def _take_metrics(batch: Batch, version: int, lag: int, waited_s: float) -> Metrics:
+def take_metrics(batch: Batch, version: int, lag: int, waited_s: float) -> Metrics:
     """One take, in the shape TRL's `log()` drains (async_grpo_trainer.py:1698-1707; see `_reduce_metric`)."""
     m = StepMetrics.of(batch, version, lag)
     out: Metrics = {"rollstream/lag": float(lag), "rollstream/take_s": waited_s,
