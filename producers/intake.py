@@ -26,9 +26,10 @@ Contract:
   no longer move the watermark, and the next owner regenerates them with the same group_id
   (duplicates, never a loss). Once intake is stopping (`close`) nothing more can be acknowledged, so a
   drain returns at once; lost partitions (session expired) are not drained: they are someone else's.
-- Every commit carries this producer's state (`rollstream.infra.ProducerState`) as the offsets' metadata; when the
-  lag gate opens or closes, the known offsets are committed again with the new state (at most once per
-  `_STATE_COMMIT_S`), so `rollstream status` sees a paused producer within about a second.
+- Every commit carries this producer's state (`rollstream.infra.ProducerState`), and a lag gate change is
+  committed within about a second (`_intake_state.StateCommits`).
+- A client that stopped serving its partitions while prompts wait there is replaced (`_intake_stall`): its
+  partitions are dropped as lost (duplicates at worst, never a loss), and a fresh client joins the group.
 - The watermarks and the credits are this object's own; every librdkafka call (poll, pause, commit,
   close) happens on its thread, never on the loop.
 """
@@ -45,16 +46,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from rollstream.infra import (
-    ClientReplacement,
     KafkaConfig,
     ProducerState,
     WorkerThread,
     kafka_error,
-    open_consumer,
     position_of,
 )
+from rollstream.producers._intake_stall import IntakeClient
+from rollstream.producers._intake_state import StateCommits
 from rollstream.producers._watermarks import Drain, Watermarks, commit_acknowledged, commit_partitions
 from rollstream.producers.gate import LagGate
 from rollstream.producers.metrics import ProducerMetrics
@@ -64,9 +65,6 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.1
 _MAX_BATCH = 500
 _FULL_WAIT_S = 1.0
-_MIN_STALL_S = 20.0  # at least this long without a prompt, while wanting some, before suspecting the client
-_STALL_PROBE_S = 5.0
-_STATE_COMMIT_S = 1.0  # at most one commit per this long only to publish a changed gate state
 DEFAULT_DRAIN_ON_REVOKE_S = 30.0
 _MAX_POLL_INTERVAL_MS = 300_000  # librdkafka's default; a revocation drain runs inside one poll
 
@@ -118,20 +116,14 @@ class Intake(WorkerThread):
                               "get this producer thrown out of its group")
         if instance_id:
             conf["group.instance.id"] = instance_id
-        self._conf = config.consumer(group_id, conf)
         self.topic, self.group_id = topic, group_id
-        self._gate = gate
         self._metrics = metrics
         self._marks = Watermarks()
         self._commit_interval_s = commit_interval_s
         self.producer_id = producer_id or instance_id or f"{socket.gethostname()}-{os.getpid()}"
+        self._state = StateCommits(self.producer_id, gate)
         self._drain_on_revoke_s = drain_on_revoke_s
-        self._consumer: Consumer | None = None  # the client `_serve` runs (its callbacks are the ones that count)
-        # The gate state this intake last saw (intake thread only): None before the first look.
-        self._gate_paused: bool | None = None
-        self._gate_since_ms = now_ms()
-        self._state_stale = False  # the gate changed since the state was last committed
-        self._state_committed_at = 0.0
+        self._client = IntakeClient(config.consumer(group_id, conf), group_id, self._marks, metrics, session_timeout_s)
         self._lock = threading.Lock()
         self._credits = prefetch  # prompts the thread may still hand over before the loop takes some
         # Bounded: the credits keep at most `prefetch` prompts in it; the extra slot is for the halt marker.
@@ -145,18 +137,11 @@ class Intake(WorkerThread):
         self._on_fatal: Callable[[BaseException], None] = lambda exc: None
         self.joined = threading.Event()
         self.last_message_at = time.monotonic()
-        # A client stuck for good (see `_stuck`) is replaced at once: the stall probe is the streak already.
-        self._replacement = ClientReplacement[Consumer](
-            "intake", open_client=lambda: open_consumer(self._conf), swap=self._swap_consumer,
-            close_client=self._close_consumer, after_failures=1, on_replace=self._count_replacement)
-        self._stall_s = max(_MIN_STALL_S, 2 * session_timeout_s)
-        self._next_stall_check = 0.0
-        self._assigned_at = time.monotonic()
 
     @property
     def client_replacements(self) -> int:
         """Clients replaced because they were stuck (see `_stuck`)."""
-        return self._replacement.replacements
+        return self._client.replacements
 
     # -- called from the event loop -------------------------------------------------------------
 
@@ -210,6 +195,10 @@ class Intake(WorkerThread):
         """Nothing taken is unacknowledged and every watermark is committed."""
         return self._marks.settled()
 
+    def state(self) -> ProducerState:
+        """This producer's state as the intake thread last saw the gate (what the next commit carries)."""
+        return self._state.state()
+
     def halt(self) -> None:
         """Stop handing out prompts for good (shutdown); keep polling and committing until `close`.
 
@@ -246,12 +235,12 @@ class Intake(WorkerThread):
     def _run(self) -> None:
         error: BaseException | None = None
         try:
-            consumer = open_consumer(self._conf)
-            while self._serve(consumer) and self._consumer is not None:
+            consumer = self._client.open()
+            while self._serve(consumer) and self._client.current is not None:
                 # Stuck: `_stuck` installed a fresh client, which joins the group again; the old one closes in
                 # the background (a group member without a coordinator may block its close).
-                consumer = self._consumer
-            self._close_consumer(consumer)
+                consumer = self._client.current
+            self._client.close(consumer)
         except BaseException as exc:  # noqa: BLE001 - reported to the loop, which decides
             error = exc
         finally:
@@ -259,107 +248,31 @@ class Intake(WorkerThread):
 
     def _serve(self, consumer: Consumer) -> bool:
         """Take, hand over and commit with `consumer` until `close` (False) or until it is stuck (True)."""
-        self._consumer = consumer
+        self._client.current = consumer
         consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                            on_lost=self._on_lost)
         last_commit = 0.0
         while not self._stop.is_set():
             self._hand_over_all([taken for msg in self._step(consumer) if (taken := self._handle(msg))])
-            self._watch_gate()
+            self._state.watch()
             if time.monotonic() - last_commit >= self._commit_interval_s:
-                commit_acknowledged(consumer, self.topic, self.group_id, self._marks, metadata=self._metadata())
+                commit_acknowledged(consumer, self.topic, self.group_id, self._marks, metadata=self._state.metadata())
                 last_commit = time.monotonic()
-            self._commit_state(consumer)
+            self._state.commit(consumer, self.topic, self.group_id, self._marks)
             if self._stuck(consumer):
                 return True
-        commit_acknowledged(consumer, self.topic, self.group_id, self._marks, metadata=self._metadata())
+        commit_acknowledged(consumer, self.topic, self.group_id, self._marks, metadata=self._state.metadata())
         return False
 
-    # -- the producer state carried by the commits --------------------------------------------------
-
-    def state(self) -> ProducerState:
-        """This producer's state as the intake thread last saw the gate (what the next commit carries)."""
-        return ProducerState(producer_id=self.producer_id, paused=bool(self._gate_paused),
-                             since_ms=self._gate_since_ms, max_lag=self._gate.max_lag, updated_at_ms=now_ms())
-
-    def _metadata(self) -> str:
-        return self.state().to_metadata()
-
-    def _watch_gate(self) -> None:
-        """Note when the lag gate opened or closed (read each turn; `is_open` is a thread-safe read)."""
-        paused = not self._gate.is_open()
-        if paused != self._gate_paused:
-            self._gate_paused, self._gate_since_ms = paused, now_ms()
-            self._state_stale = True
-
-    def _commit_state(self, consumer: Consumer) -> None:
-        """After a gate change, commit every partition's known offset again with the new state, at most
-        once per `_STATE_COMMIT_S`. Known means contiguous (`Watermarks.known`): nothing is ever skipped; a
-        partition with nothing known yet is left out (its first commit will carry the state)."""
-        if not self._state_stale or time.monotonic() - self._state_committed_at < _STATE_COMMIT_S:
-            return
-        self._state_committed_at = time.monotonic()
-        offsets = self._marks.known()
-        failed = commit_partitions(consumer, self.topic, self.group_id, offsets, metadata=self._metadata())
-        self._marks.mark_committed({p: o for p, o in offsets.items() if p not in failed})
-        self._state_stale = bool(failed)  # retried after _STATE_COMMIT_S
-        if offsets and not failed:
-            log.info("producer %s %s (lag gate): state committed with %s offsets %s", self.producer_id,
-                     "paused" if self._gate_paused else "running", self.topic, offsets)
-
     def _stuck(self, consumer: Consumer) -> bool:
-        """Whether this client stopped serving its partitions while prompts wait there.
+        """Whether this client stopped serving its partitions while prompts wait there, probed only while intake
+        wants prompts: not paused, joined, room in the queue (`IntakeClient.stuck`, which replaces it if so)."""
+        return not self._paused and self.joined.is_set() and self._client.stuck(consumer, self.last_message_at,
+                                                                                  self._has_room)
 
-        After a broker stall a client can lose its group coordinator for good (confluentinc/librdkafka#5511):
-        it then never learns where to fetch from, so no prompt arrives while the partitions hold some.
-        Checked only after `_stall_s` without a prompt while intake wanted some (not paused, room in the
-        queue): the committed offsets must be readable, and each partition must hold nothing beyond them and
-        beyond what this client took. When that fails, the partitions are dropped as lost (their
-        acknowledgements are ignored from now on, their unfinished prompts regenerated by the next owner:
-        duplicates at worst, never a loss), and a fresh client is installed (`rollstream.infra.ClientReplacement`):
-        the old one's callbacks no longer touch the marks while it closes in the background."""
-        now = time.monotonic()
-        quiet = now - max(self.last_message_at, self._assigned_at)
-        if self._paused or not self.joined.is_set() or quiet < self._stall_s or now < self._next_stall_check:
-            return False
-        self._next_stall_check = now + self._stall_s / 2
+    def _has_room(self) -> bool:
         with self._lock:
-            if self._credits <= 0:
-                return False
-        assignment = consumer.assignment()
-        if not assignment:
-            return False
-        try:
-            committed = consumer.committed(assignment, timeout=_STALL_PROBE_S)
-            # Prompts wait past what is committed and past what this client took (in flight is not waiting).
-            waiting = [tp.partition for tp in committed
-                       if consumer.get_watermark_offsets(tp, timeout=_STALL_PROBE_S, cached=False)[1]
-                       > max(tp.offset, self._marks.taken_up_to(tp.partition) or 0, 0)]
-        except KafkaException as exc:
-            waiting, reason = [tp.partition for tp in assignment], f"committed offsets unreadable: {exc}"
-        else:
-            reason = f"partitions {waiting} hold prompts"
-        if not waiting:
-            return False
-        self._marks.revoke([tp.partition for tp in assignment])
-        log.warning("prompt consumer of group %s received nothing for %.0f s while %s: replacing its client "
-                    "(its unfinished prompts are regenerated by their next owner)", self.group_id, quiet, reason)
-        self._replacement.failed(reason)
-        return True
-
-    def _swap_consumer(self, fresh: Consumer) -> Consumer | None:
-        """Make `fresh` the client `_serve` runs (not subscribed yet); return the stuck one."""
-        stuck, self._consumer = self._consumer, fresh
-        return stuck
-
-    def _count_replacement(self, cause: object) -> None:
-        self._metrics.client_replacements.labels("intake").inc()
-
-    def _close_consumer(self, consumer: Consumer) -> None:
-        try:
-            consumer.close()
-        except (KafkaException, RuntimeError) as exc:
-            log.warning("closing the prompt consumer of group %s: %s", self.group_id, exc)
+            return self._credits > 0
 
     def _finish(self, error: BaseException | None) -> None:
         def done() -> None:
@@ -441,10 +354,10 @@ class Intake(WorkerThread):
         return TakenPrompt(partition, offset, generation, prompt, error, now_ms(), msg.value() or b"")
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if consumer is not self._consumer:
+        if consumer is not self._client.current:
             return  # a replaced client (see `_stuck`), closing in the background
         self._marks.assign([tp.partition for tp in partitions])
-        self._assigned_at = time.monotonic()
+        self._client.assigned()
         consumer.incremental_assign(partitions)
         if partitions:
             # Explicitly, both ways: librdkafka keeps a partition's pause flag across a loss and a
@@ -458,13 +371,13 @@ class Intake(WorkerThread):
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Drain the revoked partitions (bounded, see the module docstring), then commit and drop them.
         Runs on the intake thread inside poll/consume (or inside close)."""
-        if consumer is not self._consumer:
+        if consumer is not self._client.current:
             return  # a replaced client, closing in the background: its partitions were dropped as lost
         revoked = sorted(tp.partition for tp in partitions)
         self._log_drain(revoked, self._marks.drain(revoked, self._drain_on_revoke_s, self._stop.is_set))
         offsets = self._marks.revoke(revoked)
         log.info("revoked %s partitions %s%s", self.topic, revoked, f"; committing {offsets}" if offsets else "")
-        failed = commit_partitions(consumer, self.topic, self.group_id, offsets, metadata=self._metadata())
+        failed = commit_partitions(consumer, self.topic, self.group_id, offsets, metadata=self._state.metadata())
         if failed:  # the bookkeeping is gone: the next owner regenerates these prompts (duplicates, no loss)
             log.warning("revoked %s partitions: commit of %s failed; prompts acknowledged since the last commit "
                         "of those partitions will be generated again by the next owner", self.topic, failed)
@@ -480,7 +393,7 @@ class Intake(WorkerThread):
                 f" ({why}: the next owner generates them again)" if drain.unfinished else "", drain.abandoned)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if consumer is not self._consumer:
+        if consumer is not self._client.current:
             return  # a replaced client, closing in the background
         self._marks.revoke([tp.partition for tp in partitions])  # no drain: they belong to someone else already
         log.warning("lost %s partitions %s (session expired?): their unfinished prompts will be "

@@ -404,7 +404,7 @@ def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
     """After a broker stall a client can lose its coordinator for good (librdkafka#5511) and never fetch
     again: prompts wait, nothing arrives. Intake must then drop its partitions as lost and rejoin; but a
     quiet client with nothing left, or with everything taken and in flight, is healthy."""
-    import rollstream.producers.intake as intake_module
+    import rollstream.producers._intake_stall as stall_module
 
     metrics = ProducerMetrics()
     intake = Intake(KafkaConfig(bootstrap_servers="127.0.0.1:1"), "t.prompts", "g", gate=_Gate(metrics),
@@ -412,22 +412,22 @@ def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
     consumer = {"nothing-left": _GroupConsumer({0: 10}, {0: 10}), "in-flight": _GroupConsumer({0: 4}, {0: 10}),
                 "prompts-wait": _GroupConsumer({0: 4}, {0: 10}),
                 "coordinator-gone": _GroupConsumer({0: 10}, {0: 10}, fail=True)}[case]
-    intake._consumer = consumer  # type: ignore[assignment]  # the client `_serve` would run
+    intake._client.current = consumer  # type: ignore[assignment]  # the client `_serve` would run
     intake._on_assign(consumer, consumer.assignment())  # type: ignore[arg-type]
     if case == "in-flight":  # taken up to the end, not acknowledged yet: nothing waits
         for offset in range(4, 10):
             assert intake._marks.take(0, offset) is not None
     assert not intake._stuck(consumer)  # type: ignore[arg-type]  # not quiet long enough yet
     later = time.monotonic() + 60.0
-    monkeypatch.setattr(intake_module, "time", SimpleNamespace(monotonic=lambda: later))
+    monkeypatch.setattr(stall_module, "time", SimpleNamespace(monotonic=lambda: later))
     assert intake._stuck(consumer) is stuck  # type: ignore[arg-type]
     assert (intake.owned() == []) is stuck and intake.client_replacements == int(stuck)
     # a fresh client is installed, and counted by role; the stuck one closes in the background
-    assert (intake._consumer is not consumer) is stuck
+    assert (intake._client.current is not consumer) is stuck
     assert metrics.registry.get_sample_value("rollstream_producer_client_replacements_total",
                                              {"role": "intake"}) == int(stuck)
     if stuck:
-        intake._consumer.close()  # type: ignore[union-attr]  # the fresh one, never subscribed
+        intake._client.current.close()  # type: ignore[union-attr]  # the fresh one, never subscribed
 
 
 # -- a revocation drains what started and leaves what only waits ------------------------------------------
@@ -505,14 +505,14 @@ def test_intake_commits_its_state_with_the_gate_it_saw() -> None:
     gate = _Gate(metrics)
     intake = Intake(KafkaConfig(bootstrap_servers="127.0.0.1:1"), "t.prompts", "g", gate=gate, metrics=metrics,
                     prefetch=2, producer_id="p-7")
-    intake._watch_gate()
+    intake._state.watch()
     running = intake.state()
     gate._measured = gate.max_lag + 1  # the trainer fell behind: the gate closes
-    intake._watch_gate()
-    paused = ProducerState.from_metadata(intake._metadata())
+    intake._state.watch()
+    paused = ProducerState.from_metadata(intake._state.metadata())
     assert not running.paused and paused is not None and paused.paused
     assert paused.producer_id == "p-7" and paused.max_lag == gate.max_lag
-    assert running.since_ms <= paused.since_ms <= paused.updated_at_ms and intake._state_stale
+    assert running.since_ms <= paused.since_ms <= paused.updated_at_ms and intake._state.stale
     for bad, overrides in [(-1.0, {}), (30.0, {"max.poll.interval.ms": 20_000})]:
         with pytest.raises(ConfigError, match="drain_on_revoke_s"):
             Intake(KafkaConfig(), "t.prompts", "g", gate=gate, metrics=metrics, prefetch=2, drain_on_revoke_s=bad,

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("trl.experimental.async_grpo")
+from rollstream.consumers._trl_samples import trainable  # noqa: E402
 from rollstream.consumers.filters import FilterContext  # noqa: E402
-from rollstream.consumers.trl import _trainable, to_rollout_samples  # noqa: E402
+from rollstream.consumers.trl import to_rollout_samples  # noqa: E402
 from rollstream.schemas import Sample, ScoredGroup, decode, encode  # noqa: E402
 from trl.experimental.async_grpo.async_rollout_worker import TurnRecord, _chain_to_sequences  # noqa: E402
 
@@ -32,7 +33,7 @@ def test_trl_rows_mask_tool_tokens_as_trls_worker_chains_the_turns() -> None:
 def test_trl_skips_a_group_with_a_sample_whose_every_token_is_masked() -> None:
     masked = Sample(tokens=[5, 6], logprobs=[0.0, 0.0], reward=1.0, loss_mask=np.zeros(2))
     group = make_multi_turn_group()
-    keep = _trainable
+    keep = trainable
     context = FilterContext(policy_version=None, max_staleness=None, partition=0, offset=0, consumer_group="g")
     assert keep(group, context) is None
     skipped = ScoredGroup(group_id="z#0", prompt_id="z", epoch=0, prompt_tokens=[1], started_at_ms=0, finished_at_ms=1,

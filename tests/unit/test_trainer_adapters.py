@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from rollstream.consumers import slime, trl
+from rollstream.consumers import _trl_pipeline, slime
 from rollstream.consumers._adapters import StepMetrics, group_size_filter
 from rollstream.consumers._batch import Batch
 from rollstream.consumers.filters import FilterContext
@@ -57,7 +57,7 @@ def test_slime_and_trl_report_the_same_counts():
     batch = _batch()
     consumer = SimpleNamespace(estimated_lag=lambda: 11)
     from_slime = slime._metrics(batch, 6, consumer)  # type: ignore[arg-type]
-    from_trl = trl._take_metrics(batch, 6, 11, 0.25)
+    from_trl = _trl_pipeline.take_metrics(batch, 6, 11, 0.25)
     assert from_slime["rollstream/filtered"] == from_trl["rollstream/filtered_total"] == 2
     assert from_slime["rollstream/requeued"] == from_trl["rollstream/requeued_total"] == 1
     assert from_slime["rollstream/staleness_max"] == from_trl["rollstream/staleness_max"] == 3
