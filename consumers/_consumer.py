@@ -38,7 +38,7 @@ from rollstream.consumers._batch import Batch
 from rollstream.consumers._client import TrainerClient
 from rollstream.consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
 from rollstream.consumers._errors import TakeTimeout
-from rollstream.consumers._fetched import Fetched
+from rollstream.consumers._fetched import Fetched, unpublished
 from rollstream.consumers._gather import Gathering
 from rollstream.consumers._ledger import StepLedger
 from rollstream.consumers._metrics import ConsumerMetrics
@@ -231,9 +231,10 @@ class RolloutConsumer:
         `take(n, timeout, commit)` returns it: manifest written; offsets committed with ``commit=True``,
         nothing committed with ``commit=False`` (call `commit(batch)` after the optimizer step). None: fewer
         than n acceptable groups came within `timeout`; nothing is committed and nothing is lost (every record
-        looked at is put back, in order, and judged again by the next call), requeues found are published as
-        a timed-out take publishes them, and no diagnosis is built (no cluster read, no thread started). When
-        the caller's own deadline passes, raise `timeout_error(n, deadline_s)`. Not thread-safe.
+        looked at is put back, in order, and judged again by the next call), requeues found are published
+        (as by every take, before it waits for more groups), and no diagnosis is built (no cluster read, no
+        thread started). When the caller's own deadline passes, raise `timeout_error(n, deadline_s)`. Not
+        thread-safe.
 
         Raises:
             What `take` raises, except TakeTimeout; ConfigError also when `timeout` is None or negative
@@ -299,7 +300,7 @@ class RolloutConsumer:
                       ranges=gathering.ranges(), dispositions=tuple(gathering.dispositions),
                       offsets=dict(self._position), consumer_group=self.group_id, topic=self.names.rollouts,
                       policy_version=self.policy_version, created_at_ms=now_ms(),
-                      requeues=tuple(gathering.requeues))
+                      requeues=tuple(unpublished(gathering)))  # the rest went out while it waited
         self._next_step += 1
         self._pending.append(batch)  # its group ids stay held in the ledger until it is committed
         return batch

@@ -6,8 +6,12 @@ Contract (pinned by tests/integration/test_consumer_take.py and test_poll_batch.
   comes first next time. Only ``n - accepted`` records are pulled from librdkafka at a time, so the
   Python-side buffer stays small; librdkafka's own fetch queue is bounded by ``queued.max.messages.kbytes``.
 - A take that runs out of time (or raises) puts back everything it looked at, in order, and releases the
-  group ids it held in the ledger: nothing is lost and the next take starts with it. Before that, it
-  publishes the requeues it found (`rollstream.consumers._requeue`).
+  group ids it held in the ledger: nothing is lost and the next take starts with it.
+- Requeues (`rollstream.consumers._requeue`) are published when found, not at the deadline: each time a take
+  has looked at everything fetched and must wait for more, it publishes the requeues found since it last
+  did (one batch, acknowledged before it waits), since the groups it waits for may be their regenerations.
+  So a take of stale candidates finishes as soon as they are regenerated, also with ``timeout=None``. The
+  ledger remembers each (the step's manifest records it ``requeued`` and it is not published again).
 - Every reassignment of the client (start, seek, a recorded step taken again, a replaced client) drops the
   buffer: those records are fetched again from the new position, none skipped, none twice.
 """
@@ -21,10 +25,16 @@ from collections import deque
 from rollstream.consumers._client import TrainerClient
 from rollstream.consumers._commit import StepCommitter
 from rollstream.consumers._gather import Entry, Gathering
+from rollstream.consumers._requeue import Requeue
 from rollstream.schemas import RollstreamError
 
 log = logging.getLogger(__name__)
 _MAX_PULL = 1000
+
+
+def unpublished(gathering: Gathering) -> list[Requeue]:
+    """The requeues `gathering` found that no take published yet (the ledger knows which were)."""
+    return [r for r in gathering.requeues if not gathering.ledger.requeued_from(r.partition, r.offset)]
 
 
 class Fetched:
@@ -50,9 +60,11 @@ class Fetched:
         """
         try:
             while gathering.accepted < n:
+                if not self._buffer:  # about to wait for more: what it waits for may be the requeues' answers
+                    self._publish_requeues(gathering)
                 entry = self._next_entry(deadline, n - gathering.accepted)
                 if entry is None:
-                    self._requeue_now(gathering)
+                    self._publish_requeues(gathering)
                     self.put_back(gathering)
                     return False
                 gathering.evaluate(entry)
@@ -66,19 +78,20 @@ class Fetched:
         gathering.ledger.release(gathering.group_ids)  # not taken after all
         self._buffer.extendleft(reversed(gathering.entries))
 
-    def _requeue_now(self, gathering: Gathering) -> None:
-        """A take is timing out: publish the requeues it found now, since the groups it waits for may be
-        their regenerations. Remembered in the ledger (the next take records those offsets as requeued
-        without publishing again); one that fails is retried by the next take. Blocks up to the timeout."""
+    def _publish_requeues(self, gathering: Gathering) -> None:
+        """Publish the requeues `gathering` found and no one published yet (none: nothing to do). Remembered
+        in the ledger: this step's manifest, or the next take's, records those offsets as requeued without
+        publishing again. One that fails is published with the step (or by the next take). Blocks until
+        acknowledged, up to the consumer's timeout."""
         ledger = gathering.ledger
-        fresh = [r for r in gathering.requeues if not ledger.requeued_from(r.partition, r.offset)]
+        fresh = unpublished(gathering)
         if not fresh:
             return
         try:
             self._committer.publish_requeues(fresh)
         except RollstreamError as exc:
-            log.warning("group %s: could not requeue %d prompts while take timed out (the next take tries "
-                        "again): %s", gathering.consumer_group, len(fresh), exc)
+            log.warning("group %s: could not requeue %d prompts while waiting for groups (they go with the step, "
+                        "or the next take tries again): %s", gathering.consumer_group, len(fresh), exc)
             return
         for r in fresh:
             ledger.note_requeued(r.group_id, r.attempt, (r.partition, r.offset))

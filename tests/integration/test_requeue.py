@@ -16,6 +16,8 @@ record it answered), so each case is exact:
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import pytest
@@ -136,3 +138,30 @@ def test_a_take_that_times_out_requeues_what_it_waits_for(kafka_config: KafkaCon
         batch = consumer.take(1, timeout=20)
     assert [(d.kind, d.attempt) for d in batch.dispositions] == [("requeued", 0), ("taken", 1)]
     assert len(_requeued_prompts(kafka_config, names)) == 1
+
+
+@pytest.mark.parametrize("timeout", [None, 90.0])
+def test_a_waiting_take_publishes_requeues_when_found(kafka_config: KafkaConfig, namespace_factory, group_id: str,
+                                                      timeout: float | None) -> None:
+    """Only stale groups are there (the normal state right after a trainer resumes): the take publishes their
+    requeues once it has looked at them and waits for more, not at its deadline, so it ends as soon as the
+    regenerations come, with a long timeout and without one. Each prompt is requeued once, acknowledged
+    before the manifest; the step records the stale offsets as requeued and takes the regenerations."""
+    names = namespace_factory(partitions=1)
+    publish(kafka_config, names, [_group(f"s{i}", version=CURRENT - 2) for i in range(3)])
+    with _consumer(kafka_config, names, group_id) as consumer:
+        with ThreadPoolExecutor(1) as pool:
+            taking = pool.submit(consumer.take, 3, timeout, False)
+            seen_while_waiting: list[tuple[str, int]] = []
+            deadline = time.monotonic() + 20
+            while len(seen_while_waiting) < 3 and time.monotonic() < deadline and not taking.done():
+                time.sleep(0.2)
+                seen_while_waiting = [(p.id, p.attempt) for p in _requeued_prompts(kafka_config, names)]
+            # A producer's answer (sent whatever happened, so that the take always ends)
+            publish(kafka_config, names, [_group(f"s{i}", attempt=1) for i in range(3)])
+            batch = taking.result(timeout=30)  # long before a 90 s deadline: nothing waited for it
+    assert sorted(seen_while_waiting) == [("s0", 1), ("s1", 1), ("s2", 1)], "the waiting take published no requeue"
+    assert sorted(batch.group_ids) == ["s0#0", "s1#0", "s2#0"]
+    assert [(d.kind, d.attempt) for d in batch.dispositions] == [("requeued", 0)] * 3 + [("taken", 1)] * 3
+    assert sorted((p.id, p.attempt) for p in _requeued_prompts(kafka_config, names)) == [
+        ("s0", 1), ("s1", 1), ("s2", 1)]  # once each: not again with the step
