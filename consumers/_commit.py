@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from rollstream.consumers._batch import Batch
 from rollstream.consumers._errors import CommitError, GroupConflictError
 from rollstream.consumers._manifests import ManifestIndex
@@ -32,6 +32,7 @@ from rollstream.infra import (
     CommitFailed,
     KafkaConfig,
     KafkaIOError,
+    PolicyAnnouncer,
     TopicNames,
     commit_offsets,
     committed_offsets,
@@ -57,8 +58,10 @@ class StepCommitter:
         timeout: seconds to wait for each acknowledgement (manifests, commit, offset check).
     """
 
-    def __init__(self, names: TopicNames, group_id: str, *, manifests: bool, timeout: float) -> None:
+    def __init__(self, names: TopicNames, group_id: str, *, manifests: bool, timeout: float,
+                 run: PolicyAnnouncer | None = None) -> None:
         self.names = names
+        self.run = run
         self.group_id = group_id
         self.manifests = manifests
         self._timeout = timeout
@@ -285,10 +288,29 @@ class StepCommitter:
         return self._index.to_metadata()
 
     def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch | None, timeout: float) -> None:
+        what = "the rewound position" if batch is None else f"step {batch.step}"
+        if self.run is not None:
+            self._commit_in_run(self.run, offsets, batch, what, timeout)
+            return
         try:
             commit_offsets(self._started()[1], self.names.rollouts, offsets, timeout=timeout, caller=self._calls,
                            metadata=self._metadata())
         except CommitFailed as exc:
-            what = "the rewound position" if batch is None else f"step {batch.step}"
             raise CommitError(batch, f"cannot commit offsets {dict(offsets)} of {what} for group "
                                      f"{self.group_id}: {exc}") from exc
+
+    def _commit_in_run(self, run: PolicyAnnouncer, offsets: Mapping[int, int], batch: Batch | None, what: str,
+                       timeout: float) -> None:
+        """Commit through the trainer run's transactions: refused by the broker once a newer run began
+        (`RunSupersededError`, raised as it is: not retriable)."""
+        metadata = self._metadata()
+        tps = [TopicPartition(self.names.rollouts, p, o) if metadata is None
+               else TopicPartition(self.names.rollouts, p, o, metadata) for p, o in sorted(offsets.items())]
+        try:
+            run.commit_offsets(self._started()[1], tps, what=f"committing {what} of group {self.group_id}",
+                               timeout=timeout)
+        except KafkaIOError as exc:
+            error = CommitError(batch, f"cannot commit offsets {dict(offsets)} of {what} for group "
+                                       f"{self.group_id}: {exc}")
+            error.retriable = exc.retriable  # a run whose producer failed for good cannot commit again
+            raise error from exc

@@ -54,6 +54,7 @@ from rollstream.infra import (
     GroupLag,
     KafkaConfig,
     LagReader,
+    PolicyAnnouncer,
     TopicNames,
     require_topics,
     sized_to_topic,
@@ -88,6 +89,9 @@ class RolloutConsumer:
         metrics: a `ConsumerMetrics`, or a registry to create them in (default: a registry of its own).
         overrides: extra librdkafka consumer properties (e.g. fetch tuning).
         timeout: seconds to wait for the broker when starting and committing.
+        announcer: the trainer run this consumer commits for (`rollstream.infra.runs`): its offsets are
+            committed in the run's transactions, so once a newer trainer run began, the broker refuses
+            this one's commits (`RunSupersededError`, from `take` or `commit`). None: plain commits.
     """
 
     def __init__(self, bootstrap_servers: str | None = None, group_id: str = DEFAULT_GROUP,
@@ -96,7 +100,8 @@ class RolloutConsumer:
                  policy_version: int | None = None, dedupe: bool = True, manifests: bool = True,
                  dedupe_epochs: int | None = None, requeue: bool = True,
                  metrics: ConsumerMetrics | CollectorRegistry | None = None,
-                 overrides: Mapping[str, object] | None = None, timeout: float = 30.0) -> None:
+                 overrides: Mapping[str, object] | None = None, timeout: float = 30.0,
+                 announcer: PolicyAnnouncer | None = None) -> None:
         if not group_id:
             raise ConfigError("group_id must be a non-empty consumer group id")
         if max_staleness is not None and max_staleness < 0:
@@ -114,7 +119,7 @@ class RolloutConsumer:
         self._timeout = timeout
         self._ledger = StepLedger(dedupe_epochs=dedupe_epochs)  # replaced by the one a start or seek_to_step reads
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
-        self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout)
+        self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout, run=announcer)
         self._restart = Restart(self.names, group_id, manifests=manifests, dedupe_epochs=dedupe_epochs,
                                 timeout=timeout)
         # A client that lost its coordinator for good (librdkafka#5511) is replaced after failed commits.
@@ -212,6 +217,7 @@ class RolloutConsumer:
             CommitError: the step was taken but writing its manifest or committing failed;
                 ``err.batch`` is the batch, still uncommitted: retry ``commit(err.batch)``.
             GroupConflictError: another client committed for this group (two trainers on one group id).
+            RunSupersededError: a newer trainer run began (with ``announcer``); nothing was committed.
             FilterError: a filter raised; nothing was taken.
             ConfigError: `n` < 1 or a negative `timeout`.
             RollstreamError: the topic does not exist or the broker is unreachable.
@@ -356,6 +362,7 @@ class RolloutConsumer:
                 the later one for the same step supersedes the earlier).
             GroupConflictError (a CommitError, not retriable): another client committed offsets for
                 this group since this consumer last did (two trainers on one group id); nothing was written.
+            RunSupersededError: a newer trainer run began (with ``announcer``); the offsets were not committed.
             RollstreamError: `batch` was not taken by this consumer, or was dropped by `seek_to`.
         """
         index = next((i for i, b in enumerate(self._pending) if b is batch), None)
@@ -477,6 +484,7 @@ class RolloutConsumer:
                 `step` (the message names the steps it has).
             CommitError: the position could not be committed (retriable: call again).
             GroupConflictError: another client committed for this group.
+            RunSupersededError: a newer trainer run began (with ``announcer``); nothing was committed.
         """
         self._start()
         if not self.manifests:

@@ -83,9 +83,12 @@ class Pipeline:
         self._shape, self._buffer, self._push = shape, buffer, push
         filters = (*default_filters(dynamic_sampling=s.dynamic_sampling),
                    group_size_filter(shape.num_generations, trainer="TRL", setting="num_generations"), trainable)
-        self.consumer = RolloutConsumer(config=kafka, group_id=s.group, namespace=s.namespace,
-                                        filters=filters, max_staleness=shape.max_staleness, timeout=s.kafka_timeout_s)
+        # One trainer run (rollstream.infra.runs): TRL counts versions from 1 again in every run, so producers
+        # must follow this run's versions down, and a replaced worker must neither announce nor commit.
         self.announcer = PolicyAnnouncer(kafka, TopicNames(s.namespace))
+        self.consumer = RolloutConsumer(config=kafka, group_id=s.group, namespace=s.namespace,
+                                        filters=filters, max_staleness=shape.max_staleness, timeout=s.kafka_timeout_s,
+                                        announcer=self.announcer)
         self.handed: deque[_Handed] = deque()
         self._samples = 0
         self._waiting_since: float | None = None
@@ -171,8 +174,8 @@ class Pipeline:
                                 timeout=self._settings.kafka_timeout_s)
 
     def close(self) -> None:
-        self.announcer.close()
         self.consumer.close()  # batches handed over and not committed come back to the next run
+        self.announcer.close()
 
 
 def take_metrics(batch: Batch, version: int, lag: int, waited_s: float) -> Metrics:

@@ -28,6 +28,9 @@ When a batch is committed (read at slime 624b824, 2026-08; file:line there):
 Resume: slime restores checkpoint k and calls ``data_source.load(k)`` (ray/placement_group.py:221-222);
 `RollstreamDataSource.load` moves the consumer to the end of k's step (`RolloutConsumer.seek_to_step`), so
 the next rollout continues exactly after it, whatever was committed later, with the same batches as before.
+Each slime job is one trainer run (`rollstream.infra.runs`), begun at its first rollout or load: from then on
+the broker refuses the commits of the job it replaced (a hung job that comes back gets `RunSupersededError`).
+It announces nothing (slime moves weights to its engines itself).
 
 Staleness (``rollstream_max_staleness``) is measured against the weight version slime's engines serve, which
 counts ``update_weights`` calls, not rollouts: slime's weight updater starts at 0 and adds 1 before each push
@@ -78,6 +81,7 @@ from rollstream.consumers._adapters import StepMetrics, group_size_filter
 from rollstream.consumers._batch import Batch
 from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
 from rollstream.consumers.filters import default_filters
+from rollstream.infra import KafkaConfig, PolicyAnnouncer, TopicNames
 from rollstream.schemas import ConfigError, RollstreamError, ScoredGroup
 
 log = logging.getLogger(__name__)
@@ -217,8 +221,15 @@ class SlimeRollout:
         filters = (*default_filters(dynamic_sampling=settings.dynamic_sampling),
                    group_size_filter(int(n_samples) if n_samples else None, trainer="slime",
                                      setting="n_samples_per_prompt"))
-        self.consumer = consumer or RolloutConsumer(settings.bootstrap_servers, settings.group, settings.namespace,
-                                                    filters=filters, max_staleness=settings.max_staleness)
+        self.run: PolicyAnnouncer | None = None
+        if consumer is None:
+            # One trainer run (rollstream.infra.runs): a replaced slime job can no longer commit. slime moves
+            # weights to its engines itself, so this run announces nothing; producers stamp the engines' versions.
+            config = KafkaConfig.load(settings.bootstrap_servers, client_id=f"rollstream-trainer-{settings.group}")
+            self.run = PolicyAnnouncer(config, TopicNames(settings.namespace))
+            consumer = RolloutConsumer(config=config, group_id=settings.group, namespace=settings.namespace,
+                                       filters=filters, max_staleness=settings.max_staleness, announcer=self.run)
+        self.consumer = consumer
         self.start: int | None = getattr(args, "start_rollout_id", None)
         self.update_interval = int(getattr(args, "update_weights_interval", None) or 1)
         self.every_step = bool(getattr(args, "release_train", False))
@@ -237,6 +248,7 @@ class SlimeRollout:
                                   "must increase (is a second trainer using this args object?)")
         if self.start is None:
             self.start = rollout_id
+        self.begin_run()
         self.commit_through(rollout_id - (1 if self.settings.loop == "sync" else 2))
         version = self.weight_version(rollout_id)
         batch = self.consumer.take(n, timeout=self.settings.take_timeout, commit=False, policy_version=version)
@@ -244,6 +256,12 @@ class SlimeRollout:
         self.steps[rollout_id] = batch.step
         self.last = rollout_id
         return batch, version
+
+    def begin_run(self) -> None:
+        """Begin this job's trainer run before its first take or seek (idempotent): from then on the broker
+        refuses the commits of the slime job this one replaced (`RunSupersededError` there)."""
+        if self.run is not None:
+            self.run.begin()
 
     def weight_version(self, rollout_id: int) -> int:
         """The weight version slime's engines serve when rollout `rollout_id` is asked for."""
@@ -295,6 +313,7 @@ class SlimeRollout:
 
     def resume(self, rollout_id: int, step: int) -> None:
         """slime restored the checkpoint of `rollout_id` (rollstream `step`): continue exactly after it."""
+        self.begin_run()
         self.consumer.seek_to_step(step)
         self.handed.clear()
         self.steps = {rollout_id: step}
@@ -302,6 +321,8 @@ class SlimeRollout:
 
     def close(self) -> None:
         self.consumer.close()
+        if self.run is not None:
+            self.run.close()
 
 
 def _state(args: Any) -> SlimeRollout:

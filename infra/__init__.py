@@ -13,13 +13,7 @@ from rollstream.infra.config import (
     KafkaConfig,
     default_bootstrap,
 )
-from rollstream.infra.control import (
-    ControlWatcher,
-    PolicyAnnouncer,
-    announce_policy_version,
-    position_key,
-    publish_position,
-)
+from rollstream.infra.control import ControlWatcher, position_key, publish_position
 from rollstream.infra.kafka_errors import (
     CommitFailed,
     KafkaIOError,
@@ -43,6 +37,7 @@ from rollstream.infra.kafka_io import (
 )
 from rollstream.infra.lag import GroupLag, LagReader, PartitionLag
 from rollstream.infra.producer_state import ProducerState
+from rollstream.infra.runs import PolicyAnnouncer, RunSupersededError, announce_policy_version
 from rollstream.infra.topics import (
     TopicNames,
     TopicPlan,
@@ -56,7 +51,7 @@ __all__ = [
     "AclRule", "BOOTSTRAP_ENV", "BoundedCaller", "ClientReplacement", "CommitFailed", "ControlWatcher",
     "DEFAULT_BOOTSTRAP", "DEFAULT_TRAINER_GROUP",
     "GroupLag", "KafkaConfig", "KafkaIOError", "LagReader", "PartitionLag", "PolicyAnnouncer", "ProducerState",
-    "REACH_TIMEOUT_S",
+    "REACH_TIMEOUT_S", "RunSupersededError",
     "TopicNames", "TopicPlan", "TopicSpec", "WorkerThread", "announce_policy_version", "apply_acls", "call_within",
     "close_quietly",
     "commit_offsets", "committed_offsets", "committed_with_metadata", "create_topics", "default_bootstrap",

@@ -11,6 +11,8 @@ Each rule was found by running that role against a broker with the StandardAutho
 - trainer: Read, Describe and DescribeConfigs on NS.rollouts; Read on its own group (commit, committed
   offsets); Write, Read, Describe on NS.steps (manifests; read back by the consumer at start, audit,
   replay); Write, Read, Describe on NS.control (announce policy versions); IdempotentWrite on the cluster;
+  Write, Describe on the transactional id ``rollstream.NS.trainer-run`` (a trainer run's announcements and
+  commits are transactions, which fence older runs: `rollstream.infra.runs`);
   Write, Read, Describe on NS.prompts (requeue the prompt of a stale or retriably failed group; `status`
   and the epoch audit read the prompts) and Describe on the producers' intake group (`status`: its members
   and committed offsets).
@@ -37,14 +39,16 @@ from confluent_kafka.admin import (
 from rollstream.infra.clients import open_admin
 from rollstream.infra.config import DEFAULT_TRAINER_GROUP, KafkaConfig
 from rollstream.infra.kafka_errors import KafkaIOError, kafka_error
+from rollstream.infra.runs import run_transactional_id
 from rollstream.infra.topics import TopicNames
 from rollstream.schemas import ConfigError
 
 Role = Literal["producer", "trainer"]
-Resource = Literal["TOPIC", "GROUP", "CLUSTER"]
+Resource = Literal["TOPIC", "GROUP", "CLUSTER", "TRANSACTIONAL_ID"]
 CLUSTER_NAME = "kafka-cluster"  # the one name of the cluster resource
 # librdkafka calls Kafka's CLUSTER resource type BROKER (both are type 4 on the wire).
-_RESOURCE_TYPES = {"TOPIC": ResourceType.TOPIC, "GROUP": ResourceType.GROUP, "CLUSTER": ResourceType.BROKER}
+_RESOURCE_TYPES = {"TOPIC": ResourceType.TOPIC, "GROUP": ResourceType.GROUP, "CLUSTER": ResourceType.BROKER,
+                   "TRANSACTIONAL_ID": ResourceType.TRANSACTIONAL_ID}
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,8 @@ def plan_acls(namespace: str, producer_principal: str, trainer_principal: str, *
         ("trainer", t, "TOPIC", names.steps, ("WRITE", "READ", "DESCRIBE"), "write manifests; audit, replay"),
         ("trainer", t, "TOPIC", names.control, ("WRITE", "READ", "DESCRIBE"), "announce policy versions"),
         ("trainer", t, "CLUSTER", CLUSTER_NAME, ("IDEMPOTENT_WRITE",), "idempotent announcer"),
+        ("trainer", t, "TRANSACTIONAL_ID", run_transactional_id(names), ("WRITE", "DESCRIBE"),
+         "trainer runs: announce and commit in transactions that fence older runs"),
         ("trainer", t, "TOPIC", names.prompts, ("WRITE", "READ", "DESCRIBE"),
          "requeue prompts; status and the epoch audit read them"),
         ("trainer", t, "GROUP", intake, ("DESCRIBE",), "status: the producers' members and committed offsets"),

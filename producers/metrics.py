@@ -109,6 +109,11 @@ class ProducerMetrics:
         self._weight_version_shown = False
         self.weight_reloads = Counter(p + "weight_reloads_total", "Announced policy versions loaded into the "
                                       "engine, by result (loaded, failed).", ["result"], registry=r)
+        self.superseded_announcements = Counter(
+            p + "superseded_announcements_total", "Policy versions announced by a superseded trainer run, which "
+            "moved nothing (a trainer that was replaced and still announces).", registry=r)
+        self.policy_run = Gauge(p + "policy_run", "The trainer run whose policy versions the producer follows "
+                                "(0: announced before runs existed, or nothing announced).", registry=r)
         self._groups_by_status = {status: self.groups.labels(status=status) for status in _GROUP_STATUSES}
         for source in _LAG_SOURCES:
             self.lag_updates.labels(source=source)

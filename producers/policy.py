@@ -1,11 +1,17 @@
 """The producer's policy follower: which policy version generated a sample, and loading announced weights.
 
-It follows NS.control (`rollstream.infra.ControlWatcher`, its own thread) for the versions the trainer announces.
+It follows NS.control (`rollstream.infra.ControlWatcher`, its own thread) for the versions the trainer announces,
+by the runs' rule (`rollstream.infra.runs`): the newest trainer run's latest announcement, also when its
+version is lower than an older run's (a trainer resumed from a checkpoint); a superseded run's
+announcements move nothing (counted in ``rollstream_producer_superseded_announcements_total``).
 Where the engine owns its weights (`ReloadableEngine`: `HFEngine`, the in-process `SGLangEngine`, and
 `SGLangSyncEngine`, SGLang servers the producer updates with ``--sglang-sync-weights``), it loads each
-newer announced version that names a ``weights_path``: one load at a time, and only the newest version
-announced while a load ran (the ones in between are skipped: nobody wants to generate with them any
-more). A failed load is logged, counted (``rollstream_producer_weight_reloads_total{result="failed"}``) and the
+announcement to follow that names a ``weights_path``: one load at a time, and only the latest announced
+while a load ran (the ones in between are skipped: nobody wants to generate with them any more). It
+loads unless the engine serves that very announcement already: a new run's version is loaded even when
+its number is the one serving (another run's weights may carry it); only at start does a matching
+number count as served (the engine was started with those weights).
+A failed load is logged, counted (``rollstream_producer_weight_reloads_total{result="failed"}``) and the
 engine keeps serving its current weights (a server that failed keeps reporting its old version); the next
 announcement tries again.
 
@@ -59,10 +65,12 @@ class PolicyFollower:
         self._metrics = metrics
         self._watch = watch
         self._watcher = (ControlWatcher(config, control_topic, on_version=self.on_announced if watch else None,
+                                        on_superseded=self._on_superseded if watch else None,
                                         on_position=on_position)
                          if watch or on_position is not None else None)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wanted: PolicyVersion | None = None
+        self._serving: PolicyVersion | None = None  # the announcement the engine serves (None: none loaded yet)
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -81,7 +89,7 @@ class PolicyFollower:
 
     @property
     def policy_version(self) -> int:
-        """The newest version announced on NS.control (0 before any). Thread-safe."""
+        """The version producers follow now: the newest run's latest on NS.control (0 before any). Thread-safe."""
         announced = self._watcher.policy_version if self._watcher is not None and self._watch else None
         return 0 if announced is None else announced
 
@@ -109,8 +117,9 @@ class PolicyFollower:
     # -- loading announced weights ---------------------------------------------------------------
 
     def on_announced(self, version: PolicyVersion) -> None:
-        """A newer version was announced (the watcher calls this from its thread for each one): load it
-        if the engine owns its weights and the version names some. Thread-safe; returns at once."""
+        """An announcement to follow (the watcher calls this from its thread for each one, in order): load
+        it if the engine owns its weights and the version names some. Thread-safe; returns at once."""
+        self._metrics.policy_run.set(version.run)
         if self._reloadable is None or not version.weights_path or self._loop is None:
             return
         try:
@@ -118,18 +127,31 @@ class PolicyFollower:
         except RuntimeError:
             pass  # the loop is closed: the producer is gone
 
+    def _on_superseded(self, version: PolicyVersion) -> None:
+        self._metrics.superseded_announcements.inc()
+
     def _want(self, version: PolicyVersion) -> None:
         if self._closed or self._loop is None:
             return
-        if self._wanted is None or version.version > self._wanted.version:
-            self._wanted = version
+        self._wanted = version  # the watcher hands them over in order: the latest is the one to follow
         if self._task is None or self._task.done():
             self._task = self._loop.create_task(self._load_newest(), name="rollstream-weights")
+
+    def _serves(self, engine: ReloadableEngine, version: PolicyVersion) -> bool:
+        """True when the engine serves `version` already: it loaded that very announcement, or, before
+        any load, it was started with weights of that number."""
+        if self._serving is None:
+            return engine.policy_version == version.version
+        return (self._serving.run, self._serving.run_id, self._serving.version) == (
+            version.run, version.run_id, version.version)
 
     async def _load_newest(self) -> None:
         engine = self._reloadable
         while self._wanted is not None and engine is not None:
             version, self._wanted = self._wanted, None
+            if self._serves(engine, version):
+                self._serving = version
+                continue
             try:
                 loaded = await engine.reload(str(version.weights_path), version.version)
             except EngineError as exc:
@@ -137,6 +159,7 @@ class PolicyFollower:
                           version.version, version.weights_path, engine.policy_version, exc)
                 self._count("failed")
                 continue
+            self._serving = version
             if loaded:
                 self._count("loaded")
 

@@ -31,8 +31,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "load_prompts",
     ),
     "rollstream.infra": (
-        "KafkaConfig", "KafkaIOError", "PolicyAnnouncer", "TopicNames", "TopicPlan", "announce_policy_version",
-        "create_topics",
+        "KafkaConfig", "KafkaIOError", "PolicyAnnouncer", "RunSupersededError", "TopicNames", "TopicPlan",
+        "announce_policy_version", "create_topics",
     ),
     "rollstream.schemas": (
         "ConfigError", "DecodeError", "LifecycleError", "PolicyVersion", "Prompt", "RollstreamError", "Sample",
@@ -48,8 +48,8 @@ __all__ = [  # the same names as _EXPORTS (tests/unit/test_layout.py checks)
     "replay_range", "replay_since", "replay_step", "status",
     "Engine", "EngineError", "ProducerSettings", "RewardError", "RolloutProducer", "build_tiny_model",
     "load_prompts",
-    "KafkaConfig", "KafkaIOError", "PolicyAnnouncer", "TopicNames", "TopicPlan", "announce_policy_version",
-    "create_topics",
+    "KafkaConfig", "KafkaIOError", "PolicyAnnouncer", "RunSupersededError", "TopicNames", "TopicPlan",
+    "announce_policy_version", "create_topics",
     "ConfigError", "DecodeError", "LifecycleError", "PolicyVersion", "Prompt", "RollstreamError", "Sample",
     "SchemaError", "ScoredGroup", "StepManifest", "decode", "encode",
 ]
@@ -77,6 +77,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
         KafkaConfig,
         KafkaIOError,
         PolicyAnnouncer,
+        RunSupersededError,
         TopicNames,
         TopicPlan,
         announce_policy_version,

@@ -204,10 +204,11 @@ def _train(setup: _Setup, fleet: ProducerFleet) -> tuple[list[StepRow], TakenSte
                                                           max_grad_norm=r.max_grad_norm, torch_threads=1))
     rows: list[StepRow] = []
     taken: TakenStep | None = None
+    announcer = PolicyAnnouncer(setup.config, setup.names)  # this trainer run: it fences any earlier one
     consumer = RolloutConsumer(config=setup.config, group_id=TRAINER_GROUP, namespace=setup.names.namespace,
-                               filters=default_filters(dynamic_sampling=False), max_staleness=o.max_staleness)
-    with consumer, PolicyAnnouncer(setup.config, setup.names) as announcer, \
-            (o.out / "steps.jsonl").open("w", encoding="utf-8") as steps_file:
+                               filters=default_filters(dynamic_sampling=False), max_staleness=o.max_staleness,
+                               announcer=announcer)
+    with announcer, consumer, (o.out / "steps.jsonl").open("w", encoding="utf-8") as steps_file:
         started = time.monotonic()
         for i in range(o.steps):
             t0 = time.monotonic()

@@ -253,7 +253,8 @@ def _prompt_from_datum(d: Mapping[str, Any]) -> Prompt:
 
 def _policy_version_datum(version: PolicyVersion) -> dict[str, Any]:
     return {"version": version.version, "weights_path": version.weights_path,
-            "created_at_ms": version.created_at_ms, "metadata": dict(version.metadata)}
+            "created_at_ms": version.created_at_ms, "metadata": dict(version.metadata), "run": version.run,
+            "run_id": version.run_id}
 
 
 def _position_datum(position: TrainerPosition) -> dict[str, Any]:

@@ -76,6 +76,11 @@ def prompt_v1(d: Mapping[str, Any]) -> Datum:
     return {**d, "attempt": 0}
 
 
+def policy_version_v1(d: Mapping[str, Any]) -> Datum:
+    """Version 1 knew no trainer runs: run 0, which every run of version 2 supersedes."""
+    return {**d, "run": 0, "run_id": None}
+
+
 UPGRADERS: dict[str, Callable[[Mapping[str, Any]], Datum]] = {
     "scored_group.v1.avsc": scored_group_v1,
     "scored_group.v2.avsc": scored_group_v2,
@@ -84,5 +89,6 @@ UPGRADERS: dict[str, Callable[[Mapping[str, Any]], Datum]] = {
     "step_manifest.v1.avsc": step_manifest_v1,
     "step_manifest.v2.avsc": step_manifest_v2,
     "prompt.v1.avsc": prompt_v1,
+    "policy_version.v1.avsc": policy_version_v1,
 }
 """The upgrader of each file in ``avro/history/``, by file name."""

@@ -279,15 +279,29 @@ class StepManifest:
 
 @dataclass(frozen=True)
 class PolicyVersion:
-    """A policy version announced by the trainer on the control topic."""
+    """A policy version announced by the trainer on the control topic.
+
+    `run` and `run_id` say which trainer run announced it; `PolicyAnnouncer` sets them (leave them out).
+    Runs are numbered 1, 2, ... in the order they began; run 0 is a record written before runs existed.
+    Producers follow the newest run's versions, also lower ones than an older run's (see
+    `rollstream.infra.control`).
+    """
 
     version: int
     weights_path: str | None = None
     created_at_ms: int = field(default_factory=now_ms)
     metadata: Mapping[str, str] = field(default_factory=dict)
+    run: int = 0
+    run_id: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metadata", string_metadata(self.metadata))
+        if self.run < 0:
+            raise InvalidRecordError(f"PolicyVersion.run must be >= 0, got {self.run}")
+
+    def label(self) -> str:
+        """``version 51 of run 4`` (or ``version 51`` for run 0), for logs and errors."""
+        return f"version {self.version}" + (f" of run {self.run}" if self.run else "")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from rollstream.consumers.forensics._status_report import (
 )
 from rollstream.infra import (
     KafkaConfig,
+    KafkaIOError,
     LagReader,
     ProducerState,
     TopicNames,
@@ -47,6 +48,7 @@ from rollstream.infra import (
     read_ranges,
     reader,
 )
+from rollstream.infra.runs import Followed, followed_policy
 from rollstream.schemas import Prompt, SchemaError, ScoredGroup, StepManifest, decode
 
 log = logging.getLogger(__name__)
@@ -170,10 +172,23 @@ def read_trainer(config: KafkaConfig, names: TopicNames, group: str, ask: Traine
     if ask.peek > 0 and lag.total > 0:
         starts = {p.partition: (p.end - p.lag, p.end) for p in lag.partitions}
         waiting = _peek(config, names.rollouts, group, starts, ledger, ask, version, timeout, deadline)
+    followed = _followed(config, names.control, timeout)
+    policy = followed.policy if followed is not None else None
     return TrainerReport(group, names.rollouts, lag.total, committed, last.step if last else None,
                          last.created_at_ms if last else None, last.policy_version if last else None,
                          tuple(m.step for m in recent), by_kind(d for m in recent for d in m.dispositions),
-                         pending, read_all, waiting)
+                         pending, read_all, waiting, policy.version if policy else None,
+                         policy.run if policy else None, policy.created_at_ms if policy else None,
+                         followed.superseded if followed is not None else 0)
+
+
+def _followed(config: KafkaConfig, topic: str, timeout: float) -> Followed | None:
+    """What producers follow on NS.control (None, logged, when it cannot be read: the rest still reports)."""
+    try:
+        return followed_policy(config, topic, timeout=timeout)
+    except KafkaIOError as exc:
+        log.info("status: cannot read the policy versions on %s: %s", topic, exc)
+        return None
 
 
 def _newest_manifests(config: KafkaConfig, topic: str, group: str, window: int, timeout: float

@@ -110,6 +110,9 @@ class TrainerReport:
         pending_steps: steps whose manifest is written but whose offsets are not committed.
         steps_read_all: False when only the newest records of NS.steps were read.
         waiting: the peek at the next groups (None when the lag is 0 or the peek is off).
+        followed_version, followed_run, followed_at_ms: the policy announcement producers follow now
+            (`rollstream.infra.runs`: the newest trainer run's latest; None: nothing announced or unread).
+        superseded_announcements: announcements of superseded trainer runs on NS.control (they moved nobody).
     """
 
     group: str
@@ -124,6 +127,10 @@ class TrainerReport:
     pending_steps: tuple[int, ...]
     steps_read_all: bool
     waiting: WaitingGroups | None
+    followed_version: int | None = None
+    followed_run: int | None = None
+    followed_at_ms: int | None = None
+    superseded_announcements: int = 0
 
 
 @dataclass(frozen=True)

@@ -134,9 +134,11 @@ class Engine(Protocol):
 class ReloadableEngine(Protocol):
     """An engine that owns its weights and can swap in a new policy version while it serves.
 
-    The producer calls `reload` for each newer version announced on NS.control with a ``weights_path``
-    (only the newest pending one, one call at a time). Engines whose weights the trainer updates itself
-    (SGLang servers, through SGLang's own weight-update API) do not implement it: they only stamp versions.
+    The producer calls `reload` for each announcement on NS.control it follows that names a
+    ``weights_path`` (only the latest pending one, one call at a time). It decides what to load: a new
+    trainer run may announce a lower number than the one serving, or the same number with other weights.
+    Engines whose weights the trainer updates itself (SGLang servers, through SGLang's own weight-update
+    API) do not implement it: they only stamp versions.
     """
 
     @property
@@ -145,7 +147,8 @@ class ReloadableEngine(Protocol):
 
     async def reload(self, weights_path: str, version: int) -> bool:
         """Load `weights_path` as `version` without blocking the loop; keep serving the old weights until
-        the new ones are in. Returns False when `version` is not newer than the one serving.
+        the new ones are in. Load whatever the number (lower or equal to the one serving too: the caller
+        skips what is served already). Returns True when the weights were loaded.
 
         Raises:
             EngineError: the weights could not be loaded (the old ones keep serving).

@@ -142,8 +142,9 @@ class HFEngine:
 
         Reads the state dict in a helper thread while the current weights keep serving, then copies
         it into the model in the worker thread between two generations (a generation in progress
-        finishes with the old weights). Returns False, loading nothing, when `version` is not newer
-        than the version serving now. Never blocks the loop. Call from the loop that runs `generate`.
+        finishes with the old weights). Loads whatever `version` is (a new trainer run's may be lower than
+        the one serving) and returns True. Never blocks the loop. Call from the loop that runs `generate`,
+        one call at a time.
 
         Raises:
             EngineError (retriable): the directory holds no loadable weights for this model (missing
@@ -151,9 +152,6 @@ class HFEngine:
         """
         if self._model is None or self._executor is None:
             raise EngineError("HFEngine.reload called before start()", retriable=False)
-        current = self._policy_version
-        if current is not None and version <= current:
-            return False
         started = time.perf_counter()
         state = await in_thread(_read_state_dict, Path(weights_path), name="rollstream-hf-read")
         loop = asyncio.get_running_loop()
@@ -164,13 +162,11 @@ class HFEngine:
         return applied
 
     def _apply_blocking(self, state: dict[str, Any], version: int) -> bool:
-        """Copy `state` into the model (worker thread only). False when a newer version got there first."""
+        """Copy `state` into the model (worker thread only); True."""
         import torch
 
         if self._model is None:
             raise EngineError("HFEngine is closed", retriable=False)
-        if self._policy_version is not None and version <= self._policy_version:
-            return False
         current = self._model.state_dict()
         unexpected = sorted(set(state) - set(current))
         loaded_ptrs = {t.data_ptr() for k, t in current.items() if k in state}

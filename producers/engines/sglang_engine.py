@@ -148,16 +148,14 @@ class SGLangEngine:
         """Load `weights_path` as `version`: pause (samples in flight are aborted and continued afterwards),
         update with ``weight_version=str(version)``, continue. The old weights keep serving if it fails.
 
-        Returns False when `version` is not newer than the one serving. One reload at a time (the
-        producer's `PolicyFollower` calls it so).
+        Loads whatever `version` is (a new trainer run's may be lower than the one serving) and returns
+        True. One reload at a time (the producer's `PolicyFollower` calls it so).
         Raises:
             EngineError: the engine is not started, this SGLang has no pause/continue, or the update failed
                 or took longer than `update_timeout_s` (SGLang's message).
         """
         if self._engine is None:
             raise EngineError("SGLangEngine.reload called before start()", retriable=False)
-        if self._version is not None and version <= self._version:
-            return False
         io = await in_thread(importlib.import_module, _IO_STRUCT, name="rollstream-sglang-reload")
         manager = self._engine.tokenizer_manager
         if not hasattr(io, "PauseGenerationReqInput"):

@@ -172,6 +172,7 @@ class SGLangSyncEngine(SGLangHTTPEngine):
                          max_connections=max_connections, seed=seed)
         self._sync = sync or WeightSync()
         self._serving: dict[str, int | None] = dict.fromkeys(self.urls)
+        self._loaded: dict[str, tuple[int, str]] = {}  # url -> (version, weights_path) this engine updated it to
 
     async def start(self) -> None:
         """Open the client and read each server's ``/get_weight_version`` (best effort: unknown on failure)."""
@@ -190,32 +191,32 @@ class SGLangSyncEngine(SGLangHTTPEngine):
         return dict(self._serving)
 
     async def reload(self, weights_path: str, version: int) -> bool:
-        """Update every server not yet at `version` (concurrently; each one paused only for its own
-        update). A server whose update fails keeps serving its weights and its version.
-
-        Returns False when every server already serves `version` or newer.
+        """Update every server to `version` (concurrently; each one paused only for its own update),
+        whatever the number each reports (a new trainer run's may be lower, or equal with other weights;
+        the producer skips what is served already), except the servers this engine updated to this very
+        `version` from this very `weights_path` (a retry after some servers failed updates only those).
+        A server whose update fails keeps serving its weights and its version. Returns True.
         Raises:
             EngineError (retriable): some servers failed (named, with SGLang's message); the others serve
                 `version`.
         """
-        stale = [u for u, v in self._serving.items() if v is None or v < version]
-        if not stale:
-            return False
-        results = await asyncio.gather(*(self._update(u, weights_path, version) for u in stale),
+        urls = [u for u in self._serving if self._loaded.get(u) != (version, weights_path)]
+        results = await asyncio.gather(*(self._update(u, weights_path, version) for u in urls),
                                        return_exceptions=True)
         failed = []
-        for url, result in zip(stale, results, strict=True):
+        for url, result in zip(urls, results, strict=True):
             if isinstance(result, EngineError):
                 failed.append(str(result))
             elif isinstance(result, BaseException):
                 raise result
             else:
                 self._serving[url] = version
+                self._loaded[url] = (version, weights_path)
         if failed:
             raise EngineError(f"policy version {version} ({weights_path}) not loaded on {len(failed)} of "
-                              f"{len(stale)} servers, which keep serving their weights: {'; '.join(failed)}",
+                              f"{len(urls)} servers, which keep serving their weights: {'; '.join(failed)}",
                               retriable=True)
-        log.info("policy version %d from %s loaded on %d SGLang servers", version, weights_path, len(stale))
+        log.info("policy version %d from %s loaded on %d SGLang servers", version, weights_path, len(urls))
         return True
 
     async def _update(self, url: str, weights_path: str, version: int) -> None:

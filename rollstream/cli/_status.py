@@ -134,6 +134,12 @@ def _trainer_lines(t: TrainerReport) -> list[str]:
             f"last step {t.last_step}, {age(t.last_step_at_ms)} ago"
             + ("" if t.policy_version is None else f" (policy version {t.policy_version})"))
     lines = [f"trainer: {t.group} on {t.topic}: lag {t.lag}; {last}"]
+    if t.followed_version is not None:
+        run = f" of trainer run {t.followed_run}" if t.followed_run else ""
+        since = f", announced {age(t.followed_at_ms)} ago" if t.followed_at_ms is not None else ""
+        ignored = (f"; {t.superseded_announcements} announcements of superseded runs ignored"
+                   if t.superseded_announcements else "")
+        lines.append(f"  producers follow policy version {t.followed_version}{run}{since}{ignored}")
     if t.pending_steps:
         lines.append(f"  steps {list(t.pending_steps)} taken, not committed yet")
     if t.recent_steps:

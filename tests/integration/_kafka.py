@@ -46,12 +46,13 @@ def read_records(config: KafkaConfig, topic: str, cls: type[T], timeout_s: float
     try:
         while ends and time.monotonic() < deadline:
             msg = consumer.poll(0.2)
-            if msg is None or msg.error():
-                continue
-            if key is None or msg.key() == key:
+            if msg is not None and not msg.error() and (key is None or msg.key() == key):
                 out.append((msg.partition(), msg.offset(), decode(msg.value(), cls)))  # type: ignore[arg-type]
-            if msg.offset() + 1 >= ends.get(msg.partition(), 0):
-                ends.pop(msg.partition(), None)
+            # By position, not the last record's offset: a transaction's commit marker (NS.control's
+            # announcements are transactions) takes an offset no record is read at.
+            for tp in consumer.position([TopicPartition(topic, p) for p in ends]):
+                if tp.offset >= ends[tp.partition]:
+                    ends.pop(tp.partition, None)
     finally:
         consumer.close()
     if ends:

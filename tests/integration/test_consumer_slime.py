@@ -263,3 +263,26 @@ def test_calls_that_contradict_the_loop_setting_raise(bootstrap_servers, kafka_c
         generate_rollout(slime_args(bootstrap_servers, names, group_id, tmp_path, rollstream_slime_loop="fast"), 0)
     with pytest.raises(ConfigError, match="rollstream_commit is gone"):
         generate_rollout(slime_args(bootstrap_servers, names, group_id, tmp_path, rollstream_commit="next"), 0)
+
+
+def test_a_replaced_slime_job_can_no_longer_commit(bootstrap_servers, kafka_config, namespace_factory, group_id,
+                                                   tmp_path, slime_path) -> None:
+    from rollstream.consumers.slime import SlimeRollout, SlimeSettings
+    from rollstream.infra import RunSupersededError
+
+    names = namespace_factory(partitions=1)
+    publish_many(kafka_config, names, 8)
+    args = slime_args(bootstrap_servers, names, group_id, tmp_path, rollstream_slime_loop="sync")
+    old = SlimeRollout(args, SlimeSettings.from_args(args))
+    first, _ = old.rollout(0, 2)  # the old job's run begins; its step 0 is recorded, not committed
+    new = SlimeRollout(args, SlimeSettings.from_args(args))  # the scheduler restarted the job elsewhere
+    again, _ = new.rollout(0, 2)  # its run begins: the same batch comes back
+    assert again.group_ids == first.group_ids and again.step == first.step == 0
+    with pytest.raises(RunSupersededError, match="committing step 0"):
+        old.rollout(1, 2)  # the old job comes back and commits what it trained: refused by the broker
+    old.close()
+    new.rollout(1, 2)  # the new job commits rollout 0 and goes on
+    new.close()
+    assert committed(kafka_config, names.namespace, group_id) == {0: 2}
+    report = audit(kafka_config, names.namespace, group_id)
+    assert report.ok, report.summary()

@@ -29,7 +29,8 @@ from rollstream.consumers.trl import (  # noqa: E402
     to_rollout_samples,
     trl_group_id,
 )
-from rollstream.infra import LagReader  # noqa: E402
+from rollstream.infra import ControlWatcher, LagReader  # noqa: E402
+from rollstream.infra.runs import followed_policy  # noqa: E402
 from rollstream.producers import HFEngine, ProducerSettings, RolloutProducer, build_tiny_model  # noqa: E402
 from rollstream.schemas import (  # noqa: E402
     ConfigError,
@@ -40,7 +41,7 @@ from rollstream.schemas import (  # noqa: E402
     make_group_id,
 )
 
-from tests.integration._kafka import cli_env, read_records, write_prompts  # noqa: E402
+from tests.integration._kafka import cli_env, read_records, until, write_prompts  # noqa: E402
 from tests.integration._trl_train import EVENT, REPO_ROOT, build_trainer, patch_trl_for_cpu, trl_config  # noqa: E402
 from tests.records import publish  # noqa: E402
 
@@ -91,6 +92,38 @@ def test_async_grpo_trainer_trains_from_rollstream(kafka_config, namespace_facto
     # One announcement per TRL weight sync (the cold one, then after each step), in order.
     versions = [v.version for _, _, v in read_records(kafka_config, names.control, PolicyVersion, key=b"policy")]
     assert versions == [1, 2, 3, 4]
+
+
+def test_a_trl_run_restarted_twice_leads_the_producers_each_time(kafka_config, namespace_factory, group_id,
+                                                                  tmp_path, monkeypatch) -> None:
+    names = namespace_factory(partitions=2)
+    model_dir = build_tiny_model(tmp_path / "tiny")
+    write_prompts(kafka_config, names, [f"q{i}" for i in range(12)])
+    produced = RolloutProducer(HFEngine(model_dir), ProducerSettings(
+        namespace=names.namespace, n_samples=4, concurrency=4, max_lag=1000, max_new_tokens=6, trainer_group=group_id,
+        exit_when_idle_s=0.5, summary_interval_s=0), kafka=kafka_config, reward=_varied_reward).run_sync(
+        handle_signals=False)
+    assert produced.groups_ok == 12
+    followed: list[PolicyVersion] = []
+    watcher = ControlWatcher(kafka_config, names.control, on_version=followed.append)  # what a producer follows
+    watcher.start()
+    patch_trl_for_cpu(monkeypatch.setattr)
+    try:
+        for run in range(3):  # TRL counts its versions from 1 again in every run
+            args = trl_config(tmp_path / f"out{run}", max_steps=1)
+            worker = RollstreamRolloutWorker(args, TRLWorkerSettings(
+                namespace=names.namespace, group=group_id, take_timeout_s=60, dynamic_sampling=False),
+                kafka=kafka_config)
+            build_trainer(model_dir, args, worker).train()
+            until(lambda run=run: len(followed) == 2 * (run + 1), 30, f"the producers to follow run {run + 1}")
+    finally:
+        watcher.stop()
+    assert [(v.run, v.version) for v in followed] == [(1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (3, 2)]
+    now = followed_policy(kafka_config, names.control, timeout=10)
+    assert (now.policy.run, now.policy.version, now.superseded) == (3, 2, 0)  # type: ignore[union-attr]
+    report = audit(kafka_config, names.namespace, group_id)
+    assert report.ok, report.summary()
+    assert report.counts["taken"] == 6  # one committed step of 2 groups per run; what was handed ahead came back
 
 
 def _tokens(tokenizer, text: str) -> list[int]:

@@ -286,6 +286,17 @@ def test_manifest_written_with_schema_v1_decodes_with_the_current_schema() -> No
     assert decode(encode(manifest), StepManifest) == manifest  # and the columns of version 2 round trip
 
 
+def test_policy_version_written_before_runs_decodes_as_run_zero() -> None:
+    v1 = json.loads((SCHEMA_DIR / "history" / "policy_version.v1.avsc").read_text())
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, fastavro.parse_schema(v1), {
+        "version": 60, "weights_path": "/ckpt/v60", "created_at_ms": 5, "metadata": {"step": "59"}})
+    old = decode(MAGIC + fingerprint(v1) + body.getvalue(), PolicyVersion)
+    assert old == PolicyVersion(60, "/ckpt/v60", 5, {"step": "59"}, run=0, run_id=None)
+    current = PolicyVersion(51, "/ckpt/v51", 6, run=2, run_id="r2")
+    assert decode(encode(current), PolicyVersion) == current
+
+
 @pytest.mark.parametrize("changes, words", [
     ({"offsets": np.array([1, 2], "<i8").tobytes()}, "disagree"),
     ({"kinds": b"\x00\x01\x02\x09"}, "kind code"),

@@ -52,10 +52,15 @@ def test_hf_engine_reloads_between_generations_and_stamps_the_loaded_version(tmp
             expected = AutoModelForCausalLM.from_pretrained(str(v1)).state_dict()
             for name, tensor in engine._model.state_dict().items():
                 assert torch.equal(tensor, expected[name]), name
-            assert await engine.reload(str(v1), 1) is False  # not newer: nothing loaded
+            # A resumed trainer run announces a lower version: it is loaded all the same.
+            assert await engine.reload(str(v0), 0) is True
+            lower = AutoModelForCausalLM.from_pretrained(str(v0)).state_dict()
+            for name, tensor in engine._model.state_dict().items():
+                assert torch.equal(tensor, lower[name]), name
+            assert {c.policy_version for c in (await engine.generate(PROMPT, 2, SAMPLING)).completions} == {0}
             with pytest.raises(EngineError, match="cannot read weights"):
                 await engine.reload(str(tmp_path / "missing"), 2)
-            assert engine.policy_version == 1
+            assert engine.policy_version == 0
         finally:
             await engine.close()
 
@@ -121,3 +126,28 @@ def test_follower_loads_only_the_newest_pending_version_and_survives_failures() 
     assert count("rollstream_producer_weight_reloads_total", {"result": "loaded"}) == 3
     assert count("rollstream_producer_weight_reloads_total", {"result": "failed"}) == 1
     assert count("rollstream_producer_weight_version") == 7
+
+
+def test_follower_follows_a_new_run_down_and_loads_a_same_numbered_version_of_another_run() -> None:
+    async def go() -> tuple[_FakeEngine, ProducerMetrics]:
+        engine, metrics = _FakeEngine(), ProducerMetrics()
+        engine.release.set()
+        follower = PolicyFollower(engine, KafkaConfig(), "t.control", metrics=metrics, watch=False)  # type: ignore[arg-type]
+        await follower.start(catch_up_timeout=0)
+        # At start the engine serves version 0 (its model directory says so): run 1's version 0 is served.
+        follower.on_announced(PolicyVersion(0, weights_path="/r1/0", run=1, run_id="a"))
+        for v in (5, 6):
+            follower.on_announced(PolicyVersion(v, weights_path=f"/r1/{v}", run=1, run_id="a"))
+            await _until(lambda v=v: engine.loaded[-1:] == [v], f"run 1's version {v}")
+        follower.on_announced(PolicyVersion(6, weights_path="/r1/6", run=1, run_id="a"))  # a repeat: served
+        follower.on_announced(PolicyVersion(3, weights_path="/r2/3", run=2, run_id="b"))  # resumed lower
+        await _until(lambda: engine.loaded[-1:] == [3], "run 2's version 3")
+        follower.on_announced(PolicyVersion(3, weights_path="/r3/3", run=3, run_id="c"))  # same number, new run
+        await _until(lambda: len(engine.loaded) == 4, "run 3's version 3")
+        await follower.close()
+        return engine, metrics
+
+    engine, metrics = asyncio.run(go())
+    assert engine.loaded == [5, 6, 3, 3]
+    assert metrics.registry.get_sample_value("rollstream_producer_weight_version") == 3
+    assert metrics.registry.get_sample_value("rollstream_producer_policy_run") == 3

@@ -64,19 +64,24 @@ def test_reload_updates_every_server_and_in_flight_samples_continue(servers: tup
             while a.tokens_generated < 4 or b.tokens_generated < 4:
                 await asyncio.sleep(0.005)
             loaded = await engine.reload(str(tmp_path), 3)
-            again = await engine.reload(str(tmp_path), 3)
-            return await task, loaded, again
+            generation = await task
+            (tmp_path / "v2").mkdir()
+            lower = await engine.reload(str(tmp_path / "v2"), 2)  # a resumed trainer run's lower version
+            return generation, loaded, lower
         finally:
             await engine.close()
 
-    generation, loaded, again = asyncio.run(go())
-    assert loaded is True and again is False and engine.policy_version == 3
+    generation, loaded, lower = asyncio.run(go())
+    assert loaded is True and lower is True and engine.policy_version == 2
     for server in (a, b):
         sync = [(p, body) for p, body in after_start(server) if p != "/generate"]
         assert sync == [("/pause_generation", {"mode": "abort"}),
                         ("/update_weights_from_disk", {"model_path": str(tmp_path), "weight_version": "3"}),
-                        ("/continue_generation", {})]  # once: the second reload found nothing stale
-        assert server.weight_version == "3" and server.model_path == str(tmp_path)
+                        ("/continue_generation", {}),
+                        ("/pause_generation", {"mode": "abort"}),
+                        ("/update_weights_from_disk", {"model_path": str(tmp_path / "v2"), "weight_version": "2"}),
+                        ("/continue_generation", {})]  # the lower one too: the caller decides what to load
+        assert server.weight_version == "2" and server.model_path == str(tmp_path / "v2")
     for c in generation.completions:
         assert [s.version for s in c.version_spans] == [1, 3] and len(c.tokens) == 24
 
@@ -217,7 +222,6 @@ def test_in_process_engine_reloads_through_the_tokenizer_manager(monkeypatch: py
             manager.weight_version = made[-1].server_args["weight_version"]
             before = await engine.generate(PROMPT, 1, SamplingParams(max_new_tokens=2))
             assert await engine.reload(str(tmp_path / "v5"), 5) is True
-            assert await engine.reload(str(tmp_path / "v5"), 5) is False
             manager.fail = True
             with pytest.raises(EngineError, match="could not load .* as version 6: Failed to get weights"):
                 await engine.reload(str(tmp_path / "v6"), 6)

@@ -1,0 +1,375 @@
+"""Trainer runs: which trainer the producers follow, and fencing the ones that were replaced.
+
+Each `PolicyAnnouncer` is one trainer run. A run *begins* at its first announcement (or at the first
+step its `RolloutConsumer` commits through it, whichever comes first) and supersedes every earlier run
+of the namespace: producers follow the newest run's versions, also when they are lower than an older
+run's (a trainer resumed from its checkpoint of version 50 after announcing 60; TRL and slime count from
+the start again in every run), and a superseded run's later announcements move nobody.
+
+How runs are told apart without trusting clocks. Every announcer of namespace NS writes through a
+Kafka *transactional* producer with the same ``transactional.id`` (``rollstream.NS.trainer-run``):
+
+1. Beginning a run calls ``init_transactions``, with which the broker fences every older producer of
+   that id. From then on the broker refuses the old run's writes (announcements, and the offset commits
+   of a consumer bound to it, which go through the same transactions), so no window is left between a
+   new run beginning and the old one being stopped: `RunSupersededError` is what the old run gets.
+2. Then it reads NS.control to its end and takes the number after the highest run recorded there.
+   Two runs that began at once cannot both write that number: the later ``init_transactions`` fenced
+   the earlier before it wrote. Run numbers therefore grow in the order runs began, which is NS.control's
+   offset order, and `run_id` (a uuid) tells the rare same-numbered pair apart (a broker without
+   transactions): the first one on NS.control wins.
+
+`follow_verdict` is the rule every `ControlWatcher` applies to each announcement it reads.
+`announce_policy_version(config, ...)` is a run of one announcement: it supersedes the trainer that
+announced before (use it to point producers at a version by hand, e.g. a rollback, with no trainer running).
+
+Records written before runs existed decode as run 0, which any run supersedes. Upgrade order: producers
+(and every other reader of NS.control) first, then trainers: an old producer cannot decode a run's
+announcement and keeps its version (it logs each record it skips).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from types import TracebackType
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from rollstream.infra.clients import open_consumer, open_producer
+from rollstream.infra.config import KafkaConfig
+from rollstream.infra.kafka_errors import KafkaIOError, kafka_error
+from rollstream.infra.topics import TopicNames
+from rollstream.schemas import DecodeError, PolicyVersion, RollstreamError, decode, encode
+
+log = logging.getLogger(__name__)
+CONTROL_KEY = b"policy"
+_FENCED = {"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "INVALID_PRODUCER_ID_MAPPING"}
+
+
+class RunSupersededError(RollstreamError):
+    """A newer trainer run began on this namespace: this one may neither announce nor commit any more.
+
+    Not retriable. Attributes: `run` (this run's number) and `namespace`.
+    """
+
+    def __init__(self, run: int | None, namespace: str, what: str) -> None:
+        self.run, self.namespace = run, namespace
+        label = f"trainer run {run}" if run else "this trainer run"
+        super().__init__(
+            f"{what} refused: {label} of namespace {namespace} was superseded by a newer trainer run, which "
+            f"began since (another process created a PolicyAnnouncer for {namespace} and announced or "
+            "committed). The producers follow the newer run and the broker refuses this one's announcements "
+            "and commits. Stop this trainer; if it should be the one running, restart it (it begins a new run "
+            "that supersedes the other), or give each trainer its own namespace.", retriable=False)
+
+
+class Verdict(enum.Enum):
+    """What a watcher does with an announcement (`follow_verdict`)."""
+
+    FOLLOW = "follow"  # the newest run's newest word: producers move to it
+    SAME = "same"  # nothing new (a repeat, or an older version of run 0)
+    SUPERSEDED = "superseded"  # from a run older than the one followed: moves nobody
+
+
+def follow_verdict(current: PolicyVersion | None, announced: PolicyVersion) -> Verdict:
+    """The rule producers follow, for an announcement read after `current` (the one followed so far).
+
+    - a higher run than the current one: follow, whatever the version number;
+    - the same run: follow a different version (a run's announcements are in order on NS.control: its
+      latest word counts, also a lower version); run 0 (records from before runs) keeps the highest;
+    - a lower run, or the same number with another run id (the later of two runs that claimed one
+      number): superseded.
+    """
+    if current is None or announced.run > current.run:
+        return Verdict.FOLLOW
+    if announced.run < current.run or announced.run_id != current.run_id:
+        return Verdict.SUPERSEDED
+    if announced.version == current.version or (announced.run == 0 and announced.version < current.version):
+        return Verdict.SAME
+    return Verdict.FOLLOW
+
+
+def run_transactional_id(names: TopicNames) -> str:
+    """The ``transactional.id`` every trainer run of `names.namespace` shares (the fencing key)."""
+    return f"rollstream.{names.namespace}.trainer-run"
+
+
+def newest_run(config: KafkaConfig, topic: str, *, timeout: float) -> int:
+    """The highest run number announced on `topic` (NS.control; 0 when none). Reads it to its end.
+    Blocks up to about `timeout` s. Raises KafkaIOError when it cannot be read in time."""
+    consumer = open_consumer(config.consumer(f"rollstream-run-read-{uuid.uuid4().hex[:12]}"))
+    try:
+        highest = 0
+        for value in read_to_end(consumer, topic, timeout=timeout):
+            try:
+                highest = max(highest, decode(value, PolicyVersion).run)
+            except DecodeError as exc:
+                log.warning("skipping an undecodable policy version on %s: %s", topic, exc)
+        return highest
+    finally:
+        consumer.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Followed:
+    """What NS.control says producers follow (`followed_policy`).
+
+    Attributes:
+        policy: the announcement producers follow now (None: nothing announced).
+        superseded: announcements of superseded runs still on NS.control (they moved nobody).
+        undecodable: records that are not a `PolicyVersion` this version of rollstream reads.
+    """
+
+    policy: PolicyVersion | None
+    superseded: int
+    undecodable: int
+
+
+def followed_policy(config: KafkaConfig, topic: str, *, timeout: float) -> Followed:
+    """Read `topic` (NS.control) to its end and apply the producers' rule (`follow_verdict`) to its
+    announcements, in order. Blocks up to about `timeout` s. Raises KafkaIOError when it cannot be read."""
+    consumer = open_consumer(config.consumer(f"rollstream-run-read-{uuid.uuid4().hex[:12]}"))
+    try:
+        values = read_to_end(consumer, topic, timeout=timeout)
+    finally:
+        consumer.close()
+    followed: PolicyVersion | None = None
+    superseded = undecodable = 0
+    for value in values:
+        try:
+            version = decode(value, PolicyVersion)
+        except DecodeError:
+            undecodable += 1
+            continue
+        verdict = follow_verdict(followed, version)
+        if verdict is Verdict.FOLLOW:
+            followed = version
+        superseded += verdict is Verdict.SUPERSEDED
+    return Followed(followed, superseded, undecodable)
+
+
+def read_to_end(consumer: Consumer, topic: str, *, timeout: float) -> list[bytes]:
+    """The values of `topic`'s ``policy`` records, from its beginning to its end as of now (committed
+    transactions only). Blocks up to about `timeout` s. Raises KafkaIOError when that is not enough."""
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise KafkaIOError(f"cannot read {topic}: {meta.error if meta else 'no such topic'}", topic=topic,
+                               retriable=True)
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
+                for p in meta.partitions}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta.partitions])
+        values: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        while not caught_up(consumer, topic, ends):
+            if time.monotonic() > deadline:
+                raise KafkaIOError(f"{topic} was not read to its end within {timeout:.0f} s", topic=topic,
+                                   retriable=True)
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None and msg.key() == CONTROL_KEY:
+                values.append(msg.value() or b"")
+        return values
+    except KafkaException as exc:
+        raise kafka_error(f"cannot read {topic}", exc, topic=topic) from exc
+
+
+def caught_up(consumer: Consumer, topic: str, ends: Mapping[int, int]) -> bool:
+    """True when `consumer` is at or past `ends` in every partition of `topic`. Its position, not the
+    last record's offset, since a transaction's commit marker takes an offset no record is read at."""
+    waiting = [p for p, end in ends.items() if end > 0]
+    if not waiting:
+        return True
+    positions = consumer.position([TopicPartition(topic, p) for p in waiting])
+    return all(tp.offset >= ends[tp.partition] for tp in positions)
+
+
+class PolicyAnnouncer:
+    """One trainer run: writes its policy versions to NS.control (key ``policy``) and fences older runs.
+
+    Construction does no I/O; the run begins at the first `announce` or `begin` (or the first commit of a
+    `RolloutConsumer` given ``announcer=this``). A context manager; `close` is idempotent. Thread-safe
+    (one transaction at a time).
+
+    Attributes:
+        run_id: this run's unique id (a uuid), set at construction.
+    """
+
+    def __init__(self, config: KafkaConfig, names: TopicNames | str) -> None:
+        self.names = names if isinstance(names, TopicNames) else TopicNames(names)
+        self.topic = self.names.control
+        self.run_id = uuid.uuid4().hex
+        self._config = config
+        self._producer: Producer | None = None
+        self._run: int | None = None
+        self._fenced_older = False  # init_transactions succeeded: the older runs are fenced
+        self._superseded = False  # the broker fenced this run: a newer one began
+        self._broken: str | None = None  # the failure after which this run's producer cannot write
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> PolicyAnnouncer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def run(self) -> int | None:
+        """This run's number (None before it began)."""
+        return self._run
+
+    def begin(self, *, timeout: float = 30.0) -> int:
+        """Begin the run if it has not begun, and return its number: fence every older run of the
+        namespace, then number this one after the highest on NS.control. Blocks up to about 2 x
+        `timeout`. Idempotent.
+
+        Raises:
+            KafkaIOError (retriable): the broker did not answer in time (nothing was fenced, or the
+                older runs were fenced and this one is not numbered yet: call again).
+            RunSupersededError: a newer run began while this one was beginning.
+        """
+        with self._lock:
+            return self._begin(timeout)
+
+    def announce(self, version: PolicyVersion, *, timeout: float = 30.0) -> PolicyVersion:
+        """Publish `version` as this run's (its `run` and `run_id` are set here) and block until the
+        broker committed it (at most about `timeout` s, more at the run's first announcement, which
+        begins it). Returns what was written. When it returns, every producer that reads NS.control
+        follows it, unless a newer run began since. Blocks: from an event loop, await `announce_async`.
+
+        Raises:
+            KafkaIOError (retriable): not acknowledged within `timeout`, or the broker refused it.
+            RunSupersededError: a newer trainer run began; nothing was written (not retriable).
+        """
+        with self._lock:
+            run = self._begin(timeout)
+            record = dataclasses.replace(version, run=run, run_id=self.run_id)
+            self._in_transaction(f"announcing policy version {version.version}", timeout,
+                                 lambda p: p.produce(self.topic, encode(record), key=CONTROL_KEY))
+        log.info("announced policy %s on %s (weights %s)", record.label(), self.topic, record.weights_path)
+        return record
+
+    async def announce_async(self, version: PolicyVersion, *, timeout: float = 30.0) -> PolicyVersion:
+        """`announce` in a worker thread, so the event loop never waits on the broker."""
+        return await asyncio.to_thread(self.announce, version, timeout=timeout)
+
+    def commit_offsets(self, consumer: Consumer, offsets: list[TopicPartition], *, what: str,
+                       timeout: float) -> None:
+        """Commit `offsets` (with their metadata) for `consumer`'s group in one of this run's transactions,
+        so that the broker refuses it once a newer run began. Begins the run if it has not begun. Blocks
+        up to about `timeout` (more when it begins the run). `what` names the commit in errors.
+
+        Raises:
+            KafkaIOError: not committed (retriable unless librdkafka said fatal; nothing was committed).
+            RunSupersededError: a newer trainer run began; nothing was committed.
+        """
+        with self._lock:
+            self._begin(timeout)
+            self._in_transaction(what, timeout, lambda p: p.send_offsets_to_transaction(
+                offsets, consumer.consumer_group_metadata(), timeout))
+
+    def close(self) -> None:
+        """Drop the producer (nothing is pending between calls). Idempotent."""
+        with self._lock:
+            producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.flush(1.0)
+            except KafkaException as exc:  # a producer that failed for good (fenced, not authorized) says so again
+                log.debug("closing the producer of trainer run %s: %s", self._run, exc)
+
+    # -- internals (under the lock) ----------------------------------------------------------------
+
+    def _begin(self, timeout: float) -> int:
+        if self._run is not None:
+            return self._run
+        if self._producer is None:
+            # retry.backoff.ms: a transaction right after another finds its markers still being written
+            # (CONCURRENT_TRANSACTIONS) and is retried; librdkafka's 100 ms default made a commit's p90 114 ms.
+            conf = self._config.producer({"linger.ms": 0, "transactional.id": run_transactional_id(self.names),
+                                          "transaction.timeout.ms": 60_000, "retry.backoff.ms": 10})
+            self._producer = open_producer(conf)
+        if not self._fenced_older:
+            try:
+                self._producer.init_transactions(timeout)  # after a retriable failure it may be called again
+            except KafkaException as exc:
+                error = self._failure("beginning a trainer run", exc)
+                self._superseded = isinstance(error, RunSupersededError)
+                raise error from exc
+            self._fenced_older = True  # never again for this run: a second init would fence a newer run
+        self._run = newest_run(self._config, self.topic, timeout=timeout) + 1
+        log.info("trainer run %d (%s) began on %s: older runs are fenced", self._run, self.run_id, self.names.namespace)
+        return self._run
+
+    def _in_transaction(self, what: str, timeout: float, write: Callable[[Producer], object]) -> None:
+        """One transaction. A run never begins twice (a second ``init_transactions`` would fence a newer
+        run): once its producer failed for good, every later call raises that failure again."""
+        if self._superseded:
+            raise RunSupersededError(self._run, self.names.namespace, what)
+        if self._broken is not None:
+            raise KafkaIOError(f"{what}: trainer run {self._run} can no longer write ({self._broken}); begin a new "
+                               "run: create a new PolicyAnnouncer (it supersedes this one)", topic=self.topic,
+                               retriable=False)
+        producer = self._producer
+        if producer is None:
+            raise KafkaIOError(f"{what}: the run has not begun", retriable=True)
+        try:
+            producer.begin_transaction()
+            write(producer)
+            producer.commit_transaction(timeout)
+        except KafkaException as exc:
+            error = self._failure(what, exc)
+            if isinstance(error, RunSupersededError):
+                self._superseded = True
+            elif _is_fatal(exc) or not self._aborted(producer):
+                self._broken = str(error)
+            raise error from exc
+
+    def _aborted(self, producer: Producer) -> bool:
+        try:
+            producer.abort_transaction(10.0)
+        except KafkaException as exc:
+            log.warning("could not abort the transaction of trainer run %s: %s", self._run, exc)
+            return False
+        return True
+
+    def _failure(self, what: str, exc: KafkaException) -> RollstreamError:
+        err = _error_of(exc)
+        if err is not None and err.name() in _FENCED:
+            return RunSupersededError(self._run, self.names.namespace, what)
+        return kafka_error(f"{what} on {self.topic}", exc, topic=self.topic)
+
+
+def _error_of(exc: KafkaException) -> KafkaError | None:
+    return exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+
+
+def _is_fatal(exc: KafkaException) -> bool:
+    err = _error_of(exc)
+    return err is not None and err.fatal()
+
+
+def announce_policy_version(config: KafkaConfig, names: TopicNames | str, version: PolicyVersion, *,
+                            timeout: float = 30.0) -> PolicyVersion:
+    """Announce `version` as a trainer run of its own (one announcement long) and return what was written.
+
+    It supersedes the run that announced before: producers follow it, and that trainer can neither
+    announce nor commit afterwards. Meant for scripts and tests, and to point producers at a version by
+    hand (a rollback) while no trainer runs; a trainer keeps one `PolicyAnnouncer` for its whole run.
+    Blocks up to about 3 x `timeout`.
+
+    Raises:
+        KafkaIOError (retriable): not acknowledged within `timeout`, or the broker refused it.
+    """
+    with PolicyAnnouncer(config, names) as announcer:
+        return announcer.announce(version, timeout=timeout)
+
+
+__all__ = ["CONTROL_KEY", "Followed", "PolicyAnnouncer", "RunSupersededError", "Verdict", "announce_policy_version",
+           "caught_up", "follow_verdict", "followed_policy", "newest_run", "read_to_end", "run_transactional_id"]
