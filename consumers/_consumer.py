@@ -290,8 +290,9 @@ class RolloutConsumer:
     def _gather(self, n: int, started: float, timeout: float | None, *, raising: bool) -> Gathering | None:
         """n groups gathered, or (timed out) everything put back and TakeTimeout raised, or None."""
         deadline = None if timeout is None else started + timeout
+        run = self._committer.run.run if self._committer.run is not None else None
         gathering = Gathering(self.names.rollouts, self.group_id, self.filters, self._ledger, self.dedupe,
-                              self.policy_version, self.max_staleness, self.requeue)
+                              self.policy_version, self.max_staleness, self.requeue, run)
         if self._fetched.gather(gathering, n, deadline):
             return gathering
         if raising:

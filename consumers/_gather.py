@@ -93,6 +93,7 @@ class Gathering:
     policy_version: int | None
     max_staleness: int | None
     requeue: bool = True
+    policy_run: int | None = None
     entries: list[Entry] = field(default_factory=list)
     requeues: list[Requeue] = field(default_factory=list)
     dispositions: list[OffsetDisposition] = field(default_factory=list)
@@ -112,7 +113,7 @@ class Gathering:
         """Decide what to do with `entry` (`judge`) and record it. Raises FilterError if a filter raises."""
         result = entry.group(self.topic)
         p, o = entry.partition, entry.offset
-        context = FilterContext(self.policy_version, self.max_staleness, p, o, self.consumer_group)
+        context = FilterContext(self.policy_version, self.max_staleness, p, o, self.consumer_group, self.policy_run)
         skip = judge(result, self.ledger, self.filters, context, dedupe=self.dedupe)
         if isinstance(result, SchemaError):
             disp = OffsetDisposition(p, o, "undecodable", group_id=key_text(entry.key),

@@ -58,6 +58,7 @@ class Outcome:
         generation: the engine's output (None when generation failed or never ran).
         rewards: one per completion (None: not scored, because scoring failed or never ran).
         versions: the policy version of each completion (see `rollstream.producers.policy`).
+        policy_run: the trainer run those versions belong to (the one followed when the generation started).
         error: None when ok; else what failed, e.g. ``generation failed: ...``.
         retriable: the failure may pass (an engine timeout or restart, a reward that timed out): another
             attempt of the prompt is worth it (the trainer requeues it, see `ScoredGroup.max_attempts`).
@@ -66,6 +67,7 @@ class Outcome:
     generation: Generation | None = None
     rewards: Sequence[float | None] | None = None
     versions: Sequence[int] = ()
+    policy_run: int = 0
     error: str | None = None
     retriable: bool = False
 
@@ -109,7 +111,7 @@ def record_of(taken: TakenPrompt, outcome: Outcome, shape: Shape, *, producer_id
         finished_at_ms=now_ms(), producer_id=producer_id, status="failed" if failed else "ok",
         error=error if failed else None, metadata={} if shape == "bare" else prompt.metadata, sampling=sampling,
         attempt=prompt.attempt, max_attempts=max_attempts, retriable=failed and outcome.retriable,
-        source_prompt=taken.value)
+        source_prompt=taken.value, policy_run=outcome.policy_run)
 
 
 def encode_within(taken: TakenPrompt, outcome: Outcome, limit: int, *, producer_id: str, prompts_topic: str,

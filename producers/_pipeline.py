@@ -115,7 +115,7 @@ class GroupPipeline:
             return Outcome(error=f"undecodable prompt: {taken.error}")
         deadline = Deadline.after(self.settings.timeout_s)
         prompt = taken.prompt.plugin_dict()
-        version_at_start = self.policy.policy_version  # before generating: see rollstream.producers.policy
+        run, version_at_start = self.policy.followed  # before generating: see rollstream.producers.policy
         try:
             generation = await self.generate(prompt, deadline)
         except Exception as exc:
@@ -126,12 +126,13 @@ class GroupPipeline:
             rewards = await self.score(prompt, generation, deadline)
         except RewardError as exc:
             log.warning("group %s failed: %s", taken.prompt.group_id, exc)
-            return Outcome(generation=generation, versions=versions, error=str(exc), retriable=exc.retriable)
+            return Outcome(generation=generation, versions=versions, policy_run=run, error=str(exc),
+                           retriable=exc.retriable)
         except Exception as exc:
             log.exception("scoring group %s failed unexpectedly", taken.prompt.group_id)
-            return Outcome(generation=generation, versions=versions,
+            return Outcome(generation=generation, versions=versions, policy_run=run,
                            error=f"internal error: {type(exc).__name__}: {exc}")
-        return Outcome(generation=generation, rewards=rewards, versions=versions)
+        return Outcome(generation=generation, rewards=rewards, versions=versions, policy_run=run)
 
     async def generate(self, prompt: dict[str, Any], deadline: Deadline | None = None) -> Generation:
         """`engine.generate` within `deadline` (None: the settings' from now); a retriable error is tried

@@ -93,6 +93,12 @@ class PolicyFollower:
         announced = self._watcher.policy_version if self._watcher is not None and self._watch else None
         return 0 if announced is None else announced
 
+    @property
+    def followed(self) -> tuple[int, int]:
+        """The trainer run and version producers follow now, read together (0, 0 before any). Thread-safe."""
+        announced = self._watcher.followed if self._watcher is not None and self._watch else None
+        return (0, 0) if announced is None else (announced.run, announced.version)
+
     def stamp(self, completions: Sequence[Completion], version_at_start: int) -> list[int]:
         """The policy version of each completion (the oldest of its tokens), by the precedence in the
         module docstring."""

@@ -149,13 +149,14 @@ def _group_datum(group: ScoredGroup) -> dict[str, Any]:
         "max_attempts": group.max_attempts,
         "retriable": group.retriable,
         "source_prompt": group.source_prompt,
+        "policy_run": group.policy_run,
         **columns_datum(group.samples.columns),
         "prompt_tokens": group.prompt_tokens,  # a contiguous array: the codec writes its bytes
     }
 
 
 def _group_from_datum(d: Mapping[str, Any]) -> ScoredGroup:
-    """A group from a decoded v5 datum, checked by its constructors (what they refuse raises
+    """A group from a decoded v6 datum, checked by its constructors (what they refuse raises
     InvalidRecordError, which the codec reports as a DecodeError)."""
     return ScoredGroup(
         group_id=d["group_id"],
@@ -175,6 +176,7 @@ def _group_from_datum(d: Mapping[str, Any]) -> ScoredGroup:
         max_attempts=d["max_attempts"],
         retriable=d["retriable"],
         source_prompt=d["source_prompt"],
+        policy_run=d["policy_run"],
     )
 
 

@@ -49,7 +49,12 @@ def scored_group_v3(d: Mapping[str, Any]) -> Datum:
 
 def scored_group_v4(d: Mapping[str, Any]) -> Datum:
     """Version 4 knew no attempts: a first attempt of a producer that never requeues, its prompt not kept."""
-    return {**d, "attempt": 0, "max_attempts": 1, "retriable": False, "source_prompt": b""}
+    return scored_group_v5({**d, "attempt": 0, "max_attempts": 1, "retriable": False, "source_prompt": b""})
+
+
+def scored_group_v5(d: Mapping[str, Any]) -> Datum:
+    """Version 5 knew no trainer runs: run 0 (none known), which no staleness rule of runs applies to."""
+    return {**d, "policy_run": 0}
 
 
 def _sample_v2(s: Mapping[str, Any]) -> Sample:
@@ -86,6 +91,7 @@ UPGRADERS: dict[str, Callable[[Mapping[str, Any]], Datum]] = {
     "scored_group.v2.avsc": scored_group_v2,
     "scored_group.v3.avsc": scored_group_v3,
     "scored_group.v4.avsc": scored_group_v4,
+    "scored_group.v5.avsc": scored_group_v5,
     "step_manifest.v1.avsc": step_manifest_v1,
     "step_manifest.v2.avsc": step_manifest_v2,
     "prompt.v1.avsc": prompt_v1,

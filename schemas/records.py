@@ -157,6 +157,8 @@ class ScoredGroup:
     `attempt` is the prompt's attempt it answers (0 first), `max_attempts` the producer's limit, and
     `retriable` whether a failure may pass (engine timeout, server restart); `source_prompt` is the
     Prompt record it came from, as read (what the trainer republishes when it requeues the prompt).
+    `policy_run` is the trainer run whose versions the producer followed when the generation started
+    (`PolicyVersion.run`; 0: none known): the samples' weight versions are that run's.
     Not hashable (holds arrays).
     """
 
@@ -177,11 +179,12 @@ class ScoredGroup:
     max_attempts: int = 1
     retriable: bool = False
     source_prompt: bytes = b""
+    policy_run: int = 0
 
     def __post_init__(self) -> None:
-        if self.attempt < 0 or self.max_attempts < 1:
-            raise InvalidRecordError(f"group {self.group_id!r}: attempt {self.attempt} must be >= 0 and max_attempts "
-                                     f"{self.max_attempts} >= 1")
+        if self.attempt < 0 or self.max_attempts < 1 or self.policy_run < 0:
+            raise InvalidRecordError(f"group {self.group_id!r}: attempt {self.attempt} and policy_run "
+                                     f"{self.policy_run} must be >= 0 and max_attempts {self.max_attempts} >= 1")
         object.__setattr__(self, "prompt_tokens", int32_array(self.prompt_tokens, "prompt_tokens"))
         object.__setattr__(self, "samples", Samples.of(self.samples))
         object.__setattr__(self, "metadata", string_metadata(self.metadata))
@@ -200,7 +203,7 @@ class ScoredGroup:
     def _scalars(self) -> tuple[Any, ...]:
         return (self.group_id, self.prompt_id, self.epoch, self.prompt, self.producer_id, self.status, self.error,
                 self.started_at_ms, self.finished_at_ms, dict(self.metadata), self.sampling, self.attempt,
-                self.max_attempts, self.retriable, self.source_prompt)
+                self.max_attempts, self.retriable, self.source_prompt, self.policy_run)
 
     @property
     def rewards(self) -> list[float | None]:

@@ -102,7 +102,8 @@ def python_view(group: ScoredGroup) -> dict[str, Any]:
     return {
         "group_id": group.group_id, "prompt_id": group.prompt_id, "epoch": group.epoch, "status": group.status,
         "error": group.error, "attempt": group.attempt, "max_attempts": group.max_attempts,
-        "retriable": group.retriable, "producer_id": group.producer_id, "prompt": group.prompt,
+        "retriable": group.retriable, "policy_run": group.policy_run, "producer_id": group.producer_id,
+        "prompt": group.prompt,
         "metadata": dict(group.metadata), "sampling": None if group.sampling is None else vars(group.sampling),
         "n_prompt_tokens": len(group.prompt_tokens), "prompt_tokens": group.prompt_tokens.tolist(),
         "rewards": [s.reward for s in samples], "token_counts": [len(s.tokens) for s in samples],

@@ -4,8 +4,8 @@
 Three behaviours are pinned here:
 1. Field for field, the Java reader's view of every group on NS.rollouts equals Python's (multi-sample groups of
    different lengths, a failed group, rewards that are None, non-ASCII text beyond the BMP, attempts, loss masks
-   and version spans), including a record of the previous schema (v4), which Avro resolution brings to v5 with
-   the values Python's upgrader gives.
+   and version spans, trainer runs), including records of the previous schemas (v4, v5), which Avro resolution
+   brings to v6 with the values Python's upgraders give.
 2. Avro Java's fingerprints (`SchemaNormalization.parsingFingerprint64`) are Python's, for every schema file.
 3. An unknown fingerprint, and a version Avro resolution cannot bring to the current schema (v3), are refused
    with a non-zero exit and a message naming them.
@@ -63,7 +63,8 @@ def _old_record(history_file: str, group: ScoredGroup, dropped: tuple[str, ...])
     return MAGIC + fingerprint(schema) + body.getvalue()
 
 
-_V5_FIELDS = ("attempt", "max_attempts", "retriable", "source_prompt")
+_V6_FIELDS = ("policy_run",)
+_V5_FIELDS = ("attempt", "max_attempts", "retriable", "source_prompt", *_V6_FIELDS)
 
 
 def _groups() -> list[ScoredGroup]:
@@ -81,7 +82,7 @@ def _groups() -> list[ScoredGroup]:
         make_group("failed", status="failed", rewards=(None, None), logprobs=False),
         unicode,
         make_multi_turn_group(),
-        replace(make_group("retry", 2, rewards=(1.0,)), attempt=1, max_attempts=3, retriable=True),
+        replace(make_group("retry", 2, rewards=(1.0,)), attempt=1, max_attempts=3, retriable=True, policy_run=3),
     ]
 
 
@@ -89,19 +90,23 @@ def test_java_reader_prints_what_python_decodes(kafka_config: KafkaConfig, names
                                                 java_reader: JavaReader) -> None:
     names = namespace_factory(partitions=2)
     groups = _groups()
-    v4_group = make_multi_turn_group("old")
-    publish(kafka_config, names, [*groups, _old_record("scored_group.v4.avsc", v4_group, _V5_FIELDS)])
+    v4_group, v5_group = make_multi_turn_group("old"), replace(make_group("v5", rewards=(1.0,)), attempt=1)
+    publish(kafka_config, names, [*groups, _old_record("scored_group.v4.avsc", v4_group, _V5_FIELDS),
+                                  _old_record("scored_group.v5.avsc", v5_group, _V6_FIELDS)])
     lines = java_reader.lines("--bootstrap-servers", kafka_config.bootstrap_servers, "--topic", names.rollouts,
                               "--tokens", "--timeout-s", "30")
     python = {(p, o): python_view(g) for p, o, g in read_records(kafka_config, names.rollouts, ScoredGroup)}
     java = {(line["partition"], line["offset"]): java_view(line) for line in lines}
-    assert len(lines) == len(groups) + 1
+    assert len(lines) == len(groups) + 2
     assert java == python
     by_id = {line["group_id"]: line for line in lines}
     assert {g.group_id: by_id[g.group_id]["key"] for g in groups} == {g.group_id: g.group_id for g in groups}
     old = by_id[v4_group.group_id]
     assert old["schema"] == "history/scored_group.v4.avsc"  # resolved by Avro, not re-encoded
-    assert (old["attempt"], old["max_attempts"], old["retriable"]) == (0, 1, False)
+    assert (old["attempt"], old["max_attempts"], old["retriable"], old["policy_run"]) == (0, 1, False, 0)
+    v5 = by_id[v5_group.group_id]
+    assert (v5["schema"], v5["attempt"], v5["policy_run"]) == ("history/scored_group.v5.avsc", 1, 0)
+    assert by_id["retry#2"]["policy_run"] == 3
     assert by_id["multi#1"]["rewards"] == [0.5, None, -1.25, 1e-7]
     assert by_id["multi#1"]["token_counts"] == [4, 5, 6, 7]
 

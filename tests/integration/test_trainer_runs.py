@@ -1,11 +1,12 @@
 """Trainer runs on a real broker (`rollstream.infra.runs`): the newest run leads, the replaced one is fenced.
 
 Pinned: a trainer resumed from a checkpoint (a new `PolicyAnnouncer`) moves every producer to its lower
-version, a custom generate's samples are stamped with it and the HF engine loads its (lower) weights; the
-replaced trainer can neither announce nor commit (`RunSupersededError`, from the broker's fencing); an
-announcement of a superseded run that reaches NS.control anyway (a writer that bypassed the fencing)
-moves nobody and is counted; the groups the dead run's newer weights generated are stale for the resumed
-trainer (ahead of its version) and requeued, regenerated under the new run, and the audit is green.
+version, a custom generate's samples are stamped with it (and the group with the run) and the HF engine
+loads its (lower) weights; the replaced trainer can neither announce nor commit (`RunSupersededError`,
+from the broker's fencing); an announcement of a superseded run that reaches NS.control anyway (a writer
+that bypassed the fencing) moves nobody and is counted; the groups the dead run generated are stale for
+the resumed trainer and requeued, regenerated under the new run, and the audit is green; `status` says
+what producers follow.
 """
 
 from __future__ import annotations
@@ -73,9 +74,10 @@ def test_a_resumed_run_leads_the_producers_and_the_replaced_one_is_fenced(
             batch = trainer.take(4, timeout=60, policy_version=4)
     assert sorted(g.prompt_id for g in batch.groups) == [f"dead-{i}" for i in range(4)]
     assert all(s.weight_versions == (4,) for g in batch.groups for s in g.samples)
-    assert all(g.attempt == 1 for g in batch.groups)
+    assert all(g.attempt == 1 and g.policy_run == resumed.run for g in batch.groups)
     requeued = [d for d in batch.dispositions if d.kind == "requeued"]
-    assert len(requeued) == 4 and all("ahead of the trainer's 4" in (d.reason or "") for d in requeued)
+    assert len(requeued) == 4 and all(d.reason == f"stale: generated under trainer run {dead.run}, superseded by "
+                                      f"run {resumed.run}" for d in requeued)
 
     # The replaced trainer's consumer, bound to its run, cannot commit what it takes.
     with RolloutConsumer(config=kafka_config, group_id=f"{group_id}-dead", namespace=names.namespace,

@@ -124,3 +124,15 @@ def test_metrics_live_in_their_own_registry() -> None:
     a.groups_taken.inc(3)
     assert a.registry.get_sample_value("rollstream_consumer_groups_taken_total") == 3
     assert b.registry.get_sample_value("rollstream_consumer_groups_taken_total") == 0
+
+
+def test_a_group_of_an_older_trainer_run_is_stale_whatever_its_version() -> None:
+    from dataclasses import replace
+
+    old = replace(make_group("a", versions=(49,)), policy_run=3)  # run 3's 49: a number run 4 shares, not weights
+    context = FilterContext(50, 4, partition=0, offset=0, consumer_group="g", policy_run=4)
+    assert stale(old, context) == "stale: generated under trainer run 3, superseded by run 4"
+    assert stale(replace(old, policy_run=4), context) is None  # this run's own
+    assert stale(replace(old, policy_run=0), context) is None  # no run known (slime's engines, old records)
+    assert stale(old, replace(context, policy_run=None)) is None  # a trainer without an announcer
+    assert stale(old, replace(context, max_staleness=None)) is None  # no staleness bound: inactive

@@ -284,7 +284,7 @@ public final class GroupReader {
     /** A scored group: what one prompt's generation produced in one epoch (status "ok" or "failed"). */
     record Group(String groupId, String promptId, int epoch, String status, String error, String producerId,
                  long startedAtMs, long finishedAtMs, String prompt, Map<String, String> metadata, Sampling sampling,
-                 int attempt, int maxAttempts, boolean retriable, byte[] sourcePrompt, int[] promptTokens,
+                 int attempt, int maxAttempts, boolean retriable, byte[] sourcePrompt, long policyRun, int[] promptTokens,
                  List<Sample> samples, String writerFile) {
 
         static Group of(GenericRecord r, String writerFile) {
@@ -297,11 +297,12 @@ public final class GroupReader {
                     r.get("status").toString().toLowerCase(), r.get("error") == null ? null : str(r, "error"),
                     str(r, "producer_id"), (Long) r.get("started_at_ms"), (Long) r.get("finished_at_ms"),
                     str(r, "prompt"), metadata, sampling, (Integer) r.get("attempt"), (Integer) r.get("max_attempts"),
-                    (Boolean) r.get("retriable"), bytes(r, "source_prompt"), ints(r, "prompt_tokens"), samples(r),
+                    (Boolean) r.get("retriable"), bytes(r, "source_prompt"), (Long) r.get("policy_run"),
+                    ints(r, "prompt_tokens"), samples(r),
                     writerFile);
         }
 
-        /** The samples of a v5 record, split out of its columns (each packed one entry per sample, in order). */
+        /** The samples of a v6 record, split out of its columns (each packed one entry per sample, in order). */
         static List<Sample> samples(GenericRecord r) {
             int[] lengths = ints(r, "response_lengths");
             double[] rewards = doubles(r, "rewards");
@@ -357,6 +358,7 @@ public final class GroupReader {
             out.put("attempt", attempt);
             out.put("max_attempts", maxAttempts);
             out.put("retriable", retriable);
+            out.put("policy_run", policyRun);
             out.put("producer_id", producerId);
             out.put("prompt", prompt);
             out.put("metadata", metadata);
