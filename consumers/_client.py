@@ -28,7 +28,7 @@ from rollstream.infra import (
 from rollstream.schemas import LifecycleError
 
 log = logging.getLogger(__name__)
-_CLOSE_TIMEOUT_S = 5.0
+CLOSE_TIMEOUT_S = 5.0
 
 
 class TrainerClient:
@@ -107,12 +107,12 @@ class TrainerClient:
         return out
 
     def close(self) -> None:
-        """Close the client, waiting at most `_CLOSE_TIMEOUT_S`: a client whose synchronous commit never got
+        """Close the client, waiting at most `CLOSE_TIMEOUT_S`: a client whose synchronous commit never got
         an answer (it lost its coordinator) can block its close for good; it is then left to the process."""
         consumer, self._consumer = self._consumer, None
         if consumer is None:
             return
-        if not close_quietly(consumer.close, f"trainer-{self.group_id}", wait_s=_CLOSE_TIMEOUT_S):
+        if not close_quietly(consumer.close, f"trainer-{self.group_id}", wait_s=CLOSE_TIMEOUT_S):
             log.warning("the Kafka client of group %s did not close within %g s (a commit without an answer?); "
-                        "left to the process", self.group_id, _CLOSE_TIMEOUT_S)
+                        "left to the process", self.group_id, CLOSE_TIMEOUT_S)
 

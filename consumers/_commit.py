@@ -48,6 +48,7 @@ _T = TypeVar("_T")
 
 
 FRESH_CLIENT_AFTER = 2  # failed commit attempts in a row after which the Kafka client is replaced
+CLOSE_FLUSH_S = 5.0  # the most `close` waits for the manifest producer
 
 
 class StepCommitter:
@@ -112,11 +113,16 @@ class StepCommitter:
         self._consumer = consumer
 
     def close(self) -> None:
-        """Flush the manifest producer (up to the timeout). Idempotent."""
+        """Deliver what the manifest producer still holds, waiting at most `CLOSE_FLUSH_S` (or the timeout, when
+        shorter). Idempotent. What is left is only a manifest or requeue whose write already failed (every
+        write waits for its acknowledgement), so a shutdown does not wait on a broker that does not answer."""
         self._calls.close()
         producer, self._producer = self._producer, None
         if producer is not None:
-            producer.flush(self._timeout)
+            left = producer.flush(min(self._timeout, CLOSE_FLUSH_S))
+            if left:
+                log.warning("group %s: closing with %d records for %s/%s undelivered (writes that already failed)",
+                            self.group_id, left, self.names.steps, self.names.prompts)
 
     def record(self, batch: Batch, *, timeout: float | None = None) -> StepManifest:
         """Write the manifest of `batch`, taken and not committed, to NS.steps (acknowledged), after

@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import json
 import os
+import signal
 import stat
 import sys
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from rollstream.cli._common import (
     require_reachable,
     topic_names,
 )
+from rollstream.cli._stopping import StopSignals
 from rollstream.consumers import (
     Batch,
     ReplayedRecord,
@@ -114,6 +116,10 @@ def take(
     so a kill at any moment leaves every committed step in the output. --out appends: a step written but
     not committed when a run was killed is taken again by the next run with the same step number, so a
     step number that repeats in the file is a re-taken step; only its last copy can be the committed one.
+
+    Ctrl-C (SIGINT) or SIGTERM stops it: the step in hand is left uncommitted (taken again next run), the
+    clients are closed (each close bounded), and it exits 130 (SIGINT) or 143 (SIGTERM) within 15 s, whatever
+    the broker does; a second signal exits at once.
     """
     config = kafka_config(bootstrap_servers, kafka_config_file, f"rollstream-take-{group}")
     consumer = RolloutConsumer(config=config, group_id=group, namespace=namespace, max_staleness=max_staleness,
@@ -124,16 +130,22 @@ def take(
 
         start_http_server(metrics_port, registry=consumer.metrics.registry)
     taken = 0
+    stop = StopSignals("rollstream take")
     try:
-        with consumer, _appending(out) as (sink, durable):
+        with stop, consumer, _appending(out) as (sink, durable):
             while steps == 0 or taken < steps:
                 batch = consumer.take(n, timeout=timeout, commit=False)
                 _write_step(sink, batch, durable)
                 consumer.commit(batch)  # only now: a kill before this leaves the step to be taken again
                 taken += 1
-    except KeyboardInterrupt:
-        typer.echo(f"interrupted after {taken} committed step(s)", err=True)
-        raise typer.Exit(130) from None
+    except BaseException as exc:  # noqa: BLE001 - after a stop signal, whatever it became on the way out
+        if stop.signalled is None:
+            if isinstance(exc, KeyboardInterrupt):
+                typer.echo(f"interrupted after {taken} committed step(s)", err=True)
+                raise typer.Exit(130) from None
+            raise
+        how = "" if isinstance(exc, KeyboardInterrupt) else f"; on the way out: {type(exc).__name__}: {exc}"
+        stop.exit_now(f"interrupted ({signal.Signals(stop.signalled).name}) after {taken} committed step(s){how}")
 
 
 def lag(
