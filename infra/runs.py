@@ -299,7 +299,11 @@ class PolicyAnnouncer:
             try:
                 self._producer.init_transactions(timeout)  # after a retriable failure it may be called again
             except KafkaException as exc:
-                error = self._failure("beginning a trainer run", exc)
+                error = self._failure(f"beginning a trainer run (Kafka transactions with transactional.id "
+                                      f"{run_transactional_id(self.names)}: the cluster must run its transaction "
+                                      "coordinator, i.e. transaction.state.log.replication.factor no larger than "
+                                      "its brokers, and with ACLs grant Write, Describe on that transactional id; "
+                                      "rollstream acls prints it)", exc)
                 self._superseded = isinstance(error, RunSupersededError)
                 raise error from exc
             self._fenced_older = True  # never again for this run: a second init would fence a newer run

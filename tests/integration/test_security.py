@@ -26,6 +26,7 @@ from rollstream.consumers import RolloutConsumer, default_filters
 from rollstream.infra import (
     KafkaConfig,
     KafkaIOError,
+    PolicyAnnouncer,
     TopicNames,
     announce_policy_version,
     commit_offsets,
@@ -120,10 +121,12 @@ def test_least_privilege_roles_end_to_end(sasl_broker: tuple[str, dict[str, Path
     filters = default_filters(dynamic_sampling=False)
     with RolloutConsumer(config=config, group_id=group, namespace=ns, filters=filters) as consumer:
         first = consumer.take(2, timeout=20)
-    with RolloutConsumer(config=config, group_id=group, namespace=ns, filters=filters) as consumer:  # a restart
+    with PolicyAnnouncer(config, names) as run, RolloutConsumer(  # a restart, as a trainer run: commits in its
+            config=config, group_id=group, namespace=ns, filters=filters, announcer=run) as consumer:  # transactions
         second = consumer.take(2, timeout=20)
+        run.announce(PolicyVersion(version=2), timeout=15)
     assert second.step == first.step + 1
-    announce_policy_version(config, names, PolicyVersion(version=1), timeout=15)  # the trainer's announcer
+    announce_policy_version(config, names, PolicyVersion(version=1), timeout=15)  # a one-off run
     assert not {g.group_id for g in first.groups} & {g.group_id for g in second.groups}
 
     audited = run_cli(bootstrap, "audit", "--namespace", ns, "--group", group, "--kafka-config", trainer)
@@ -147,6 +150,11 @@ def _producer_is_denied(bootstrap: str, files: dict[str, Path], ns: str, group: 
             commit_offsets(consumer, names.rollouts, {0: 1}, timeout=10)
     finally:
         consumer.close()
+    # A producer cannot take the producers over: trainer runs are the trainer's transactional id.
+    with PolicyAnnouncer(config, names) as impostor, pytest.raises(KafkaIOError) as refused:
+        impostor.announce(PolicyVersion(99), timeout=10)
+    assert "not authorized" in str(refused.value).lower() or "authorization" in str(refused.value).lower()
+    assert f"rollstream.{ns}.trainer-run" in str(refused.value)
     # The producer may read the trainer's lag (the lag gate) but not its manifests.
     assert run_cli(bootstrap, "lag", "--namespace", ns, "--group", group, "--kafka-config",
                    str(files["producer"])).returncode == 0
