@@ -377,6 +377,7 @@ class RolloutConsumer:
         self._pending = self._pending[index + 1:]
         self._last_committed_step = batch.step
         self.metrics.steps_committed.inc(len(batches))
+        self.metrics.dedupe_ids.set(self._ledger.remembered)
         self._publish_position(batch.step)
         log.info("step %d committed: group %s offsets %s", batch.step, self.group_id, offsets)
 
