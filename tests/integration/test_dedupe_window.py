@@ -48,3 +48,20 @@ def test_a_long_run_keeps_a_bounded_ledger_and_skips_a_late_duplicate(kafka_conf
         batch = c.take(1, timeout=30)
         assert batch.group_ids == ["fresh2#0"] and duplicates(batch) == [late.group_id]
     assert audit(kafka_config, names.namespace, group_id).ok
+
+
+def test_a_seek_back_beyond_the_window_remembers_what_it_forgot(kafka_config, namespace_factory, group_id) -> None:
+    names = namespace_factory(partitions=1)
+    publish_many(kafka_config, names, 510)
+    publish(kafka_config, names, [make_group("p470", producer_id="again")])  # offset 510: p470 regenerated
+    publish_many(kafka_config, names, 490, prefix="q")
+    with consumer(kafka_config, names, group_id) as c:
+        for _ in range(40):
+            c.take(STEP, timeout=30)
+        assert not c._ledger.is_taken("p470#0")  # 500 offsets ago: out of the window
+        c.seek_to({0: 500})  # a checkpoint of step 19: the window counts from offset 500 again
+        assert c._ledger.is_taken("p470#0") and not c._ledger.is_taken("p500#0")
+        batch = c.take(20, timeout=30)
+        assert duplicates(batch) == ["p470#0"] and batch.group_ids[:10] == [f"p{i}#0" for i in range(500, 510)]
+        assert c._ledger.remembered <= BOUND + 20
+    assert audit(kafka_config, names.namespace, group_id).ok
