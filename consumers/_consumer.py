@@ -15,11 +15,12 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
   and the recorded steps taken again, are `rollstream.consumers._resume`'s.
 - Partitions are assigned explicitly (no group membership, no session timeout): a trainer that does
   not call in for hours keeps its position and commits fine, under the group id.
-- A group id already taken (in an earlier step of this consumer group, also before a restart, or
-  earlier in this step) is skipped as ``duplicate``. Across restarts the taken ids are rebuilt from
-  the group's manifests (see `rollstream.consumers._ledger` for which manifests count); the ledger is the one
-  owner of taken ids, also of those in uncommitted steps. The consumer owns its position, ledger, step
-  numbers and uncommitted batches; `_resume.Restart` only says what they are after a start or a seek.
+- A group id already taken (in an earlier step of this consumer group, also before a restart, or earlier in this step)
+  is skipped as ``duplicate``, within the `DedupeWindow` (a duplicate at most ``offsets`` records after its original
+  on their partition, or taken within ``seconds`` of it). Across restarts the taken ids are rebuilt from the group's
+  manifests (see `rollstream.consumers._ledger` for which manifests count); the ledger is the one owner of taken ids,
+  also of those in uncommitted steps. The consumer owns its position, ledger, step numbers and uncommitted batches;
+  `_resume.Restart` only says what they are after a start or a seek.
 - One consumer per group at a time: two trainers sharing a group id would both read everything.
   Kafka does not keep them apart (no membership), so every commit first checks that the group's
   committed offsets are still the ones this consumer left; if not, `GroupConflictError`.

@@ -162,7 +162,8 @@ class Run:
         self.rss.start()
         self.loader.start()
         self.say(f"namespace {self.names.namespace}: {PRODUCERS} producers, trainer taking {self.args.take_n} "
-                 f"per step, a wave of {self.args.take_n} prompts every {WAVE_EVERY_S:g} s")
+                 f"per step, a wave of {self.args.wave or self.args.take_n} prompts every {WAVE_EVERY_S:g} s"
+                 + ("" if self.args.faults else "; no faults (a soak)"))
         self.nemesis = Nemesis(random.Random(self.seed), self.cluster, self.producers, self.trainer, self.say)
         self._nemesis_phase(self.nemesis)
         self.loader.stop()
