@@ -291,7 +291,8 @@ class StepLedger:
         window = self._window
         if window is None:
             return False
-        return any(self._forgotten_upto.get(p, -1) + window.offsets > o for p, o in positions.items())
+        forgotten = self._forgotten_upto
+        return any(p in forgotten and forgotten[p] + window.offsets > o for p, o in positions.items())
 
     def _superseded(self, step: int, bounds: dict[int, tuple[int, int]], digest: int,
                     starts: Mapping[int, int]) -> list[_Step]:

@@ -125,6 +125,9 @@ def test_a_rewind_behind_what_was_forgotten_says_so() -> None:
     never = StepLedger()
     run(never, 10)
     assert not never.forgot_within({0: 0})
+    fresh = StepLedger(window=DedupeWindow(offsets=8, seconds=0))
+    run(fresh, 2)  # nothing forgotten yet: a seek anywhere needs no rebuild
+    assert not fresh.forgot_within({0: 0})
 
 
 def test_a_seek_to_an_earlier_step_number_lowers_the_next_step() -> None:
