@@ -71,14 +71,17 @@ class DedupeWindow:
     Size them by what can come back: `offsets` >= the records a partition receives while a killed
     producer's prompt moves on and is generated again (session timeout, ``--drain-on-revoke``, the longest
     generation, the backlog the gates allow); `seconds` >= that delay in time. Memory: ~120 bytes per id
-    remembered, about ``max(offsets x partitions, groups/s x seconds)`` ids (120 MB per million).
+    remembered, about ``max(offsets x partitions, groups/s x seconds)`` ids (120 MB per million). The defaults:
+    the hour covers a session timeout, a drain and generations of tens of minutes; the 20,000 records cover a
+    trainer that was down for longer (its clock jumped) while the gates held the backlog; at the capacity
+    plan's 370 groups/s on 64 partitions both come to ~1.3 M ids, ~160 MB.
 
     Attributes:
         offsets: records per partition past the end of the step that took an id (>= 0).
         seconds: trainer time since that step was written, by the manifests' ``created_at_ms`` (>= 0).
     """
 
-    offsets: int = 100_000
+    offsets: int = 20_000
     seconds: float = 3600.0
 
     def __post_init__(self) -> None:

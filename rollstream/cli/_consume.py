@@ -95,7 +95,7 @@ def _dedupe_window(text: str) -> DedupeWindow | None:
     try:
         return DedupeWindow(int(offsets), float(seconds or "0"))
     except (ValueError, ConfigError) as exc:
-        raise typer.BadParameter(f"{text!r}: give OFFSETS,SECONDS, e.g. 100000,3600, or none ({exc})",
+        raise typer.BadParameter(f"{text!r}: give OFFSETS,SECONDS, e.g. 20000,3600, or none ({exc})",
                                  param_hint="--dedupe-window") from None
 
 
