@@ -16,6 +16,7 @@
 from rollstream.consumers._batch import Batch, TensorBatch, grpo_advantages
 from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
 from rollstream.consumers._errors import CommitError, FilterError, GroupConflictError, TakeTimeout
+from rollstream.consumers._ledger import DedupeWindow
 from rollstream.consumers._metrics import ConsumerMetrics
 from rollstream.consumers.filters import (
     FilterContext,
@@ -46,9 +47,9 @@ from rollstream.consumers.forensics import (
 
 __all__ = [
     # the take path
-    "DEFAULT_GROUP", "Batch", "CommitError", "ConsumerMetrics", "FilterContext", "FilterError", "GroupConflictError",
-    "GroupFilter", "RolloutConsumer", "TakeTimeout", "TensorBatch", "all_rewards_equal", "default_filters",
-    "failed_group", "grpo_advantages", "reward_missing", "stale",
+    "DEFAULT_GROUP", "Batch", "CommitError", "ConsumerMetrics", "DedupeWindow", "FilterContext", "FilterError",
+    "GroupConflictError", "GroupFilter", "RolloutConsumer", "TakeTimeout", "TensorBatch", "all_rewards_equal",
+    "default_filters", "failed_group", "grpo_advantages", "reward_missing", "stale",
     # forensics (rollstream.consumers.forensics)
     "AuditReport", "Diagnosis", "EpochAuditReport", "ReplayedRecord", "ReplayedStep", "StatusReport", "audit",
     "audit_epochs", "group_to_json", "parse_time", "replay_range", "replay_since", "replay_step", "since_bounds",

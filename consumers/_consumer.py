@@ -15,11 +15,12 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
   and the recorded steps taken again, are `rollstream.consumers._resume`'s.
 - Partitions are assigned explicitly (no group membership, no session timeout): a trainer that does
   not call in for hours keeps its position and commits fine, under the group id.
-- A group id already taken (in an earlier step of this consumer group, also before a restart, or
-  earlier in this step) is skipped as ``duplicate``. Across restarts the taken ids are rebuilt from
-  the group's manifests (see `rollstream.consumers._ledger` for which manifests count); the ledger is the one
-  owner of taken ids, also of those in uncommitted steps. The consumer owns its position, ledger, step
-  numbers and uncommitted batches; `_resume.Restart` only says what they are after a start or a seek.
+- A group id already taken (in an earlier step of this consumer group, also before a restart, or earlier in this step)
+  is skipped as ``duplicate``, within the `DedupeWindow` (a duplicate at most ``offsets`` records after its original
+  on their partition, or taken within ``seconds`` of it). Across restarts the taken ids are rebuilt from the group's
+  manifests (see `rollstream.consumers._ledger` for which manifests count); the ledger is the one owner of taken ids,
+  also of those in uncommitted steps. The consumer owns its position, ledger, step numbers and uncommitted batches;
+  `_resume.Restart` only says what they are after a start or a seek.
 - One consumer per group at a time: two trainers sharing a group id would both read everything.
   Kafka does not keep them apart (no membership), so every commit first checks that the group's
   committed offsets are still the ones this consumer left; if not, `GroupConflictError`.
@@ -40,7 +41,7 @@ from rollstream.consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
 from rollstream.consumers._errors import TakeTimeout
 from rollstream.consumers._fetched import Fetched, unpublished
 from rollstream.consumers._gather import Gathering
-from rollstream.consumers._ledger import StepLedger
+from rollstream.consumers._ledger import DEFAULT_DEDUPE_WINDOW, DedupeWindow, StepLedger
 from rollstream.consumers._metrics import ConsumerMetrics
 from rollstream.consumers._position import PositionPublisher
 from rollstream.consumers._resume import Restart, Standing
@@ -85,6 +86,9 @@ class RolloutConsumer:
         manifests: write step manifests to NS.steps and rebuild dedupe and step numbers from them.
             Without manifests, dedupe only covers this process and audit/replay have nothing to read.
         dedupe_epochs: remember taken ids only for the newest this-many epochs (None: all).
+        dedupe_window: how far back dedupe remembers taken ids (`DedupeWindow`: a duplicate at most
+            ``offsets`` records after its original on their partition, or taken less than ``seconds`` after
+            it, is always skipped); None: every id of the run, memory growing ~120 bytes per group taken.
         requeue: publish again to NS.prompts the prompt of a group skipped for a passing reason (stale, a
             retriable failure) while its attempts last (`rollstream.consumers._requeue`); False: every filter is final.
         metrics: a `ConsumerMetrics`, or a registry to create them in (default: a registry of its own).
@@ -99,7 +103,8 @@ class RolloutConsumer:
                  namespace: str = "rollstream", *, config: KafkaConfig | None = None,
                  filters: Sequence[GroupFilter] | None = None, max_staleness: int | None = None,
                  policy_version: int | None = None, dedupe: bool = True, manifests: bool = True,
-                 dedupe_epochs: int | None = None, requeue: bool = True,
+                 dedupe_epochs: int | None = None, dedupe_window: DedupeWindow | None = DEFAULT_DEDUPE_WINDOW,
+                 requeue: bool = True,
                  metrics: ConsumerMetrics | CollectorRegistry | None = None,
                  overrides: Mapping[str, object] | None = None, timeout: float = 30.0,
                  announcer: PolicyAnnouncer | None = None) -> None:
@@ -118,11 +123,12 @@ class RolloutConsumer:
         self.requeue = requeue
         self.metrics = metrics if isinstance(metrics, ConsumerMetrics) else ConsumerMetrics(metrics)
         self._timeout = timeout
-        self._ledger = StepLedger(dedupe_epochs=dedupe_epochs)  # replaced by the one a start or seek_to_step reads
+        # replaced by the one a start or seek_to_step reads
+        self._ledger = StepLedger(dedupe_epochs=dedupe_epochs, window=dedupe_window)
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
         self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout, run=announcer)
         self._restart = Restart(self.names, group_id, manifests=manifests, dedupe_epochs=dedupe_epochs,
-                                timeout=timeout)
+                                dedupe_window=dedupe_window, timeout=timeout)
         # A client that lost its coordinator for good (librdkafka#5511) is replaced after failed commits.
         self._replacement = ClientReplacement[Consumer](
             "trainer", open_client=lambda: self._client.open(self.config), swap=self._swap_client,
@@ -287,7 +293,7 @@ class RolloutConsumer:
         elif self.manifests:
             self._committer.retrying(lambda t: self._committer.record(batch, timeout=t), replacement=self._replacement)
             for r in batch.requeues:  # published: the same attempt is not requeued again
-                self._ledger.note_requeued(r.group_id, r.attempt)
+                self._ledger.note_requeued(r.group_id, r.attempt, r.partition, r.offset)
         return batch
 
     def _gather(self, n: int, started: float, timeout: float | None, *, raising: bool) -> Gathering | None:
@@ -383,6 +389,7 @@ class RolloutConsumer:
         self._pending = self._pending[index + 1:]
         self._last_committed_step = batch.step
         self.metrics.steps_committed.inc(len(batches))
+        self.metrics.dedupe_ids.set(self._ledger.remembered)
         self._publish_position(batch.step)
         log.info("step %d committed: group %s offsets %s", batch.step, self.group_id, offsets)
 
@@ -443,10 +450,12 @@ class RolloutConsumer:
         dropped. Steps whose offsets go past the new position are forgotten for dedupe (their groups
         can be taken again), and their manifests are superseded by the next ones. `next_step` sets the
         next step number (default: the first dropped uncommitted step, else unchanged). Nothing is
-        committed until the next commit. Blocks briefly (reassignment).
+        committed until the next commit. Blocks briefly (reassignment); going back further than the dedupe
+        window, also until the manifests are read again (the ids it forgot count again).
 
         Raises:
-            RollstreamError: a partition that the rollouts topic does not have, or a negative offset.
+            RollstreamError: a partition that the rollouts topic does not have, or a negative offset; or (a
+                seek beyond the dedupe window) what reading the manifests raises.
         """
         self._start()
         for p, o in offsets.items():
@@ -457,7 +466,11 @@ class RolloutConsumer:
             next_step = self._pending[0].step
         self._drop_uncommitted()
         self._position.update({int(p): int(o) for p, o in offsets.items()})
+        forgot = self._ledger.forgot_within(self._position)
         dropped = self._ledger.rewind(self._position)
+        if forgot and self.manifests:  # back further than the dedupe window: what it forgot counts again
+            self._ledger = self._restart.ledger_at(self.config, self._position, self._committer.committed,
+                                                   self._committer.index)
         if next_step is not None:
             self._next_step = next_step
         self._client.use(self._client.current(), self._position)

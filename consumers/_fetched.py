@@ -94,7 +94,7 @@ class Fetched:
                         "or the next take tries again): %s", gathering.consumer_group, len(fresh), exc)
             return
         for r in fresh:
-            ledger.note_requeued(r.group_id, r.attempt, (r.partition, r.offset))
+            ledger.note_requeued(r.group_id, r.attempt, r.partition, r.offset, early=True)
 
     def _next_entry(self, deadline: float | None, want: int) -> Entry | None:
         while not self._buffer:

@@ -58,6 +58,8 @@ class ConsumerMetrics:
         self._step_shown = False
         self.steps_committed = Counter(c + "steps_committed_total",
                                        "Steps whose manifest and offsets were committed.", registry=r)
+        self.dedupe_ids = Gauge(c + "dedupe_ids", "Taken group ids dedupe remembers (bounded by the consumer's "
+                                "DedupeWindow; ~120 bytes each).", registry=r)
         self.client_replacements = Counter(c + "client_replacements_total",
                                            "Kafka clients replaced after repeated failed commits (a client that "
                                            "lost its group coordinator).", registry=r)

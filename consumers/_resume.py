@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer
 from rollstream.consumers._batch import Batch
-from rollstream.consumers._ledger import StepLedger
+from rollstream.consumers._ledger import DedupeWindow, StepLedger
 from rollstream.consumers._manifests import ManifestIndex, ManifestRead, read_group_manifests
 from rollstream.consumers.forensics._replay import read_taken
 from rollstream.infra import KafkaConfig, TopicNames, committed_with_metadata, partitions_of, watermarks
@@ -110,10 +110,11 @@ class Restart:
     again (the one owner of that queue). Not thread-safe, like its owner."""
 
     def __init__(self, names: TopicNames, group_id: str, *, manifests: bool, dedupe_epochs: int | None,
-                 timeout: float) -> None:
+                 dedupe_window: DedupeWindow | None, timeout: float) -> None:
         self.names, self.group_id = names, group_id
         self._manifests = manifests
         self._dedupe_epochs = dedupe_epochs
+        self._dedupe_window = dedupe_window
         self._timeout = timeout
         self._redo: deque[StepManifest] = deque()  # recorded steps to take again first, in order
 
@@ -136,10 +137,12 @@ class Restart:
         committed = {p: offset for p, (offset, _) in found.items()}
         position = {p: c if c is not None else watermarks(consumer, topic, p, timeout=self._timeout)[0]
                     for p, c in committed.items()}
-        ledger = StepLedger(dedupe_epochs=self._dedupe_epochs)
         if not self._manifests:
+            ledger = StepLedger(dedupe_epochs=self._dedupe_epochs, window=self._dedupe_window)
             return Standing(position, ledger, 0, (), None), committed
         read = self._read(config, ManifestIndex.newest(meta for _, meta in found.values()))
+        # Pending manifests (past the committed offsets) must not move the dedupe window: it counts from committed.
+        ledger = StepLedger(dedupe_epochs=self._dedupe_epochs, window=self._dedupe_window, committed=committed)
         for manifest in read.manifests:
             ledger.add(manifest)
         orphans = [o.step for o in ledger.drop_uncommitted(committed)]
@@ -173,10 +176,23 @@ class Restart:
         upto = [m for m in effective if m.step <= step]
         later = [m for m in effective if m.step > step]
         position = position_after(upto, later, current)
-        ledger = StepLedger(dedupe_epochs=self._dedupe_epochs)
+        ledger = StepLedger(dedupe_epochs=self._dedupe_epochs, window=self._dedupe_window)
         for m in upto:
             ledger.add(m)
         return Standing(position, ledger, step + 1, tuple(chained(later, position)), read.index)
+
+    def ledger_at(self, config: KafkaConfig, position: Mapping[int, int], committed: Mapping[int, int | None],
+                  index: ManifestIndex | None) -> StepLedger:
+        """The ledger of the group's committed steps that end at or before `position` (`seek_to` back further than
+        the dedupe window: its window counts from `position`, never from further on). Blocks until the manifests
+        are read (where `index` says; None: all of NS.steps); raises what the read raises (RollstreamError)."""
+        limit = {p: min(c, position.get(p, c)) if c is not None else None for p, c in committed.items()}
+        ledger = StepLedger(dedupe_epochs=self._dedupe_epochs, window=self._dedupe_window, committed=limit)
+        for m in self._read(config, index).manifests:
+            ledger.add(m)
+        ledger.drop_uncommitted(committed)
+        ledger.rewind(position)
+        return ledger
 
     def redo(self, standing: Standing) -> None:
         """Take `standing`'s recorded steps again first, in place of any still queued."""

@@ -29,6 +29,7 @@ from rollstream.cli._common import (
 from rollstream.cli._stopping import StopSignals
 from rollstream.consumers import (
     Batch,
+    DedupeWindow,
     ReplayedRecord,
     RolloutConsumer,
     audit,
@@ -41,6 +42,7 @@ from rollstream.consumers import (
     since_bounds,
 )
 from rollstream.infra import DEFAULT_TRAINER_GROUP, LagReader
+from rollstream.schemas import ConfigError
 
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", dir_okay=False,
                                              help="Write JSON lines to this file instead of stdout.")]
@@ -88,6 +90,17 @@ def _write_step(sink: IO[str], batch: Batch, durable: bool) -> None:
         os.fsync(sink.fileno())
 
 
+def _dedupe_window(text: str) -> DedupeWindow | None:
+    if text.strip().lower() == "none":
+        return None
+    offsets, _, seconds = text.partition(",")
+    try:
+        return DedupeWindow(int(offsets), float(seconds or "0"))
+    except (ValueError, ConfigError) as exc:
+        raise typer.BadParameter(f"{text!r}: give OFFSETS,SECONDS, e.g. 20000,3600, or none ({exc})",
+                                 param_hint="--dedupe-window") from None
+
+
 def take(
     n: Annotated[int, typer.Option("-n", "--n", min=1, help="Groups per step (exactly this many per batch).")],
     steps: Annotated[int, typer.Option(min=0, help="Batches to take; 0 takes until interrupted.")] = 1,
@@ -103,6 +116,10 @@ def take(
         help="Skip groups whose rewards are all equal (DAPO dynamic sampling).")] = True,
     metrics_port: Annotated[int | None, typer.Option(
         help="Serve Prometheus metrics on this port while taking.")] = None,
+    dedupe_window: Annotated[str, typer.Option(
+        help="OFFSETS,SECONDS: forget a taken group id once the position on its partition is OFFSETS records "
+             "past it and its step SECONDS older than the newest; 'none' remembers every id (memory grows).")
+    ] = f"{DedupeWindow().offsets},{DedupeWindow().seconds:g}",
     bootstrap_servers: BootstrapOpt = None,
     kafka_config_file: KafkaConfigOpt = None,
 ) -> None:
@@ -123,7 +140,7 @@ def take(
     """
     config = kafka_config(bootstrap_servers, kafka_config_file, f"rollstream-take-{group}")
     consumer = RolloutConsumer(config=config, group_id=group, namespace=namespace, max_staleness=max_staleness,
-                               policy_version=policy_version,
+                               policy_version=policy_version, dedupe_window=_dedupe_window(dedupe_window),
                                filters=default_filters(dynamic_sampling=dynamic_sampling))
     if metrics_port is not None:
         from prometheus_client import start_http_server

@@ -22,8 +22,9 @@ from rollstream.producers.prompts import load_prompts
 from tests.chaos._check import Verdict, check, loaded_group_ids, taken_in_out_file
 from tests.chaos._cluster import Cluster
 from tests.chaos._nemesis import Nemesis
-from tests.chaos._procs import Role, producer_role, trainer_role
+from tests.chaos._procs import GEN_DELAY_S, Role, producer_role, trainer_role
 from tests.chaos._report import RunFacts, render
+from tests.chaos._rss import RssSampler
 
 GROUP = "chaos-trainer"
 PRODUCERS = 2
@@ -50,6 +51,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--take-n", type=int, default=32, help="groups per trainer step (default 32)")
     parser.add_argument("--drain-timeout", type=float, default=300.0,
                         help="seconds the drain may take before it counts as a failure (default 300)")
+    parser.add_argument("--no-faults", dest="faults", action="store_false",
+                        help="a soak: no nemesis, only load (read the report's memory section)")
+    parser.add_argument("--wave", type=int, default=None, help="prompts per wave (default --take-n)")
+    parser.add_argument("--gen-delay", default=GEN_DELAY_S, help=f"seconds per group (default {GEN_DELAY_S})")
+    parser.add_argument("--trainer-arg", action="append", default=[],
+                        help="one more argument for the trainer's `rollstream take` (repeat; e.g. "
+                             "--trainer-arg=--dedupe-window=none)")
+    parser.add_argument("--rss-every", type=float, default=5.0, help="seconds between RSS samples (default 5)")
     parser.add_argument("--report", type=Path, default=Path("chaos-report.md"), help="report file")
     parser.add_argument("--keep", action="store_true", help="keep the data dir and logs even on success")
     return parser.parse_args(argv)
@@ -127,6 +136,7 @@ class Run:
         self.topup: Role | None = None
         self.nemesis: Nemesis | None = None
         self.loader: Loader | None = None
+        self.rss: RssSampler | None = None
         self.config: KafkaConfig | None = None
         self.drain_s = 0.0
         self.drain_problem: str | None = None
@@ -139,18 +149,26 @@ class Run:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.producers = [producer_role(f"producer-{i}", bootstrap, self.names.namespace, GROUP, logs,
-                                        exit_when_idle_s=8.0) for i in range(1, PRODUCERS + 1)]
-        self.trainer = trainer_role(bootstrap, self.names.namespace, GROUP, self.out, logs, n=self.args.take_n)
-        self.loader = Loader(config, self.names.namespace, self.args.take_n, self.run_dir / "prompts", self.say)
+                                        exit_when_idle_s=8.0, gen_delay_s=self.args.gen_delay)
+                          for i in range(1, PRODUCERS + 1)]
+        self.trainer = trainer_role(bootstrap, self.names.namespace, GROUP, self.out, logs, n=self.args.take_n,
+                                    extra=tuple(self.args.trainer_arg))
+        self.loader = Loader(config, self.names.namespace, self.args.wave or self.args.take_n,
+                             self.run_dir / "prompts", self.say)
         self.loader.load_wave(0)
         for role in [*self.producers, self.trainer]:
             role.start()
+        self.rss = RssSampler([*self.producers, self.trainer], every_s=self.args.rss_every)
+        self.rss.start()
         self.loader.start()
         self.say(f"namespace {self.names.namespace}: {PRODUCERS} producers, trainer taking {self.args.take_n} "
-                 f"per step, a wave of {self.args.take_n} prompts every {WAVE_EVERY_S:g} s")
+                 f"per step, a wave of {self.args.wave or self.args.take_n} prompts every {WAVE_EVERY_S:g} s"
+                 + ("" if self.args.faults else "; no faults (a soak)"))
         self.nemesis = Nemesis(random.Random(self.seed), self.cluster, self.producers, self.trainer, self.say)
         self._nemesis_phase(self.nemesis)
         self.loader.stop()
+        if self.rss is not None:
+            self.rss.stop()  # the memory of the load phase; the drain's is not a steady state
         self.say(f"nemesis over: {sum(self.nemesis.counts.values())} faults; draining")
         started = time.monotonic()
         self._drain(self.nemesis, config)
@@ -164,7 +182,7 @@ class Run:
         next_status = time.monotonic() + 15.0
         while time.monotonic() < end:
             nemesis.tick()
-            if time.monotonic() >= next_fault:
+            if self.args.faults and time.monotonic() >= next_fault:
                 nemesis.inject()
                 next_fault = time.monotonic() + nemesis.rng.uniform(*FAULT_GAP_S)
             if time.monotonic() >= next_status:
@@ -238,6 +256,8 @@ class Run:
         try:
             if self.loader is not None:
                 self.loader.stop()
+            if self.rss is not None:
+                self.rss.stop()
             for role in [*self.producers, *(r for r in (self.trainer, self.topup) if r is not None)]:
                 role.terminate(timeout_s=20.0)
         finally:
@@ -248,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     seed = args.seed if args.seed is not None else int(time.time() * 1000) % 1_000_000_007
     command = f"python -m tests.chaos --seed {seed} --seconds {args.seconds:g} --nodes {args.nodes}"
+    command += "".join([" --no-faults"] * (not args.faults) + [f" --wave {args.wave}"] * bool(args.wave)
+                       + [f" --take-n {args.take_n}"] * (args.take_n != 32)
+                       + [f" --gen-delay {args.gen_delay}"] * (args.gen_delay != GEN_DELAY_S)
+                       + [f" --trainer-arg={a}" for a in args.trainer_arg])
     print(f"chaos seed {seed}  (repeat: {command})", flush=True)
     say = Say()
     run_dir = Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp"))
@@ -271,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                      events=say.events, loads=run.loader.loads if run.loader else 0,
                      load_failures=run.loader.failures if run.loader else [],
                      unexpected_exits=nemesis.unexpected_exits if nemesis else [], drain_s=run.drain_s,
-                     drain_problem=run.drain_problem, error=error)
+                     drain_problem=run.drain_problem, error=error, rss=run.rss.series if run.rss else [])
     text = render(facts, verdict)
     args.report.write_text(text)
     print("\n" + text, flush=True)

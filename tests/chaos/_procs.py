@@ -102,21 +102,21 @@ class Role:
 
 
 def producer_role(name: str, bootstrap: str, namespace: str, group: str, log_dir: Path, *,
-                  exit_when_idle_s: float | None = None) -> Role:
+                  exit_when_idle_s: float | None = None, gen_delay_s: str = GEN_DELAY_S) -> Role:
     """`rollstream produce` with the slow test engine, a stable producer id, and generous startup."""
     args = ["produce", "-N", namespace, "--generate", "tests.plugins:slow", "--reward", "tests.plugins:reward",
             "--n-samples", "2", "--concurrency", "4", "--max-lag", "400", "--trainer-group", group,
             "--producer-id", name, "--startup-timeout", "60", "--summary-interval", "0"]
     if exit_when_idle_s is not None:
         args += ["--exit-when-idle", f"{exit_when_idle_s:g}"]
-    return Role(name, tuple(args), cli_env(bootstrap, ROLLSTREAM_TEST_GEN_DELAY_S=GEN_DELAY_S),
+    return Role(name, tuple(args), cli_env(bootstrap, ROLLSTREAM_TEST_GEN_DELAY_S=gen_delay_s),
                 log_dir / f"{name}.log")
 
 
 def trainer_role(bootstrap: str, namespace: str, group: str, out: Path, log_dir: Path, *, n: int,
-                 steps: int = 0, name: str = "trainer") -> Role:
+                 steps: int = 0, name: str = "trainer", extra: tuple[str, ...] = ()) -> Role:
     """`rollstream take -n N` appending to `out`; no dynamic sampling (the test reward is always 1.0, so
     every group would be filtered) and no per-step timeout (a step may wait out a long broker pause)."""
     args = ("take", "-n", str(n), "--steps", str(steps), "-N", namespace, "--group", group, "--out", str(out),
-            "--no-dynamic-sampling")
+            "--no-dynamic-sampling", *extra)
     return Role(name, args, cli_env(bootstrap), log_dir / f"{name}.log")

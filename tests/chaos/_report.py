@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from tests.chaos._check import Verdict
 from tests.chaos._nemesis import KINDS
+from tests.chaos._rss import Series, render_rss
 
 
 @dataclass
@@ -25,6 +26,7 @@ class RunFacts:
     drain_s: float = 0.0
     drain_problem: str | None = None
     error: str | None = None
+    rss: list[Series] = field(default_factory=list)
 
 
 def render(facts: RunFacts, verdict: Verdict | None) -> str:
@@ -42,6 +44,7 @@ def render(facts: RunFacts, verdict: Verdict | None) -> str:
         lines += ["## Drain", "", f"FAILED: {facts.drain_problem}", ""]
     if verdict is not None:
         lines += _figures(facts, verdict)
+    lines += render_rss(facts.rss)
     if facts.unexpected_exits:
         lines += ["## Processes that failed on their own", ""]
         lines += [f"```\n{e}\n```" for e in facts.unexpected_exits] + [""]
