@@ -45,7 +45,7 @@ from rollstream.infra.clients import open_consumer, open_producer
 from rollstream.infra.config import KafkaConfig
 from rollstream.infra.kafka_errors import KafkaIOError, kafka_error
 from rollstream.infra.topics import TopicNames
-from rollstream.schemas import DecodeError, PolicyVersion, RollstreamError, decode, encode
+from rollstream.schemas import DecodeError, LifecycleError, PolicyVersion, RollstreamError, decode, encode
 
 log = logging.getLogger(__name__)
 CONTROL_KEY = b"policy"
@@ -103,17 +103,8 @@ def run_transactional_id(names: TopicNames) -> str:
 def newest_run(config: KafkaConfig, topic: str, *, timeout: float) -> int:
     """The highest run number announced on `topic` (NS.control; 0 when none). Reads it to its end.
     Blocks up to about `timeout` s. Raises KafkaIOError when it cannot be read in time."""
-    consumer = open_consumer(config.consumer(f"rollstream-run-read-{uuid.uuid4().hex[:12]}"))
-    try:
-        highest = 0
-        for value in read_to_end(consumer, topic, timeout=timeout):
-            try:
-                highest = max(highest, decode(value, PolicyVersion).run)
-            except DecodeError as exc:
-                log.warning("skipping an undecodable policy version on %s: %s", topic, exc)
-        return highest
-    finally:
-        consumer.close()
+    announced, _ = announcements(config, topic, timeout=timeout)
+    return max((version.run for version in announced), default=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,24 +125,33 @@ class Followed:
 def followed_policy(config: KafkaConfig, topic: str, *, timeout: float) -> Followed:
     """Read `topic` (NS.control) to its end and apply the producers' rule (`follow_verdict`) to its
     announcements, in order. Blocks up to about `timeout` s. Raises KafkaIOError when it cannot be read."""
-    consumer = open_consumer(config.consumer(f"rollstream-run-read-{uuid.uuid4().hex[:12]}"))
-    try:
-        values = read_to_end(consumer, topic, timeout=timeout)
-    finally:
-        consumer.close()
+    announced, undecodable = announcements(config, topic, timeout=timeout)
     followed: PolicyVersion | None = None
-    superseded = undecodable = 0
-    for value in values:
-        try:
-            version = decode(value, PolicyVersion)
-        except DecodeError:
-            undecodable += 1
-            continue
+    superseded = 0
+    for version in announced:
         verdict = follow_verdict(followed, version)
         if verdict is Verdict.FOLLOW:
             followed = version
         superseded += verdict is Verdict.SUPERSEDED
     return Followed(followed, superseded, undecodable)
+
+
+def announcements(config: KafkaConfig, topic: str, *, timeout: float) -> tuple[list[PolicyVersion], int]:
+    """Every policy version on `topic` (NS.control) from its beginning to its end as of now, in order, and
+    how many records were undecodable (logged, skipped). Blocks up to about `timeout` s. Raises
+    KafkaIOError when it cannot be read in time."""
+    consumer = open_consumer(config.consumer(f"rollstream-run-read-{uuid.uuid4().hex[:12]}"))
+    try:
+        values = read_to_end(consumer, topic, timeout=timeout)
+    finally:
+        consumer.close()
+    decoded: list[PolicyVersion] = []
+    for value in values:
+        try:
+            decoded.append(decode(value, PolicyVersion))
+        except DecodeError as exc:
+            log.warning("skipping an undecodable policy version on %s: %s", topic, exc)
+    return decoded, len(values) - len(decoded)
 
 
 def read_to_end(consumer: Consumer, topic: str, *, timeout: float) -> list[bytes]:
@@ -210,6 +210,7 @@ class PolicyAnnouncer:
         self._fenced_older = False  # init_transactions succeeded: the older runs are fenced
         self._superseded = False  # the broker fenced this run: a newer one began
         self._broken: str | None = None  # the failure after which this run's producer cannot write
+        self._closed = False
         self._lock = threading.Lock()
 
     def __enter__(self) -> PolicyAnnouncer:
@@ -275,8 +276,9 @@ class PolicyAnnouncer:
                 offsets, consumer.consumer_group_metadata(), timeout))
 
     def close(self) -> None:
-        """Drop the producer (nothing is pending between calls). Idempotent."""
+        """Drop the producer (nothing is pending between calls). Idempotent; the run cannot write afterwards."""
         with self._lock:
+            self._closed = True
             producer, self._producer = self._producer, None
         if producer is not None:
             try:
@@ -287,6 +289,9 @@ class PolicyAnnouncer:
     # -- internals (under the lock) ----------------------------------------------------------------
 
     def _begin(self, timeout: float) -> int:
+        if self._closed:
+            raise LifecycleError(f"the announcer of trainer run {self._run or '(not begun)'} on {self.names.namespace} "
+                                 "is closed: a new PolicyAnnouncer begins a new run")
         if self._run is not None:
             return self._run
         if self._producer is None:
@@ -376,4 +381,5 @@ def announce_policy_version(config: KafkaConfig, names: TopicNames | str, versio
 
 
 __all__ = ["CONTROL_KEY", "Followed", "PolicyAnnouncer", "RunSupersededError", "Verdict", "announce_policy_version",
-           "caught_up", "follow_verdict", "followed_policy", "newest_run", "read_to_end", "run_transactional_id"]
+           "announcements", "caught_up", "follow_verdict", "followed_policy", "newest_run", "read_to_end",
+           "run_transactional_id"]

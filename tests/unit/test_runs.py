@@ -53,3 +53,14 @@ def test_the_superseded_error_says_what_happened_and_what_to_do() -> None:
     text = str(err)
     assert "trainer run 4 of namespace exp42 was superseded" in text and "Stop this trainer" in text
     assert err.retriable is False
+
+
+def test_a_closed_announcer_cannot_begin_or_announce() -> None:
+    from rollstream.infra import KafkaConfig, PolicyAnnouncer
+    from rollstream.schemas import LifecycleError
+
+    announcer = PolicyAnnouncer(KafkaConfig(bootstrap_servers="127.0.0.1:1"), "exp42")  # never connects
+    announcer.close()
+    with pytest.raises(LifecycleError, match="closed: a new PolicyAnnouncer begins a new run"):
+        announcer.announce(PolicyVersion(1))
+    announcer.close()  # idempotent
