@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,9 +52,8 @@ def _varied_reward(prompt: dict, completion: dict) -> float:
     return float(sum(completion["tokens"]) % 5)
 
 
-def test_async_grpo_trainer_trains_from_rollstream(kafka_config, namespace_factory, group_id, tmp_path,
-                                                   monkeypatch) -> None:
-    names = namespace_factory(partitions=2)
+def _twelve_groups(kafka_config, names, group_id: str, tmp_path) -> Path:
+    """12 groups of 4 samples the tiny model generated (HF engine), on NS.rollouts; returns the model's directory."""
     model_dir = build_tiny_model(tmp_path / "tiny")
     write_prompts(kafka_config, names, [f"q{i}" for i in range(12)])
     produced = RolloutProducer(HFEngine(model_dir), ProducerSettings(
@@ -61,6 +61,13 @@ def test_async_grpo_trainer_trains_from_rollstream(kafka_config, namespace_facto
         exit_when_idle_s=0.5, summary_interval_s=0), kafka=kafka_config, reward=_varied_reward).run_sync(
         handle_signals=False)
     assert produced.groups_ok == 12
+    return model_dir
+
+
+def test_async_grpo_trainer_trains_from_rollstream(kafka_config, namespace_factory, group_id, tmp_path,
+                                                   monkeypatch) -> None:
+    names = namespace_factory(partitions=2)
+    model_dir = _twelve_groups(kafka_config, names, group_id, tmp_path)
 
     patch_trl_for_cpu(monkeypatch.setattr)
     args = trl_config(tmp_path / "out", max_steps=3)
@@ -97,13 +104,7 @@ def test_async_grpo_trainer_trains_from_rollstream(kafka_config, namespace_facto
 def test_a_trl_run_restarted_twice_leads_the_producers_each_time(kafka_config, namespace_factory, group_id,
                                                                   tmp_path, monkeypatch) -> None:
     names = namespace_factory(partitions=2)
-    model_dir = build_tiny_model(tmp_path / "tiny")
-    write_prompts(kafka_config, names, [f"q{i}" for i in range(12)])
-    produced = RolloutProducer(HFEngine(model_dir), ProducerSettings(
-        namespace=names.namespace, n_samples=4, concurrency=4, max_lag=1000, max_new_tokens=6, trainer_group=group_id,
-        exit_when_idle_s=0.5, summary_interval_s=0), kafka=kafka_config, reward=_varied_reward).run_sync(
-        handle_signals=False)
-    assert produced.groups_ok == 12
+    model_dir = _twelve_groups(kafka_config, names, group_id, tmp_path)
     followed: list[PolicyVersion] = []
     watcher = ControlWatcher(kafka_config, names.control, on_version=followed.append)  # what a producer follows
     watcher.start()
