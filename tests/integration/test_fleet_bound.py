@@ -14,7 +14,7 @@ import asyncio
 import threading
 import time
 
-from rollstream.consumers import RolloutConsumer
+from rollstream.consumers import RolloutConsumer, TakeTimeout
 from rollstream.infra import KafkaConfig, LagReader
 from rollstream.producers import ProducerSettings, RolloutProducer
 
@@ -43,7 +43,12 @@ class Trainer(threading.Thread):
             with RolloutConsumer(config=self.config, group_id=self.group, namespace=self.namespace,
                                  filters=()) as trainer:  # the instant groups carry no reward
                 while not self.stop.is_set():
-                    trainer.take(TAKE_N, timeout=60)
+                    try:
+                        trainer.take(TAKE_N, timeout=30)
+                    except TakeTimeout:
+                        if self.stop.is_set():
+                            return  # the prompts may have run out by then
+                        raise
                     self.steps += 1
                     self.stop.wait(0.05)  # a short training step
         except BaseException as exc:  # noqa: BLE001 - the test reports it
@@ -58,7 +63,7 @@ def sample_lag(config: KafkaConfig, group: str, topic: str, stop: threading.Even
 
 def test_sixteen_producers_share_one_max_lag(kafka_config: KafkaConfig, namespace_factory, group_id: str) -> None:
     names = namespace_factory(partitions=PRODUCERS)
-    write_prompts(kafka_config, names, [f"f{i:04d}" for i in range(1500)])
+    write_prompts(kafka_config, names, [f"f{i:04d}" for i in range(4000)])
     producers = [RolloutProducer(plugins.instant, ProducerSettings(
         namespace=names.namespace, producer_id=f"fleet-{i:02d}", n_samples=2, concurrency=CONCURRENCY,
         max_lag=MAX_LAG, trainer_group=group_id, summary_interval_s=0, session_timeout_s=6.0, lag_interval_s=0.5),
