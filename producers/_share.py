@@ -15,12 +15,18 @@ stays within max_lag + in flight, with no coordinator:
     group (`set_owned`, from its rebalance callbacks; the cooperative protocol revokes a partition
     before it assigns it elsewhere, so no partition counts twice);
   - consumption part: of the records the trainer committed between two pushed positions, the fraction
-    that were this producer's, averaged over about `1 / _WEIGHT` trainer steps (an EWMA). Every producer
-    applies the same positions, so these fractions sum to at most one too; a fast producer's part grows
-    while a slow one's shrinks, so a fast producer is not held for long at a share a slow one leaves
-    unused. It is known only once a pushed position came: until then (and in ``poll`` mode, where each
-    producer reads the lag at its own moments and the fractions would not add up) the share is the
-    partition part alone, i.e. max_lag x owned / partitions.
+    that were this producer's, averaged over about `1 / _WEIGHT` trainer steps (an EWMA that starts, at the
+    first pushed position, from the partition part). Every producer applies the same positions, so these
+    fractions sum to one (less what producers that left had published); a fast producer's part grows while
+    a slow one's shrinks, so a fast producer is not held for long at a share a slow one leaves unused. It
+    is known only once a pushed position came: until then (and in ``poll`` mode, where each producer reads
+    the lag at its own moments and the fractions would not add up) the share is the partition part alone,
+    i.e. max_lag x owned / partitions. A producer that joins a running fleet also starts from its partition
+    part, which the others' consumption parts still hold: until the trainer's next few steps the shares
+    may sum to more than max_lag, by at most max_lag x the joiners' partition fraction / 2, shrinking by
+    `_WEIGHT` each step.
+- Shares that sum to max_lag keep the fleet live: each producer admits until it holds floor(share) + 1,
+  so together they reach more than max_lag, which a trainer step of at most max_lag groups needs.
 - A share below one group admits a prompt only while nothing of this producer's is outstanding (0 <=
   share): every producer still gets turns, each time the trainer commits what it published. The test is
   ``own <= share``, so the lag of the fleet's published groups is at most sum(floor(share)) <= max_lag,
@@ -115,8 +121,9 @@ class FleetShare:
 
     def _follow_consumption(self, committed: Mapping[int, int]) -> None:
         previous, self._pushed = self._pushed, dict(committed)
-        if previous is None:
-            self.consumed = 0.0 if self.consumed is None else self.consumed
+        if previous is None:  # the first: start from the partition part (what it would get without this one)
+            if self.consumed is None:
+                self.consumed = min(self.owned, self.partitions) / self.partitions if self.partitions > 0 else 1.0
             self._taken_at_push = self._taken
             return
         total = sum(max(0, offset - previous.get(p, 0)) for p, offset in committed.items())

@@ -104,4 +104,4 @@ def test_sixteen_producers_share_one_max_lag(kafka_config: KafkaConfig, namespac
     assert len(lags) >= 20, lags
     bound = MAX_LAG + PRODUCERS * CONCURRENCY
     assert max(lags) <= bound, f"lag reached {max(lags)} > max_lag {MAX_LAG} + in flight: {sorted(lags)[-10:]}"
-    assert sum(shares) <= MAX_LAG + 1e-6, shares
+    assert sum(shares) <= MAX_LAG + 1e-6, (sum(shares), shares)

@@ -1,11 +1,11 @@
 """A producer's share of the fleet's max_lag and its own outstanding groups (`rollstream.producers._share`).
 
-Pinned here: the share is max_lag x the prompt partitions owned / all of them until a pushed position came,
-then the mean of that and the consumption part; shares of producers that split the partitions and saw the
-same positions sum to at most max_lag; own outstanding counts records not acknowledged yet and those at or
-beyond the committed offset of their partition (a late or older commit never lowers it wrongly); a share
-below one group admits only while nothing is outstanding; a fast producer's share grows, a slow one's
-shrinks, and the sum stays within max_lag.
+Pinned here: the share is max_lag x the prompt partitions owned / all of them until a pushed position
+came, then the mean of that and the consumption part (which starts from the partition part); shares of
+producers that split the partitions and saw the same positions sum to at most max_lag; own outstanding
+counts records not acknowledged yet and those at or beyond the committed offset of their partition (a late
+or older commit never lowers it wrongly); a share below one group admits only while nothing is
+outstanding; a fast producer's share grows, a slow one's shrinks, and the sum stays within max_lag.
 """
 
 from __future__ import annotations
@@ -80,12 +80,12 @@ def test_the_consumption_part_starts_with_the_first_pushed_position() -> None:
     s.note_committed({0: 0}, pushed=False)  # a read: no consumption part
     assert s.consumed is None and s.share == 32
     s.note_committed({0: 0}, pushed=True)
-    assert s.consumed == 0 and s.share == 16  # (2/4 + 0) / 2 of 64
+    assert s.consumed == 0.5 and s.share == 32  # starts from the partition part: (2/4 + 2/4) / 2 of 64
     for offset in range(8):
         s.note_produced()
         s.note_delivered(0, offset)
-    s.note_committed({0: 8, 1: 8}, pushed=True)  # half of what the trainer committed was this producer's
-    assert s.consumed == pytest.approx(0.5 / 8)
+    s.note_committed({0: 8, 1: 24}, pushed=True)  # a quarter of what the trainer committed was this producer's
+    assert s.consumed == pytest.approx(0.5 * 7 / 8 + 0.25 / 8) and s.share < 32
 
 
 def _fleet_step(fleet: list[FleetShare], ends: dict[int, int], committed: dict[int, int], rng: random.Random,
@@ -114,6 +114,7 @@ def test_shares_sum_to_max_lag_and_follow_consumption() -> None:
     for _ in range(200):
         _fleet_step(fleet, ends, committed, rng, rates)
         assert sum(s.share for s in fleet) <= 40 + 1e-9
+    assert sum(s.share for s in fleet) > 40 - 1  # what the slow one left unused went to the others
     slow, fast = fleet[-1].share, fleet[0].share
     assert slow < 40 / 4 < fast  # the fast ones took over what the slow one left unused
     # Every producer's outstanding is exactly its records beyond the committed offsets.
