@@ -21,10 +21,10 @@ stays within max_lag + in flight, with no coordinator:
     a slow one's shrinks, so a fast producer is not held for long at a share a slow one leaves unused. It
     is known only once a pushed position came: until then (and in ``poll`` mode, where each producer reads
     the lag at its own moments and the fractions would not add up) the share is the partition part alone,
-    i.e. max_lag x owned / partitions. A producer that joins a running fleet also starts from its partition
-    part, which the others' consumption parts still hold: until the trainer's next few steps the shares
-    may sum to more than max_lag, by at most max_lag x the joiners' partition fraction / 2, shrinking by
-    `_WEIGHT` each step.
+    i.e. max_lag x owned / partitions. A rebalance moves consumption part with the partitions: each
+    partition gained adds 1 / partitions to it, each lost takes as much away (it may go below zero; the
+    share is then zero), so a rebalance leaves the sum as it was, and a producer joining a running fleet
+    takes over consumption part from those whose partitions it gets.
 - Shares that sum to max_lag keep the fleet live: each producer admits until it holds floor(share) + 1,
   so together they reach more than max_lag, which a trainer step of at most max_lag groups needs.
 - A share below one group admits a prompt only while nothing of this producer's is outstanding (0 <=
@@ -70,7 +70,7 @@ class FleetShare:
         owned = min(self.owned, self.partitions) / self.partitions
         if self.consumed is None:
             return self.max_lag * owned
-        return self.max_lag * (owned + self.consumed) / 2
+        return max(0.0, self.max_lag * (owned + self.consumed) / 2)
 
     @property
     def outstanding(self) -> int:
@@ -82,6 +82,8 @@ class FleetShare:
         self._update()
 
     def set_owned(self, owned: int) -> None:
+        if self.consumed is not None and self.partitions > 0:
+            self.consumed += (owned - self.owned) / self.partitions  # the part moves with the partitions
         self.owned = owned
         self._update()
 

@@ -119,3 +119,16 @@ def test_shares_sum_to_max_lag_and_follow_consumption() -> None:
     assert slow < 40 / 4 < fast  # the fast ones took over what the slow one left unused
     # Every producer's outstanding is exactly its records beyond the committed offsets.
     assert sum(s.outstanding for s in fleet) == sum(ends[p] - committed[p] for p in ends)
+
+
+def test_a_rebalance_moves_the_consumption_part_with_the_partitions() -> None:
+    first, second = share(16, 4, 4), share(16, 0, 4)
+    first.note_committed({0: 0}, pushed=True)  # the first position came while it owned every partition
+    second.note_committed({0: 0}, pushed=True)
+    assert (first.share, second.share) == (16, 0)
+    first.set_owned(2)  # cooperative: revoked first ...
+    second.set_owned(2)  # ... then assigned to the newcomer
+    assert first.share == second.share == 8  # the sum stays max_lag, never 16 + 8
+    first.set_owned(0)
+    second.set_owned(4)
+    assert (first.share, second.share) == (0, 16)
