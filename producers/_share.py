@@ -17,7 +17,9 @@ stays within max_lag + in flight, with no coordinator:
   - consumption part: of the records the trainer committed between two pushed positions, the fraction
     that were this producer's, averaged over about `1 / _WEIGHT` trainer steps (an EWMA that starts, at the
     first pushed position, from the partition part). Every producer applies the same positions, so these
-    fractions sum to one (less what producers that left had published); a fast producer's part grows while
+    fractions sum to one (less what producers that left had published; a producer that applied other
+    positions, e.g. one that joined between two, drifts from that by a fraction of a group, which shrinks by
+    `_WEIGHT` each step); a fast producer's part grows while
     a slow one's shrinks, so a fast producer is not held for long at a share a slow one leaves unused. It
     is known only once a pushed position came: until then (and in ``poll`` mode, where each producer reads
     the lag at its own moments and the fractions would not add up) the share is the partition part alone,

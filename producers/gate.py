@@ -72,6 +72,7 @@ class LagGate(WorkerThread):
         self.max_lag = max_lag
         self.prompts_topic = prompts_topic
         self.share = FleetShare(max_lag)  # loop-only, but for its plain reads
+        self._position_at_ms = 0  # the newest pushed position the share applied
         self._interval_s = interval_s
         self._fallback_s = fallback_s  # None: never slow down (polling only)
         self._pushed_at: float | None = None  # time.monotonic() of the last pushed position (written on the loop)
@@ -181,6 +182,11 @@ class LagGate(WorkerThread):
 
     def _apply_position(self, position: TrainerPosition) -> None:
         self._pushed_at = time.monotonic()
+        if position.observed_at_ms > self._position_at_ms:
+            # Every position, also one older than a read the estimate applied since: all producers must apply the
+            # same positions for their consumption parts to add up.
+            self._position_at_ms = position.observed_at_ms
+            self.share.note_committed(position.committed, pushed=True)
         self._apply(position.lag, self._settled_before(position.observed_at_ms - _PUSHED_MARGIN_MS),
                     position.observed_at_ms, "pushed", position.committed)
 
@@ -215,7 +221,7 @@ class LagGate(WorkerThread):
         if as_of_ms < self._as_of_ms:
             return  # older than the update applied already
         self._measured, self._base, self._as_of_ms = lag, base, as_of_ms
-        self.share.note_committed(committed, pushed=source == "pushed")
+        self.share.note_committed(committed, pushed=False)  # positions: in `_apply_position`
         self._metrics.lag_updates.labels(source).inc()
         self._evaluate()
 

@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="gate mode: pushed (trainer positions on NS.control), poll (lag reads every 0.5 s), or both "
              "(each at --producers and --small; default)")
     add("--concurrency", type=_positive, default=4, help="groups in flight per producer (default 4)")
-    add("--max-lag", type=int, default=64, help="each producer's max_lag (default 64)")
+    add("--max-lag", type=int, default=64, help="the fleet's max_lag (each producer's with the old rule; default 64)")
     add("--n-samples", type=_positive, default=4, help="completions per group (default 4)")
     add("--take-n", type=_positive, default=32, help="groups per trainer step (default 32)")
     add("--step-ms", type=float, default=20.0, help="modelled trainer step between take and commit (default 20)")
