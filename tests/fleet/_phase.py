@@ -104,7 +104,7 @@ class Phase:
         trainer = self.trainer = Trainer(self.config, self.names.namespace, GROUP, take_n=s.take_n,
                                          step_s=s.step_ms / 1000.0)
         sampler = self.sampler = LagSampler(self.config, self.names.rollouts, s.partitions,
-                                            lambda: trainer.facts.committed)
+                                            lambda: trainer.facts.committed, commits=lambda: trainer.facts.commits)
         # Unstarted prompts kept on NS.prompts: a few per partition and twice what the fleet holds in flight.
         backlog = max(4 * s.take_n, 2 * s.producers * s.concurrency, 4 * s.partitions)
         loader = self.loader = Loader(self.config, self.names, f"p{s.index}", backlog=backlog,

@@ -91,6 +91,7 @@ class TrainerFacts:
     filtered: dict[str, str] = field(default_factory=dict)  # group id -> reason
     duplicate_skips: int = 0
     committed: int = 0  # sum over partitions of the offsets committed so far
+    commits: int = 0  # odd while a commit is under way: a lag sample across one is dropped (`LagSampler`)
     error: str | None = None
 
     @property
@@ -152,8 +153,10 @@ class Trainer:
                 continue
             idle_since = time.monotonic()
             time.sleep(self.step_s)  # the modelled optimizer step, between take and commit as a real trainer
+            self.facts.commits += 1
             consumer.commit(batch)
             self.facts.committed = sum(batch.offsets.values())
+            self.facts.commits += 1
             self._record(batch)
 
     def _record(self, batch: Any) -> None:
@@ -212,11 +215,12 @@ class LagSampler:
     """The trainer group's committed lag every `interval_s` (thread ``fleet-lag-sampler``): the sum of the
     rollouts topic's end offsets (one admin ListOffsets per partition leader, so a sample costs 3 requests
     whatever the partition count) minus the sum of the offsets the trainer committed (it knows them:
-    `Trainer.committed`). The driver's own reads, not counted as backpressure."""
+    `Trainer.committed`), only from reads during which no commit was under way (`commits` even and unchanged).
+    The driver's own reads, not counted as backpressure."""
 
     def __init__(self, config: KafkaConfig, topic: str, partitions: int, committed: Callable[[], int], *,
-                 interval_s: float = 0.1) -> None:
-        self.topic, self.interval_s, self._committed = topic, interval_s, committed
+                 interval_s: float = 0.1, commits: Callable[[], int] = lambda: 0) -> None:
+        self.topic, self.interval_s, self._committed, self._commits = topic, interval_s, committed, commits
         self._query = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
         self._admin = open_admin(config.admin())
         self.samples: list[tuple[float, int]] = []
@@ -235,6 +239,7 @@ class LagSampler:
     def _run(self) -> None:
         failures = 0
         while not self._stop.wait(self.interval_s):
+            commits = self._commits()
             committed = self._committed()  # read first: a commit racing the read can only make the lag look larger
             try:
                 futures = self._admin.list_offsets(self._query, request_timeout=5.0)
@@ -245,7 +250,8 @@ class LagSampler:
                     self.error = f"lag sampler: {failures} failed reads, last {type(exc).__name__}: {exc}"
                 continue
             self.ends = ends
-            self.samples.append((time.time(), ends - committed))
+            if commits % 2 == 0 and self._commits() == commits:  # else it would count, against the offsets before
+                self.samples.append((time.time(), ends - committed))  # a commit, what producers published after it
 
 
 def verdict(config: KafkaConfig, names: TopicNames, group: str, facts: TrainerFacts, loader: Loader,
