@@ -29,6 +29,12 @@ stays within max_lag + in flight, with no coordinator:
     takes over consumption part from those whose partitions it gets.
 - Shares that sum to max_lag keep the fleet live: each producer admits until it holds floor(share) + 1,
   so together they reach more than max_lag, which a trainer step of at most max_lag groups needs.
+- A stall would deadlock that: a trainer waiting for a step's last groups commits nothing, so no
+  producer's outstanding falls, and those that still have prompts may all be at their shares (the end of
+  the prompts, or uneven producers). So once the committed offsets have not moved for a while (the gate's
+  `stall_s`), a producer admits by its share of the *headroom* instead (`admits_in_stall`): the lag
+  readings then only grow, so together the producers add at most max_lag - lag, and each gets a turn after
+  every reading.
 - A share below one group admits a prompt only while nothing of this producer's is outstanding (0 <=
   share): every producer still gets turns, each time the trainer commits what it published. The test is
   ``own <= share``, so the lag of the fleet's published groups is at most sum(floor(share)) <= max_lag,
@@ -43,6 +49,7 @@ Loop-only (the gate's loop); `admits` and the figures are plain reads, safe from
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Mapping
 
 _WEIGHT = 1 / 8  # the consumption part's EWMA weight per pushed position (about 8 trainer steps)
@@ -62,6 +69,7 @@ class FleetShare:
         self._pushed: dict[int, int] | None = None  # committed offsets of the last pushed position
         self._taken = 0  # own records the trainer committed, ever (counted when its commits become known)
         self._taken_at_push = 0  # ... as of the last pushed position
+        self.advanced_at = time.monotonic()  # when the committed offsets last moved forward
         self.admits = True
 
     @property
@@ -115,6 +123,7 @@ class FleetShare:
             if offset <= self._committed.get(p, 0):
                 continue
             self._committed[p] = offset
+            self.advanced_at = time.monotonic()
             acked = self._acked.get(p)
             while acked and acked[0] < offset:  # acknowledgements come in offset order per partition
                 acked.popleft()
@@ -134,6 +143,16 @@ class FleetShare:
         mine, self._taken_at_push = self._taken - self._taken_at_push, self._taken
         if total > 0:
             self.consumed = (1 - _WEIGHT) * (self.consumed or 0.0) + _WEIGHT * min(1.0, mine / total)
+
+    def admits_in_stall(self, produced_since: int, lag: int) -> bool:
+        """While the trainer commits nothing (a stall: waiting for groups, or in a long step), whether this
+        producer may start a prompt: while what it produced since the lag `lag` was read is at most its
+        fraction of the headroom, share / max_lag x (max_lag - lag). The committed offsets stand still then,
+        so a later reading (another producer's) sees every earlier one's records: the fleet adds at most the
+        headroom in all, and each producer with prompts still gets its turn after each reading."""
+        if self.max_lag <= 0:
+            return produced_since <= 0
+        return produced_since <= self.share / self.max_lag * (self.max_lag - lag)
 
     def _update(self) -> None:
         self.admits = self.outstanding <= self.share

@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 # or failover can pin the gate (rollstream.infra.ClientReplacement).
 _FRESH_CLIENT_AFTER = 3
 _PUSHED_MARGIN_MS = 5  # a pushed position counts this producer's records acknowledged from this long before it
+_STALL_S = 5.0  # a polling gate's stall time (see `FleetShare.admits_in_stall`)
 _HISTORY_MS = 60_000  # how far back the produced counts are kept (older positions count everything since)
 
 
@@ -73,6 +74,9 @@ class LagGate(WorkerThread):
         self.prompts_topic = prompts_topic
         self.share = FleetShare(max_lag)  # loop-only, but for its plain reads
         self._position_at_ms = 0  # the newest pushed position the share applied
+        # The share's stall rule applies after this long without a commit: by then a pushed-mode gate reads the lag
+        # itself (`fallback_s`), a polling one has read it several times.
+        self._stall_s = fallback_s if fallback_s is not None else _STALL_S
         self._interval_s = interval_s
         self._fallback_s = fallback_s  # None: never slow down (polling only)
         self._pushed_at: float | None = None  # time.monotonic() of the last pushed position (written on the loop)
@@ -128,8 +132,13 @@ class LagGate(WorkerThread):
 
     def is_open(self) -> bool:
         """Whether a new prompt may start now: the fleet's estimated lag is at most max_lag and this producer's
-        own outstanding groups are at most its share of it. Thread-safe."""
-        return self.estimate <= self.max_lag and self.share.admits
+        own outstanding groups are at most its share of it (while the trainer commits nothing for `stall_s`:
+        what it produced since the last reading, at most its share of the headroom). Thread-safe."""
+        if self.estimate > self.max_lag:
+            return False
+        if time.monotonic() - self.share.advanced_at < self._stall_s:
+            return self.share.admits
+        return self.share.admits_in_stall(max(0, self._produced - self._base), self._measured)
 
     async def wait_open(self) -> None:
         """Return once the gate is open (at once when it is). Loop only."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from rollstream.infra import KafkaConfig
 from rollstream.producers import ProducerSettings, RolloutProducer
-from rollstream.producers._share import FleetShare
+from rollstream.producers.gate import LagGate
 
 from tests.fleet._probes import CONTROL_WATCH_PREFIX, ClientStats, LagReadCounter, LoopLagProbe, percentiles_ms
 
@@ -71,11 +71,11 @@ def settings_for(spec: dict[str, Any], producer_id: str) -> ProducerSettings:
 
 def use_old_rule() -> None:
     """The gate rule before issue 25, for a side-by-side phase: every producer compares the trainer group's
-    lag with the whole max_lag, and no share holds it back (`FleetShare.admits` always true)."""
-    def admit_always(share: FleetShare) -> None:
-        share.admits = True
+    lag with the whole max_lag, and no share holds it back."""
+    def old_is_open(gate: LagGate) -> bool:
+        return gate.estimate <= gate.max_lag
 
-    FleetShare._update = admit_always  # type: ignore[method-assign]  # this worker process only
+    LagGate.is_open = old_is_open  # type: ignore[method-assign]  # this worker process only
 
 
 class Worker:

@@ -132,3 +132,19 @@ def test_a_rebalance_moves_the_consumption_part_with_the_partitions() -> None:
     first.set_owned(0)
     second.set_owned(4)
     assert (first.share, second.share) == (0, 16)
+
+
+def test_in_a_stall_a_producer_admits_by_its_share_of_the_headroom() -> None:
+    s = share(4, 1, 4)  # share 1
+    assert s.admits_in_stall(0, 2)  # nothing produced since the reading: its turn
+    assert not s.admits_in_stall(1, 2)  # 1 > 1/4 x (4 - 2)
+    assert s.admits_in_stall(2, 0) is False and s.admits_in_stall(1, 0)  # 1 <= 1/4 x 4
+    # Producers reading one after another in a stall (the lag only grows) add at most the headroom together.
+    fleet, lag = [share(40, 1, 4) for _ in range(4)], 12
+    for producer in fleet:
+        added = 0
+        while producer.admits_in_stall(added, lag):
+            added += 1
+        lag += added
+    assert 12 < lag <= 40 + len(fleet)  # each admitted while at most its part of what was left
+    assert FleetShare(0).admits_in_stall(0, 5) and not FleetShare(0).admits_in_stall(1, 0)
