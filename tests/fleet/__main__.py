@@ -148,8 +148,8 @@ def measure_idle_control(bootstrap: str, sizes: str, say: Say) -> list[dict[str,
     out = []
     for n in (int(x) for x in sizes.split(",") if x.strip()):
         figures = measure(KafkaConfig(bootstrap_servers=bootstrap), n, replication_factor=3)
-        say(f"idle NS.control watchers x{n}: {figures['fetch_per_s']:.0f} Fetch/s "
-            f"({figures['fetch_per_s_per_watcher']:.2f} per watcher)")
+        say(f"idle NS.control watchers x{n} ({figures['watchers_running']} reporting): {figures['fetch_per_s']:.0f} "
+            f"Fetch/s ({figures['fetch_per_s_per_watcher']:.2f} per watcher)")
         out.append(figures)
     return out
 

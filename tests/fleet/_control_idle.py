@@ -28,6 +28,7 @@ def measure(config: KafkaConfig, watchers: int, *, seconds: float = 10.0,
     `seconds`; delete the namespace. Blocks about `seconds` + a few."""
     names = TopicNames(f"idle-{uuid.uuid4().hex[:8]}")
     create_topics(TopicPlan(names=names, partitions=1, replication_factor=replication_factor), config)
+    _wait_known_everywhere(config, names.control)
     stats = ClientStats(lambda g: g.startswith(CONTROL_WATCH_PREFIX), interval_s=_STATS_S).install()
     running = [ControlWatcher(config, names.control) for _ in range(watchers)]
     try:
@@ -52,10 +53,20 @@ def measure(config: KafkaConfig, watchers: int, *, seconds: float = 10.0,
             except Exception:  # noqa: BLE001 - a topic left behind costs nothing here
                 pass
     fetches = (after.get("Fetch", 0) - before.get("Fetch", 0)) / (t1 - t0)
-    return {"watchers": watchers, "seconds": round(t1 - t0, 1), "fetch_per_s": round(fetches, 1),
+    return {"watchers": watchers, "watchers_running": stats.clients(), "seconds": round(t1 - t0, 1),
+            "fetch_per_s": round(fetches, 1),
             "fetch_per_s_per_watcher": round(fetches / watchers, 2),
             "requests_per_s_by_api": {api: round((after.get(api, 0) - before.get(api, 0)) / (t1 - t0), 1)
                                       for api in sorted(after) if after.get(api, 0) > before.get(api, 0)}}
+
+
+def _wait_known_everywhere(config: KafkaConfig, topic: str, timeout_s: float = 30.0) -> None:
+    """Until every node lists `topic`: a watcher whose first node does not know it yet gives up on it."""
+    deadline = time.monotonic() + timeout_s
+    for address in config.bootstrap_servers.split(","):
+        admin = open_admin(KafkaConfig(bootstrap_servers=address).admin())  # asks that node first
+        while topic not in admin.list_topics(timeout=10.0).topics and time.monotonic() < deadline:
+            time.sleep(0.2)
 
 
 def main(argv: list[str]) -> int:
