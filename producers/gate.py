@@ -36,6 +36,7 @@ import bisect
 import logging
 import time
 from collections import deque
+from collections.abc import Mapping
 
 from rollstream.infra import ClientReplacement, GroupLag, KafkaConfig, LagReader, WorkerThread
 from rollstream.producers._share import FleetShare
@@ -226,7 +227,7 @@ class LagGate(WorkerThread):
                      "of max_lag %d (%d of %d prompt partitions)", share.outstanding, self.trainer_group, self.topic,
                      share.share, self.max_lag, share.owned, share.partitions)
 
-    def _apply(self, lag: int, base: int, as_of_ms: int, source: str, committed: dict[int, int]) -> None:
+    def _apply(self, lag: int, base: int, as_of_ms: int, source: str, committed: Mapping[int, int]) -> None:
         if as_of_ms < self._as_of_ms:
             return  # older than the update applied already
         self._measured, self._base, self._as_of_ms = lag, base, as_of_ms

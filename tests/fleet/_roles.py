@@ -113,6 +113,7 @@ class Trainer:
         self._stop = threading.Event()
         self._expected: int | None = None
         self._settle_s = 30.0
+        self._finish_at = 0.0
         self._thread = threading.Thread(target=self._run, name="fleet-trainer", daemon=True)
 
     def start(self) -> None:
@@ -120,6 +121,7 @@ class Trainer:
 
     def finish(self, expected: int, settle_s: float = 30.0) -> None:
         self._settle_s = settle_s
+        self._finish_at = time.monotonic()  # the settle time counts from here, not from a stall before it
         self._expected = expected
         self._thread.join(settle_s + 60.0)
         self._stop.set()
@@ -145,7 +147,7 @@ class Trainer:
             n = self.take_n
             if self._expected is not None:
                 left = self._expected - self._accounted()
-                if left <= 0 or time.monotonic() - idle_since > self._settle_s:
+                if left <= 0 or time.monotonic() - max(idle_since, self._finish_at) > self._settle_s:
                     return
                 n = min(n, left)
             batch = consumer.poll_batch(n, 0.5, commit=False)  # None: not there yet (no error, no cluster read)
