@@ -91,7 +91,7 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
         undo.push_async_callback(publisher.close, 5.0)
         gate = LagGate(kafka, s.trainer_group, names.rollouts, max_lag=s.effective_max_lag,
                        interval_s=s.lag_interval_s, metrics=metrics,
-                       fallback_s=s.lag_fallback_s if s.backpressure == "pushed" else None)
+                       fallback_s=s.lag_fallback_s if s.backpressure == "pushed" else None, prompts_topic=names.prompts)
         undo.callback(gate.stop)
         await gate.start(timeout=s.startup_timeout_s)
         policy = PolicyFollower(engine, kafka, names.control, metrics=metrics, watch=s.watch_control,

@@ -232,10 +232,11 @@ class GroupPipeline:
     async def _send(self, group: ScoredGroup, value: bytes) -> None:
         self.gate.note_produced()
         started = time.perf_counter()
+        delivery = None
         try:
-            await self.publisher.publish(group.group_id.encode(), value)
-        finally:
-            self.gate.note_settled()  # acknowledged (or refused): no longer in flight to the broker
+            delivery = await self.publisher.publish(group.group_id.encode(), value)
+        finally:  # acknowledged (or refused): no longer in flight to the broker; the share counts it where it landed
+            self.gate.note_settled(*((delivery.partition, delivery.offset) if delivery is not None else ()))
         self.metrics.count_published(group.status, len(value), time.perf_counter() - started)
 
     def _where(self, taken: TakenPrompt) -> str:

@@ -20,6 +20,13 @@ record by record and the gate closes in time. An update older than the one appli
 open while the estimate is at most `max_lag`; a prompt is started only once `wait_open` returns, so the
 lag stays within max_lag + in-flight (the fully-async fix's "no new prompts while a full pool is waiting
 to be consumed", made durable). Intake reads `is_open` from its own thread to pause the prompt partitions.
+
+`max_lag` is one number for the whole fleet: besides the estimate, the gate holds a prompt back while this
+producer's own outstanding groups exceed its share of max_lag (`rollstream.producers._share.FleetShare`: the
+share follows the NS.prompts partitions it owns, which intake reports with `set_owned`, and the fraction of
+the trainer's commits that were its records). Both the pushed positions and the gate's own reads carry the
+trainer group's committed offsets per partition, which is all the share needs; so the polling fallback
+keeps it too (only the consumption part follows pushed positions alone).
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ import bisect
 import logging
 import time
 from collections import deque
+from collections.abc import Mapping
 
-from rollstream.infra import ClientReplacement, KafkaConfig, LagReader, WorkerThread
+from rollstream.infra import ClientReplacement, GroupLag, KafkaConfig, LagReader, WorkerThread
+from rollstream.producers._share import FleetShare
 from rollstream.producers._threads import in_thread
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.schemas import TrainerPosition, now_ms
@@ -42,22 +51,33 @@ log = logging.getLogger(__name__)
 # or failover can pin the gate (rollstream.infra.ClientReplacement).
 _FRESH_CLIENT_AFTER = 3
 _PUSHED_MARGIN_MS = 5  # a pushed position counts this producer's records acknowledged from this long before it
+_STALL_S = 5.0  # a polling gate's stall time (see `FleetShare.admits_in_stall`)
 _HISTORY_MS = 60_000  # how far back the produced counts are kept (older positions count everything since)
 
 
 class LagGate(WorkerThread):
     """Open/closed state for starting new prompts.
 
-    `is_open` and `estimate` are thread-safe reads, `follow` a thread-safe hand-over; `start`,
-    `note_produced` and `wait_open` belong to the loop that called `start`.
+    `is_open` and `estimate` are thread-safe reads, `follow` and `set_owned` thread-safe hand-overs; `start`,
+    `note_produced`, `note_settled` and `wait_open` belong to the loop that called `start`.
+
+    Args:
+        prompts_topic: NS.prompts, whose partition count the share is a fraction of (None: this producer's
+            share is the whole max_lag, as for a producer alone).
     """
 
     def __init__(self, config: KafkaConfig, trainer_group: str, topic: str, *, max_lag: int, interval_s: float,
-                 metrics: ProducerMetrics, fallback_s: float | None = None) -> None:
+                 metrics: ProducerMetrics, fallback_s: float | None = None, prompts_topic: str | None = None) -> None:
         super().__init__()
         self._config = config
         self.trainer_group, self.topic = trainer_group, topic
         self.max_lag = max_lag
+        self.prompts_topic = prompts_topic
+        self.share = FleetShare(max_lag)  # loop-only, but for its plain reads
+        self._position_at_ms = 0  # the newest pushed position the share applied
+        # The share's stall rule applies after this long without a commit: by then a pushed-mode gate reads the lag
+        # itself (`fallback_s`), a polling one has read it several times.
+        self._stall_s = fallback_s if fallback_s is not None else _STALL_S
         self._interval_s = interval_s
         self._fallback_s = fallback_s  # None: never slow down (polling only)
         self._pushed_at: float | None = None  # time.monotonic() of the last pushed position (written on the loop)
@@ -84,10 +104,15 @@ class LagGate(WorkerThread):
         self._loop = asyncio.get_running_loop()
         reader = LagReader(self._config)
         base, as_of = self._produced, now_ms()
-        lag = await in_thread(lambda: reader.group_lag(self.trainer_group, self.topic, timeout=timeout).total,
-                              name="rollstream-lag-first")  # a thread of its own: never behind user code
+        first, partitions = await in_thread(lambda: self._first_reading(reader, timeout),
+                                            name="rollstream-lag-first")  # a thread of its own: never behind user code
+        lag = first.total
         self._measured, self._base, self._as_of_ms = lag, base, as_of
+        self.share.set_partitions(partitions)
+        self.share.note_committed(_committed(first), pushed=False)
         self._metrics.lag.set_function(lambda: self.estimate)  # read when scraped, not set per record
+        self._metrics.share.set_function(lambda: self.share.share)
+        self._metrics.outstanding.set_function(lambda: self.share.outstanding)
         if self.is_open():
             self._opened.set()
         else:
@@ -96,14 +121,25 @@ class LagGate(WorkerThread):
                      lag, self.max_lag)
         self._launch(self._run, "rollstream-lag", reader)
 
+    def _first_reading(self, reader: LagReader, timeout: float) -> tuple[GroupLag, int]:
+        lag = reader.group_lag(self.trainer_group, self.topic, timeout=timeout)
+        partitions = len(reader.partitions(self.prompts_topic, timeout=timeout)) if self.prompts_topic else 0
+        return lag, partitions
+
     @property
     def estimate(self) -> int:
         """Last reading plus what this producer produced since that reading started."""
         return self._measured + max(0, self._produced - self._base)
 
     def is_open(self) -> bool:
-        """Whether a new prompt may start now. Thread-safe."""
-        return self.estimate <= self.max_lag
+        """Whether a new prompt may start now: the fleet's estimated lag is at most max_lag and this producer's
+        own outstanding groups are at most its share of it (while the trainer commits nothing for `stall_s`:
+        what it produced since the last reading, at most its share of the headroom). Thread-safe."""
+        if self.estimate > self.max_lag:
+            return False
+        if time.monotonic() - self.share.advanced_at < self._stall_s:
+            return self.share.admits
+        return self.share.admits_in_stall(max(0, self._produced - self._base), self._measured)
 
     async def wait_open(self) -> None:
         """Return once the gate is open (at once when it is). Loop only."""
@@ -112,15 +148,22 @@ class LagGate(WorkerThread):
     def note_produced(self) -> None:
         """Count one record about to be produced; the gate may close at once if it is one too many. Loop only."""
         self._produced += 1
+        self.share.note_produced()
         self._evaluate()
 
-    def note_settled(self) -> None:
-        """Count one produced record the broker acknowledged (or refused). Loop only."""
+    def note_settled(self, partition: int | None = None, offset: int | None = None) -> None:
+        """Count one produced record the broker acknowledged at `partition`, `offset` (None: refused, or the
+        outcome is unknown). Loop only."""
+        if partition is not None and offset is not None:
+            self.share.note_delivered(partition, offset)
+        else:
+            self.share.note_refused()
         self._settled += 1
         now = now_ms()
         self._history.append((now, self._settled))
         while self._history and self._history[0][0] < now - _HISTORY_MS:
             self._history.popleft()
+        self._evaluate()
 
     def follow(self, position: TrainerPosition) -> None:
         """A trainer position from NS.control (any thread): applied on the loop if it is this gate's trainer
@@ -132,10 +175,30 @@ class LagGate(WorkerThread):
         except RuntimeError:
             pass  # the loop is closed: the producer is stopping
 
+    def set_owned(self, partitions: int) -> None:
+        """How many NS.prompts partitions this producer owns now (intake's rebalance callbacks, any thread):
+        its share follows. Never blocks."""
+        if self._loop is None:
+            self.share.set_owned(partitions)  # before start: nothing else touches it yet
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._set_owned, partitions)
+        except RuntimeError:
+            pass  # the loop is closed: the producer is stopping
+
+    def _set_owned(self, partitions: int) -> None:
+        self.share.set_owned(partitions)
+        self._evaluate()
+
     def _apply_position(self, position: TrainerPosition) -> None:
         self._pushed_at = time.monotonic()
+        if position.observed_at_ms > self._position_at_ms:
+            # Every position, also one older than a read the estimate applied since: all producers must apply the
+            # same positions for their consumption parts to add up.
+            self._position_at_ms = position.observed_at_ms
+            self.share.note_committed(position.committed, pushed=True)
         self._apply(position.lag, self._settled_before(position.observed_at_ms - _PUSHED_MARGIN_MS),
-                    position.observed_at_ms, "pushed")
+                    position.observed_at_ms, "pushed", position.committed)
 
     def _settled_before(self, when_ms: int) -> int:
         """How many of this producer's records the broker had settled at wall time `when_ms`."""
@@ -154,13 +217,21 @@ class LagGate(WorkerThread):
         else:
             self._opened.clear()
         self._metrics.paused.set(0 if now_open else 1)
-        log.info("intake %s: lag of %s on %s is ~%d (max %d)", "resumed" if now_open else "paused",
-                 self.trainer_group, self.topic, self.estimate, self.max_lag)
+        share = self.share
+        if now_open or self.estimate > self.max_lag:
+            log.info("intake %s: lag of %s on %s is ~%d (max %d); own outstanding %d, share %.1f",
+                     "resumed" if now_open else "paused", self.trainer_group, self.topic, self.estimate, self.max_lag,
+                     share.outstanding, share.share)
+        else:
+            log.info("intake paused: waiting for its share: %d own groups not yet committed by %s on %s, share %.1f "
+                     "of max_lag %d (%d of %d prompt partitions)", share.outstanding, self.trainer_group, self.topic,
+                     share.share, self.max_lag, share.owned, share.partitions)
 
-    def _apply(self, lag: int, base: int, as_of_ms: int, source: str) -> None:
+    def _apply(self, lag: int, base: int, as_of_ms: int, source: str, committed: Mapping[int, int]) -> None:
         if as_of_ms < self._as_of_ms:
             return  # older than the update applied already
         self._measured, self._base, self._as_of_ms = lag, base, as_of_ms
+        self.share.note_committed(committed, pushed=False)  # positions: in `_apply_position`
         self._metrics.lag_updates.labels(source).inc()
         self._evaluate()
 
@@ -171,7 +242,7 @@ class LagGate(WorkerThread):
                 continue
             base, as_of = self._produced, now_ms()
             try:
-                lag = reader.group_lag(self.trainer_group, self.topic, timeout=max(1.0, 4 * self._interval_s)).total
+                read = reader.group_lag(self.trainer_group, self.topic, timeout=max(1.0, 4 * self._interval_s))
             except Exception as exc:  # noqa: BLE001 -- this thread must outlive any one failed read
                 failures = self._readers.failures + 1
                 if failures in (1, 10) or failures % 100 == 0:
@@ -186,7 +257,7 @@ class LagGate(WorkerThread):
             if self._loop is None:
                 break
             try:
-                self._loop.call_soon_threadsafe(self._apply, lag, base, as_of, "read")
+                self._loop.call_soon_threadsafe(self._apply, read.total, base, as_of, "read", _committed(read))
             except RuntimeError:
                 break  # the loop is closed
         reader.close()
@@ -204,3 +275,8 @@ class LagGate(WorkerThread):
         """Make `fresh` the gate thread's reader; return the one it replaces (closed in the background)."""
         stale, self._reader = self._reader, fresh
         return stale
+
+
+def _committed(lag: GroupLag) -> dict[int, int]:
+    """The group's committed offset per partition, as the lag counts it (nothing committed: the start)."""
+    return {p.partition: max(p.start, p.committed if p.committed is not None else p.start) for p in lag.partitions}

@@ -81,6 +81,10 @@ class ProducerMetrics:
         self.paused = Gauge(p + "paused", "1 while intake is paused by backpressure (trainer lag).", registry=r)
         self.lag = Gauge(p + "trainer_lag_records", "Trainer lag on the rollouts topic (records), as the gate "
                          "estimates it.", registry=r)
+        self.share = Gauge(p + "lag_share_records", "This producer's share of the fleet's max_lag (records): it "
+                           "starts no prompt while its own outstanding groups exceed it.", registry=r)
+        self.outstanding = Gauge(p + "outstanding_records", "Records this producer published (or is publishing) "
+                                 "that the trainer group has not committed yet, as far as it knows.", registry=r)
         self.lag_updates = Counter(p + "lag_updates_total", "Trainer lag updates the gate applied, by source: the "
                                    "trainer's pushed position on NS.control, or the gate's own read.", ["source"],
                                    registry=r)

@@ -4,9 +4,10 @@ Three behaviours are pinned by tests against a real broker (tests/integration/te
 1. Nothing is lost: a prompt's offset is committed only after its group was acknowledged by the
    broker (acks=all), as a contiguous watermark per partition; a group that cannot be generated,
    scored or fit in a record is published as a failed record with its error, so it is accounted.
-2. Backpressure: no new prompt starts while the trainer's lag on NS.rollouts exceeds max_lag; the
+2. Backpressure: no new prompt starts while the trainer's lag on NS.rollouts exceeds max_lag (or this
+   producer's own uncommitted groups exceed its share of the fleet's max_lag); the
    prompt partitions are paused (and still polled) meanwhile. In-flight groups always finish and
-   publish, so lag stays within max_lag + concurrency.
+   publish, so lag stays within max_lag + every producer's concurrency.
 3. The event loop never blocks: polling, committing, lag reads, a full producer queue, flushing and
    any sync user code run in named threads or executors; delivery reports only schedule callbacks.
    Sync user code has threads of its own (``rollstream-user``, `rollstream.producers._threads`): a hung

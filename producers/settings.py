@@ -26,7 +26,10 @@ class ProducerSettings:
         namespace: topic namespace (NS.prompts in, NS.rollouts out, NS.control for policy versions).
         n_samples: completions per prompt (the group size).
         concurrency: groups generated at once.
-        max_lag: pause intake while the trainer's lag on NS.rollouts exceeds this (default: concurrency).
+        max_lag: the fleet's max lag (give every producer of a trainer group the same): pause intake while the
+            trainer's lag on NS.rollouts exceeds it, or while this producer's own groups the trainer has not
+            committed exceed its share of it (`rollstream.producers._share`), so the lag stays within max_lag +
+            every producer's concurrency for any number of producers (default: concurrency).
         trainer_group: the trainer's consumer group whose lag is watched.
         intake_group: consumer group of the producers on NS.prompts (default ``{namespace}.producers``).
         producer_id: stable identity: stamped on groups, and the static ``group.instance.id`` so a

@@ -112,8 +112,10 @@ def produce(
                     "id) until this many attempts were made; then its reason is final. 1: never requeue.",
         rich_help_panel=_FLOW)] = _D.max_attempts,
     max_lag: Annotated[int | None, typer.Option(
-        min=0, help="Pause taking prompts while the trainer group's lag on NS.rollouts exceeds this "
-                    "(default: --concurrency).", rich_help_panel=_FLOW)] = None,
+        min=0, help="The fleet's max lag, the same for every producer of the trainer group: pause taking prompts "
+                    "while the trainer group's lag on NS.rollouts exceeds it, or while this producer's own "
+                    "uncommitted groups exceed its share of it (default: --concurrency).",
+        rich_help_panel=_FLOW)] = None,
     trainer_group: Annotated[str, typer.Option(
         envvar="ROLLSTREAM_TRAINER_GROUP", help="The trainer's consumer group, whose lag is watched.",
         rich_help_panel=_FLOW)] = _D.trainer_group,
@@ -178,8 +180,9 @@ HELP = "\n\n".join([
     "its unfinished prompts are generated again (same group_id) by whoever takes its partitions. Failed groups "
     "(engine error after retries, reward error, too large) are published as failed records; a stale or "
     "retriably failed group's prompt is requeued by the trainer up to --max-attempts.",
-    "Intake pauses while the trainer group's lag on NS.rollouts exceeds --max-lag. SIGTERM/SIGINT: stop taking "
-    "prompts, finish in-flight groups, flush, commit, exit 0.",
+    "Intake pauses while the trainer group's lag on NS.rollouts exceeds --max-lag (one number for the whole "
+    "fleet: each producer also waits while its own uncommitted groups exceed its share of it). SIGTERM/SIGINT: "
+    "stop taking prompts, finish in-flight groups, flush, commit, exit 0.",
     "Examples: rollstream produce --engine sglang --sglang-url http://gpu1:30000 --tokenizer ./model --reward "
     "math;  rollstream produce --engine vllm --vllm-url http://gpu1:8000 --tokenizer ./model;  "
     "rollstream produce --engine hf --model ./tiny --n-samples 4;  rollstream produce --generate "

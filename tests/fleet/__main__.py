@@ -13,11 +13,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from rollstream.infra import KafkaConfig
 from rollstream.infra.broker import BrokerError, BrokerSpec, free_port
 
 import tests.fleet as fleet_package
 from tests.chaos._cluster import Cluster
 from tests.fleet._broker_metrics import BrokerRequests
+from tests.fleet._control_idle import measure
 from tests.fleet._phase import FleetError, Phase, PhaseSpec
 from tests.fleet._report import render, write
 
@@ -58,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="gate mode: pushed (trainer positions on NS.control), poll (lag reads every 0.5 s), or both "
              "(each at --producers and --small; default)")
     add("--concurrency", type=_positive, default=4, help="groups in flight per producer (default 4)")
-    add("--max-lag", type=int, default=64, help="each producer's max_lag (default 64)")
+    add("--max-lag", type=int, default=64, help="the fleet's max_lag (each producer's with the old rule; default 64)")
     add("--n-samples", type=_positive, default=4, help="completions per group (default 4)")
     add("--take-n", type=_positive, default=32, help="groups per trainer step (default 32)")
     add("--step-ms", type=float, default=20.0, help="modelled trainer step between take and commit (default 20)")
@@ -66,6 +68,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--fallback-s", type=float, default=None,
         help="pushed mode's lag_fallback_s: how often each gate still reads the lag itself (default: "
              "ProducerSettings' own)")
+    add("--compare-old", action="store_true",
+        help="also run each pushed phase with the gate rule before issue 25 (max_lag per producer, no share), "
+             "right after it: the two side by side in one run")
+    add("--idle-watchers", default="32,128",
+        help="after the phases, count the Fetch requests of this many idle NS.control watchers (comma-separated "
+             "sizes; empty: skip)")
     add("--seed", type=int, default=None, help="seed of the latency draws and the namespaces (default: time)")
     add("--port", type=int, default=0, help="first client port of the cluster (default: a free range)")
     add("--out", type=Path, default=Path("fleet-out"), help="where fleet.json and fleet.png go (default fleet-out)")
@@ -85,11 +93,13 @@ def plan(args: argparse.Namespace, seed: int) -> list[PhaseSpec]:
     # The second size: a quarter with `both` (unless --small says otherwise), and with one mode only if asked.
     small = args.small if args.small is not None else (max(1, args.producers // 4) if len(modes) > 1 else 0)
     sizes = [args.producers] + ([small] if 0 < small < args.producers else [])
-    combos = [(mode, size) for size in sizes for mode in modes]
+    rules = ("share", "old") if args.compare_old else ("share",)
+    combos = [(mode, size, rule) for size in sizes for mode in modes for rule in rules
+              if rule == "share" or mode == "pushed"]
     return [PhaseSpec(index=i, mode=mode, producers=size, per_process=args.per_process, partitions=args.partitions,
                       seconds=args.seconds, concurrency=args.concurrency, max_lag=args.max_lag,
                       n_samples=args.n_samples, take_n=args.take_n, step_ms=args.step_ms, gen_ms=args.gen_ms,
-                      seed=seed, fallback_s=args.fallback_s) for i, (mode, size) in enumerate(combos)]
+                      seed=seed, fallback_s=args.fallback_s, rule=rule) for i, (mode, size, rule) in enumerate(combos)]
 
 
 class Say:
@@ -133,6 +143,17 @@ def run_phases(specs: list[PhaseSpec], bootstrap: str, run_dir: Path, say: Say,
     return results, calibration or {}
 
 
+def measure_idle_control(bootstrap: str, sizes: str, say: Say) -> list[dict[str, Any]]:
+    """Idle NS.control watchers' Fetch requests per second, at each size (`tests.fleet._control_idle`)."""
+    out = []
+    for n in (int(x) for x in sizes.split(",") if x.strip()):
+        figures = measure(KafkaConfig(bootstrap_servers=bootstrap), n, replication_factor=3)
+        say(f"idle NS.control watchers x{n} ({figures['watchers_running']} reporting): {figures['fetch_per_s']:.0f} "
+            f"Fetch/s ({figures['fetch_per_s_per_watcher']:.2f} per watcher)")
+        out.append(figures)
+    return out
+
+
 def open_broker_requests(cluster: Cluster, say: Say) -> BrokerRequests | None:
     """The brokers' JMX request counters (`tests.fleet._broker_metrics`), or None when no JDK can read them."""
     try:
@@ -158,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"seed {seed}; {len(specs)} phase(s); starting a 3-node cluster in {run_dir}")
     results: list[dict[str, Any]] = []
     calibration: dict[str, float] = {}
+    idle: list[dict[str, Any]] = []
     bootstrap = "-"
     broker: BrokerRequests | None = None
     error = None
@@ -166,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"cluster up on {bootstrap}")
         broker = open_broker_requests(cluster, say)
         results, calibration = run_phases(specs, bootstrap, run_dir, say, broker)
+        idle = measure_idle_control(bootstrap, args.idle_watchers, say)
     except KeyboardInterrupt:
         error = "interrupted (Ctrl-C)"
     except BrokerError as exc:
@@ -179,10 +202,12 @@ def main(argv: list[str] | None = None) -> int:
             cluster.stop()
         except Exception:  # noqa: BLE001
             error = (error or "") + "\ncluster stop: " + traceback.format_exc()
-    ok = error is None and len(results) == len(specs) and all(r.get("checks", {}).get("ok") for r in results)
+    # The bound is the contract for today's rule (DESIGN.md, "Fleet"); the old rule's phases are there to compare.
+    ok = error is None and len(results) == len(specs) and all(
+        r.get("checks", {}).get("ok") and (r["lag"]["within_bound"] or r["spec"]["rule"] == "old") for r in results)
     run = {"command": command, "seed": seed, "bootstrap": bootstrap, "partitions": args.partitions,
            "calibration": calibration, "calibration_total": sum(calibration.values()), "phases": results,
-           "error": error, "ok": ok, "run_dir": str(run_dir)}
+           "control_idle": idle, "error": error, "ok": ok, "run_dir": str(run_dir)}
     json_path, png = write(run, args.out)
     if results:
         print("\n" + render(run), flush=True)

@@ -53,6 +53,7 @@ class PhaseSpec:
     gen_ms: tuple[float, float]
     seed: int
     fallback_s: float | None = None  # ProducerSettings.lag_fallback_s for pushed (None: its default)
+    rule: str = "share"  # share: max_lag is the fleet's (today's gate); old: each producer's own (the rule before it)
 
     @property
     def read_interval_s(self) -> float:
@@ -64,7 +65,7 @@ class PhaseSpec:
 
     @property
     def label(self) -> str:
-        return f"{self.mode} x{self.producers}"
+        return f"{self.mode}{'-old' if self.rule == 'old' else ''} x{self.producers}"
 
     @property
     def in_flight_bound(self) -> int:
@@ -103,7 +104,7 @@ class Phase:
         trainer = self.trainer = Trainer(self.config, self.names.namespace, GROUP, take_n=s.take_n,
                                          step_s=s.step_ms / 1000.0)
         sampler = self.sampler = LagSampler(self.config, self.names.rollouts, s.partitions,
-                                            lambda: trainer.facts.committed)
+                                            lambda: trainer.facts.committed, commits=lambda: trainer.facts.commits)
         # Unstarted prompts kept on NS.prompts: a few per partition and twice what the fleet holds in flight.
         backlog = max(4 * s.take_n, 2 * s.producers * s.concurrency, 4 * s.partitions)
         loader = self.loader = Loader(self.config, self.names, f"p{s.index}", backlog=backlog,
@@ -171,7 +172,7 @@ class Phase:
         spec = {"proc": proc, "phase": s.index, "bootstrap": bootstrap, "namespace": self.names.namespace,
                 "trainer_group": GROUP, "backpressure": mode, "first_index": first, "count": count,
                 "n_samples": s.n_samples, "concurrency": s.concurrency, "max_lag": s.max_lag,
-                "gen_ms": list(s.gen_ms), "seed": s.seed, "fallback_s": s.fallback_s}
+                "gen_ms": list(s.gen_ms), "seed": s.seed, "fallback_s": s.fallback_s, "rule": s.rule}
         return WorkerProc(spec, self.logs / f"phase{s.index}-{s.mode}-{s.producers}-proc{proc}.log")
 
     def _check_workers(self) -> None:
@@ -352,6 +353,7 @@ class Phase:
         gate = sum(by_api.values())
         reads = calls("read")
         signal = positions_per_s if s.mode == "pushed" else 0.0
+        control = self._rate(t0, t1, lambda tick: tick["control_requests"].get("Fetch", 0))
         interval_s = s.read_interval_s
         return {
             "gate_reads_per_s": round(reads, 2),
@@ -365,7 +367,8 @@ class Phase:
             "positions_per_s": round(positions_per_s, 2),
             "signal_requests_per_s": round(signal, 2),
             "total_requests_per_s": round(gate + signal, 1),
-            "control_fetch_per_s": round(self._rate(t0, t1, lambda tick: tick["control_requests"].get("Fetch", 0)), 1),
+            "control_fetch_per_s": round(control, 1),
+            "control_fetch_per_s_per_producer": round(control / s.producers, 2),
             "pushed_updates_per_s": round(self._rate(t0, t1, lambda tick: tick["lag_updates"]["pushed"]), 1),
         }
 

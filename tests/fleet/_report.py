@@ -11,25 +11,27 @@ from typing import Any
 def render(run: dict[str, Any]) -> str:
     lines = [f"fleet: {run['command']}", f"cluster: 3 KRaft nodes on {run['bootstrap']} (RF 3, min.insync 2); "
              f"{run['partitions']} partitions; calibrated lag read = {run['calibration_total']:g} requests"]
-    head = (f"{'phase':<14}{'groups/s':>9}{'steps/s':>8}{'lag max':>8}{'p99':>6}{'bound':>7}{'loop p99':>9}"
+    head = (f"{'phase':<16}{'groups/s':>9}{'steps/s':>8}{'lag max':>8}{'p99':>6}{'bound':>7}{'loop p99':>9}"
             f"{'loop max':>9}{'gate rd/s':>10}{'fail':>6}{'gate req/s':>11}{'/producer':>10}{'pos/s':>7}"
             f"{'ctl fetch/s':>12}"
             f"{'  lost dup audit'}")
     lines += ["", head, "-" * len(head)]
     for phase in run["phases"]:
         if "error" in phase:
-            lines.append(f"{phase['label']:<14} ERROR: {phase['error'].splitlines()[0][:160]}")
+            lines.append(f"{phase['label']:<16} ERROR: {phase['error'].splitlines()[0][:160]}")
             continue
         bp, lag, loop, c = phase["backpressure"], phase["lag"], phase["loop_lag_ms"], phase["checks"]
-        lines.append(f"{phase['label']:<14}{phase['groups_per_s']:>9.0f}{phase['steps_per_s']:>8.1f}{lag['max']:>8}"
+        lines.append(f"{phase['label']:<16}{phase['groups_per_s']:>9.0f}{phase['steps_per_s']:>8.1f}{lag['max']:>8}"
                      f"{lag['p99']:>6}{lag['bound']:>7}{loop['p99']:>9.1f}{loop['max']:>9.1f}"
                      f"{bp['gate_reads_per_s']:>10.1f}{bp['gate_reads_failed_fraction']:>6.0%}"
                      f"{bp['gate_requests_per_s']:>11.0f}"
                      f"{bp['gate_requests_per_s_per_producer']:>10.1f}{bp['positions_per_s']:>7.1f}"
                      f"{bp['control_fetch_per_s']:>12.0f}  {c['lost']:>4} {c['duplicated']:>3} "
-                     f"{'ok' if c['audit_ok'] else 'FAIL'}" + ("  STALLED*" if phase.get("stalled") else ""))
+                     f"{'ok' if c['audit_ok'] else 'FAIL'}" + ("  STALLED*" if phase.get("stalled") else "")
+                     + ("" if lag["within_bound"] else "  OVER BOUND"))
     lines += ["", "lag max/p99: the trainer group's committed lag in the window; bound: max_lag + producers x",
-              "  concurrency; gate rd/s: lag reads by the producers' gates (LagReader.group_lag, counted in each",
+              "  concurrency (-old: the gate rule before issue 25, max_lag per producer, for comparison);",
+              "  gate rd/s: lag reads by the producers' gates (LagReader.group_lag, counted in each",
               "  process); fail: the share that raised (timed out); gate req/s: their Metadata/OffsetFetch/ListOffsets",
               "  calls x the requests per call librdkafka's statistics counted for one read (a lower bound for reads",
               "  that timed out);",
@@ -38,6 +40,9 @@ def render(run: dict[str, Any]) -> str:
               "  which follow policy versions in both modes; loop p99/max: the producer processes' event loops."]
     lines += _broker_table(run["phases"])
     lines += _scaling(run["phases"])
+    for idle in run.get("control_idle", []):
+        lines.append(f"idle NS.control watchers x{idle['watchers']}: {idle['fetch_per_s']:.0f} Fetch/s, "
+                     f"{idle['fetch_per_s_per_watcher']:.2f} per watcher (nothing announced, {idle['seconds']:g} s)")
     for phase in run["phases"]:
         if phase.get("stalled"):
             st = phase["stalled"]
@@ -62,13 +67,13 @@ def _broker_table(phases: list[dict[str, Any]]) -> list[str]:
     rows = [p for p in phases if p.get("broker")]
     if not rows:
         return ["", "broker-side request counts: not available (needs a JDK: java with jdk.attach)"]
-    head = f"{'phase':<14}{'all':>7}{'lag-read APIs':>14}" + "".join(f"{c:>14}" for c in _BROKER_COLUMNS)
+    head = f"{'phase':<16}{'all':>7}{'lag-read APIs':>14}" + "".join(f"{c:>14}" for c in _BROKER_COLUMNS)
     lines = ["", "requests/s as the 3 brokers counted them (JMX RequestMetrics, every client; lag-read APIs =",
              "ListOffsets + OffsetFetch + Metadata; FetchConsumer/FetchFollower: clients' / replicas' fetches):",
              head, "-" * len(head)]
     for p in rows:
         b = p["broker"]
-        lines.append(f"{p['label']:<14}{b['total_requests_per_s']:>7.0f}{b['lag_read_apis_per_s']:>14.0f}"
+        lines.append(f"{p['label']:<16}{b['total_requests_per_s']:>7.0f}{b['lag_read_apis_per_s']:>14.0f}"
                      + "".join(f"{b['requests_per_s'].get(c, 0.0):>14.0f}" for c in _BROKER_COLUMNS))
     return lines
 
@@ -88,7 +93,8 @@ def _scaling(phases: list[dict[str, Any]]) -> list[str]:
     done = [p for p in phases if "backpressure" in p]
     lines: list[str] = []
     for mode in ("poll", "pushed"):
-        runs = sorted((p for p in done if p["spec"]["mode"] == mode), key=lambda p: p["spec"]["producers"])
+        runs = sorted((p for p in done if p["spec"]["mode"] == mode and p["spec"].get("rule", "share") == "share"),
+                      key=lambda p: p["spec"]["producers"])
         if len(runs) < 2:
             continue
         small, large = runs[0], runs[-1]

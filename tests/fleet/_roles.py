@@ -91,6 +91,7 @@ class TrainerFacts:
     filtered: dict[str, str] = field(default_factory=dict)  # group id -> reason
     duplicate_skips: int = 0
     committed: int = 0  # sum over partitions of the offsets committed so far
+    commits: int = 0  # odd while a commit is under way: a lag sample across one is dropped (`LagSampler`)
     error: str | None = None
 
     @property
@@ -112,6 +113,7 @@ class Trainer:
         self._stop = threading.Event()
         self._expected: int | None = None
         self._settle_s = 30.0
+        self._finish_at = 0.0
         self._thread = threading.Thread(target=self._run, name="fleet-trainer", daemon=True)
 
     def start(self) -> None:
@@ -119,6 +121,7 @@ class Trainer:
 
     def finish(self, expected: int, settle_s: float = 30.0) -> None:
         self._settle_s = settle_s
+        self._finish_at = time.monotonic()  # the settle time counts from here, not from a stall before it
         self._expected = expected
         self._thread.join(settle_s + 60.0)
         self._stop.set()
@@ -144,7 +147,7 @@ class Trainer:
             n = self.take_n
             if self._expected is not None:
                 left = self._expected - self._accounted()
-                if left <= 0 or time.monotonic() - idle_since > self._settle_s:
+                if left <= 0 or time.monotonic() - max(idle_since, self._finish_at) > self._settle_s:
                     return
                 n = min(n, left)
             batch = consumer.poll_batch(n, 0.5, commit=False)  # None: not there yet (no error, no cluster read)
@@ -152,8 +155,10 @@ class Trainer:
                 continue
             idle_since = time.monotonic()
             time.sleep(self.step_s)  # the modelled optimizer step, between take and commit as a real trainer
+            self.facts.commits += 1
             consumer.commit(batch)
             self.facts.committed = sum(batch.offsets.values())
+            self.facts.commits += 1
             self._record(batch)
 
     def _record(self, batch: Any) -> None:
@@ -212,11 +217,12 @@ class LagSampler:
     """The trainer group's committed lag every `interval_s` (thread ``fleet-lag-sampler``): the sum of the
     rollouts topic's end offsets (one admin ListOffsets per partition leader, so a sample costs 3 requests
     whatever the partition count) minus the sum of the offsets the trainer committed (it knows them:
-    `Trainer.committed`). The driver's own reads, not counted as backpressure."""
+    `Trainer.committed`), only from reads during which no commit was under way (`commits` even and unchanged).
+    The driver's own reads, not counted as backpressure."""
 
     def __init__(self, config: KafkaConfig, topic: str, partitions: int, committed: Callable[[], int], *,
-                 interval_s: float = 0.1) -> None:
-        self.topic, self.interval_s, self._committed = topic, interval_s, committed
+                 interval_s: float = 0.1, commits: Callable[[], int] = lambda: 0) -> None:
+        self.topic, self.interval_s, self._committed, self._commits = topic, interval_s, committed, commits
         self._query = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
         self._admin = open_admin(config.admin())
         self.samples: list[tuple[float, int]] = []
@@ -235,6 +241,7 @@ class LagSampler:
     def _run(self) -> None:
         failures = 0
         while not self._stop.wait(self.interval_s):
+            commits = self._commits()
             committed = self._committed()  # read first: a commit racing the read can only make the lag look larger
             try:
                 futures = self._admin.list_offsets(self._query, request_timeout=5.0)
@@ -245,7 +252,8 @@ class LagSampler:
                     self.error = f"lag sampler: {failures} failed reads, last {type(exc).__name__}: {exc}"
                 continue
             self.ends = ends
-            self.samples.append((time.time(), ends - committed))
+            if commits % 2 == 0 and self._commits() == commits:  # else it would count, against the offsets before
+                self.samples.append((time.time(), ends - committed))  # a commit, what producers published after it
 
 
 def verdict(config: KafkaConfig, names: TopicNames, group: str, facts: TrainerFacts, loader: Loader,

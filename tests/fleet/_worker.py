@@ -28,6 +28,7 @@ from typing import Any
 
 from rollstream.infra import KafkaConfig
 from rollstream.producers import ProducerSettings, RolloutProducer
+from rollstream.producers.gate import LagGate
 
 from tests.fleet._probes import CONTROL_WATCH_PREFIX, ClientStats, LagReadCounter, LoopLagProbe, percentiles_ms
 
@@ -68,9 +69,20 @@ def settings_for(spec: dict[str, Any], producer_id: str) -> ProducerSettings:
     return ProducerSettings(**kwargs)
 
 
+def use_old_rule() -> None:
+    """The gate rule before issue 25, for a side-by-side phase: every producer compares the trainer group's
+    lag with the whole max_lag, and no share holds it back."""
+    def old_is_open(gate: LagGate) -> bool:
+        return gate.estimate <= gate.max_lag
+
+    LagGate.is_open = old_is_open  # type: ignore[method-assign]  # this worker process only
+
+
 class Worker:
     def __init__(self, spec: dict[str, Any]) -> None:
         self.spec = spec
+        if spec.get("rule") == "old":
+            use_old_rule()
         self.counter = LagReadCounter().install()
         self.control = ClientStats(lambda g: g.startswith(CONTROL_WATCH_PREFIX), interval_s=1.0).install()
         self.probe = LoopLagProbe(spec.get("probe_s", 0.02))

@@ -58,3 +58,33 @@ def test_the_gate_counts_what_a_position_cannot_hold() -> None:
         await asyncio.wait_for(gate.wait_open(), 1.0)
 
     asyncio.run(scenario())
+
+
+def test_a_stalled_trainer_lets_each_producer_use_its_share_of_the_headroom() -> None:
+    """The end of the prompts: the trainer waits for a step's last groups and commits nothing, while the
+    producers that still have prompts hold their shares. After the stall time the gate admits by its share of
+    the headroom (`FleetShare.admits_in_stall`) instead of waiting for a commit that cannot come."""
+    async def scenario() -> None:
+        gate = LagGate(KafkaConfig.load("127.0.0.1:1"), "trainer", "ns.rollouts", max_lag=8, interval_s=1.0,
+                       metrics=ProducerMetrics(), fallback_s=0.2)
+        gate._loop = asyncio.get_running_loop()  # what start() sets; no lag read in this test
+        gate.share.set_partitions(4)
+        gate.set_owned(1)  # share 2
+        for offset in range(3):
+            gate.note_produced()
+            gate.note_settled(0, offset)
+        assert not gate.is_open()  # 3 own outstanding > share 2
+        await asyncio.sleep(0.25)  # no commit for longer than the stall time
+        gate._apply(3, gate._produced, now_ms(), "read", {0: 0})  # a reading: the lag is 3, nothing committed
+        assert gate.is_open()  # 0 produced since <= 2/8 x (8 - 3)
+        gate.note_produced()
+        assert gate.is_open()  # 1 <= 1.25
+        gate.note_produced()
+        assert not gate.is_open()  # 2 > 1.25
+        gate.follow(position(0, now_ms() + 1))  # the trainer commits (partition 0 up to 10): the share rule again
+        await asyncio.sleep(0)
+        assert gate.share.outstanding == 2 and gate.is_open()  # the 3 acknowledged are committed; 2 <= share 2
+        gate.note_produced()
+        assert not gate.is_open()  # 3 > 2, and the offsets moved: no stall
+
+    asyncio.run(scenario())
