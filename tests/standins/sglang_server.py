@@ -105,7 +105,8 @@ SAMPLING_KEYS = frozenset(SAMPLING_FIELDS)
 
 # (method, path) -> handler, as SGLang 0.5.23's python/sglang/srt/entrypoints/http_server.py routes them
 ROUTES = {("POST", "/generate"): "_generate", ("PUT", "/generate"): "_generate",
-          ("POST", "/update_weights_from_disk"): "_update", ("POST", "/update_weight_version"): "_update_weight_version",
+          ("POST", "/update_weights_from_disk"): "_update",
+          ("POST", "/update_weight_version"): "_update_weight_version",
           ("POST", "/pause_generation"): "_pause", ("POST", "/continue_generation"): "_continue",
           ("GET", "/model_info"): "_model_info", ("GET", "/get_model_info"): "_model_info",
           ("GET", "/health"): "_health", ("GET", "/health_generate"): "_health"}
