@@ -166,7 +166,7 @@ class ReloadableCustomEngine(CustomEngine):
             EngineError: it raised (the old weights keep serving, as far as rollstream knows).
         """
         try:
-            result = await self._call(self._fn.reload, weights_path, version)
+            result = await self._call(self._fn.reload, weights_path, version)  # type: ignore[attr-defined]
         except EngineError:
             raise
         except Exception as exc:
