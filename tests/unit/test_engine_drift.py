@@ -243,3 +243,27 @@ def test_generate_tokens_drives_a_multi_turn_episode(kind: str) -> None:
         assert episode["loss_mask"] == [1, 1, 0, 0, 1, 1] and episode["tokens"][2:4] == [7, 7]
         if kind == "vllm":  # the second turn continued prompt + response exactly: positions 3..8
             assert episode["tokens"][4:] == [token_at(7), token_at(8)]
+
+
+def test_sglang_announcement_of_the_served_version_reloads_nothing(tmp_path: Any) -> None:
+    from rollstream.infra import KafkaConfig
+    from rollstream.producers import PolicyFollower
+    from rollstream.producers.metrics import ProducerMetrics
+    from rollstream.schemas import PolicyVersion
+
+    with SGLangStandIn(weight_version="4") as server:
+        engine = SGLangSyncEngine([server.url])
+
+        async def go() -> None:
+            await engine.start()
+            follower = PolicyFollower(engine, KafkaConfig(), "t.control", metrics=ProducerMetrics(), watch=False)
+            await follower.start(catch_up_timeout=0)
+            try:
+                follower.on_announced(PolicyVersion(4, weights_path=str(tmp_path)))
+                await asyncio.sleep(0.2)
+            finally:
+                await follower.close()
+                await engine.close()
+        run(go)
+        paths = server.paths()
+    assert paths == ["/model_info"]  # no pause, no update: version 4 serves already

@@ -13,6 +13,8 @@ import sys
 
 from tests.upstream._env import FAILED, HERE, STAMP, installed, target, versions
 
+_TIMEOUT_S = 1200  # a slow index must not hang `make test`: the tests then skip, saying so
+
 
 def main() -> int:
     pins = versions()
@@ -26,9 +28,13 @@ def main() -> int:
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--target", str(staging)]
     steps = [[*pip, *(f"{k}=={v}" for k, v in sorted(pins.items()))], [*pip, "-r", str(HERE / "requirements.txt")]]
     for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True)
-        if done.returncode != 0:
-            failed.write_text(f"pip failed: {(done.stderr or done.stdout).strip()[-2000:]}")
+        try:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=_TIMEOUT_S)
+            problem = "" if done.returncode == 0 else f"pip failed: {(done.stderr or done.stdout).strip()[-2000:]}"
+        except subprocess.TimeoutExpired:
+            problem = f"pip took longer than {_TIMEOUT_S} s"
+        if problem:
+            failed.write_text(problem)
             shutil.rmtree(staging, ignore_errors=True)
             print(f"upstream packages not installed ({failed}); the conformance tests will skip", file=sys.stderr)
             return 0
