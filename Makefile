@@ -7,12 +7,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench chaos fleet install jars lint broker-start broker-stop clean
+.PHONY: demo test bench chaos fleet install jars upstream lint broker-start broker-stop clean
 
 demo: install jars
 	$(VENV)/bin/rollstream demo
 
-test: install jars
+test: install jars upstream
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install jars
@@ -38,6 +38,13 @@ $(STAMP): pyproject.toml
 # Resolve the pinned Apache Kafka jars from Maven Central into ~/.cache/rollstream (once).
 jars: install
 	$(PY) -c "from rollstream.infra.broker import ensure_kafka_jars; print(ensure_kafka_jars())"
+
+# SGLang's and vLLM's wheels without their GPU dependencies, and the few pure-Python packages their type modules
+# import, into build/upstream/<versions> (not the venv: nothing may replace its torch), for the conformance tests
+# (tests/upstream). Pinned in tests/upstream/_env.py; `make test ROLLSTREAM_UPSTREAM="sglang==X vllm==Y"` checks
+# other versions. Once per version set; a machine that cannot install them records why and those tests skip.
+upstream: install
+	$(PY) -m tests.upstream.install
 
 # ruff over everything; mypy over the rollstream namespace (settings in pyproject.toml). mypy cannot follow the
 # install-time folder mapping (rollstream.schemas is schemas/, ...), so it reads a tree of links laid out as installed.

@@ -62,6 +62,13 @@ policy version that generated the sample, oldest first, so a partial rollout con
 both), ``prompt``, ``response``, ``label`` (``metadata["label"]``), ``group_index``, ``index``, and
 ``metadata`` with group_id, prompt_id, epoch, partition, offset, producer_id.
 
+What slime decides from a batch (read at slime's 2026-08 HEAD): with ``--rollout-top-p`` != 1.0 it asserts
+top-p replay data (``rollout_top_p_token_ids`` / ``_offsets``) on every sample, which rollstream does not
+carry, so the adapter refuses that setting at its first call (`check_top_p`, naming the fix); and it takes
+``rollout_log_probs`` for the whole batch from its first sample, so a batch whose samples disagree (producers
+on engines with and without logprobs) goes without them, with a warning (`uniform_logprobs`), or fails
+when slime is told to use them.
+
 The adapter's state (the consumer, the batches handed over) lives on ``args`` (one per slime rollout
 manager, which calls it from one thread); nothing is kept in module state.
 """
@@ -325,9 +332,50 @@ class SlimeRollout:
             self.run.close()
 
 
+def check_top_p(args: Any) -> None:
+    """Refuse slime's ``--rollout-top-p`` other than 1.0: slime then asserts top-p replay data
+    (``rollout_top_p_token_ids`` / ``_offsets``, the nucleus kept at each response token) on every sample,
+    which no rollstream engine reports.
+
+    Raises:
+        ConfigError: names the fix.
+    """
+    top_p = getattr(args, "rollout_top_p", None)
+    if top_p is not None and float(top_p) != 1.0:
+        raise ConfigError(f"slime's --rollout-top-p {top_p} replays the top-p nucleus of every token "
+                          "(rollout_top_p_token_ids), which rollstream's samples do not carry: leave "
+                          "--rollout-top-p at 1.0 and set top-p where rollstream samples (rollstream produce "
+                          "--top-p)")
+
+
+def uniform_logprobs(groups: list[list[Any]], args: Any) -> None:
+    """Make ``rollout_log_probs`` all present or all None across a batch: slime decides from its first sample
+    whether a batch has them (a None later fails deep in slime; a first None drops the others silently).
+    Producers on different engines may disagree: the batch then goes without them, with a warning.
+
+    Raises:
+        RollstreamError: some samples lack them and slime is told to use them (``use_rollout_logprobs``,
+            ``use_tis``).
+    """
+    samples = [s for group in groups for s in group]
+    missing = sum(s.rollout_log_probs is None for s in samples)
+    if missing in (0, len(samples)):
+        return
+    needed = [flag for flag in ("use_rollout_logprobs", "use_tis") if getattr(args, flag, False)]
+    if needed:
+        raise RollstreamError(f"{missing} of {len(samples)} samples carry no logprobs and slime's "
+                              f"{', '.join(needed)} needs them: run every producer on an engine that returns "
+                              "logprobs (SGLang, vLLM, hf)")
+    log.warning("%d of %d samples carry no logprobs (producers on engines that return none?): the batch goes to "
+                "slime without rollout_log_probs", missing, len(samples))
+    for sample in samples:
+        sample.rollout_log_probs = None
+
+
 def _state(args: Any) -> SlimeRollout:
     state: SlimeRollout | None = getattr(args, _STATE_ATTR, None)
     if state is None:
+        check_top_p(args)
         state = SlimeRollout(args, SlimeSettings.from_args(args))
         setattr(args, _STATE_ATTR, state)
     return state
@@ -373,6 +421,7 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any = None, evalua
     first = rollout_id * len(batch.groups)
     samples = [to_slime_group(g, first + i, pos, cls)
                for i, (g, pos) in enumerate(zip(batch.groups, batch.positions, strict=True))]
+    uniform_logprobs(samples, args)
     output = train_output_class()
     return samples if output is None else output(samples=samples, metrics=_metrics(batch, version, state.consumer))
 

@@ -70,7 +70,8 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
 
     Raises:
         RollstreamError: the broker is unreachable within ``startup_timeout_s``, a topic is missing,
-            the engine cannot start, or the first lag reading failed.
+            the engine cannot start or has no name for a sampling option (ConfigError), or the first lag
+            reading failed.
     """
     s, names = settings, settings.topics
     await in_thread(lambda: require_topics(kafka, [names.prompts, names.rollouts], namespace=s.namespace,
@@ -83,6 +84,9 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
         undo.callback(threads.close)
         if isinstance(engine, CustomEngine):
             engine.use_threads(threads.user)
+        check_sampling = getattr(engine, "check_sampling", None)
+        if callable(check_sampling):  # an option the engine has no name for: refused before anything runs
+            check_sampling(s.sampling())
         await engine.start()
         undo.push_async_callback(engine.close)
         publisher = Publisher(kafka, names.rollouts, overrides=s.producer_overrides, on_fatal=on_fatal,

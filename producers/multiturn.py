@@ -24,7 +24,8 @@ trainer must learn from the policy's tokens only, so the sample carries a loss m
                                       max_turns=4, prompt_text=text)
 
 The policy is any token-in/token-out call ``(input_ids, n, sampling) -> list[Completion]``
-(`TokenPolicy`; `HFEngine.generate_tokens` is one); an environment answers a policy turn with token ids,
+(`TokenPolicy`: ``generate_tokens`` of `HFEngine`, `SGLangHTTPEngine`, `SGLangEngine` and `VLLMHTTPEngine`);
+an environment answers a policy turn with token ids,
 or None to end the episode (`Environment`). Three rules keep the record exact, with no re-tokenisation
 drift:
 

@@ -4,8 +4,9 @@ It follows NS.control (`rollstream.infra.ControlWatcher`, its own thread) for th
 by the runs' rule (`rollstream.infra.runs`): the newest trainer run's latest announcement, also when its
 version is lower than an older run's (a trainer resumed from a checkpoint); a superseded run's
 announcements move nothing (counted in ``rollstream_producer_superseded_announcements_total``).
-Where the engine owns its weights (`ReloadableEngine`: `HFEngine`, the in-process `SGLangEngine`, and
-`SGLangSyncEngine`, SGLang servers the producer updates with ``--sglang-sync-weights``), it loads each
+Where the engine owns its weights (`ReloadableEngine`: `HFEngine`, the in-process `SGLangEngine`,
+`SGLangSyncEngine`, SGLang servers the producer updates with ``--sglang-sync-weights``, and a custom generate
+object that has ``reload``, `ReloadableCustomEngine`), it loads each
 announcement to follow that names a ``weights_path``: one load at a time, and only the latest announced
 while a load ran (the ones in between are skipped: nobody wants to generate with them any more). It
 loads unless the engine serves that very announcement already: a new run's version is loaded even when

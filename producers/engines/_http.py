@@ -129,10 +129,10 @@ def prompt_input(encoder: PromptEncoder | None, prompt: Mapping[str, Any]) -> tu
 
 
 async def post_json(client: httpx.AsyncClient | None, server: str, path: str, body: Mapping[str, Any], *,
-                    timeout: httpx.Timeout | None = None) -> tuple[Any, str | None]:
+                    timeout: httpx.Timeout | None = None) -> tuple[Any, str | None, int | None]:
     """One POST of `body` to `server` + `path` (waiting up to `timeout`; None: the client's): (the decoded
-    JSON answer, None), or (None, why) when another try may work (timeout, transport error, 5xx/408/429, a
-    body that is not JSON).
+    JSON answer, None, status), or (None, why, status or None) when another try may work (timeout, transport
+    error, 5xx/408/429, a body that is not JSON); the status lets the caller tell a paused server's 503.
 
     Raises:
         EngineError (not retriable): the engine is closed, or a 4xx the server will refuse again.
@@ -143,15 +143,15 @@ async def post_json(client: httpx.AsyncClient | None, server: str, path: str, bo
         resp = await client.post(f"{server}{path}", json=dict(body),
                                  timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
     except httpx.TimeoutException as exc:
-        return None, f"{server}: timed out ({type(exc).__name__})"
+        return None, f"{server}: timed out ({type(exc).__name__})", None
     except httpx.TransportError as exc:
-        return None, f"{server}: {type(exc).__name__}: {exc}"
+        return None, f"{server}: {type(exc).__name__}: {exc}", None
     if resp.status_code >= 500 or resp.status_code in RETRY_STATUS:
-        return None, f"{server}: HTTP {resp.status_code}: {resp.text[:200]}"
+        return None, f"{server}: HTTP {resp.status_code}: {resp.text[:200]}", resp.status_code
     if resp.status_code >= 400:
         raise EngineError(f"{server} refused the request: HTTP {resp.status_code}: {resp.text[:300]}",
                           retriable=False)
     try:
-        return resp.json(), None
+        return resp.json(), None, resp.status_code
     except ValueError:
-        return None, f"{server}: response is not JSON: {resp.text[:200]}"
+        return None, f"{server}: response is not JSON: {resp.text[:200]}", resp.status_code

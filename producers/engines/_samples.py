@@ -3,6 +3,8 @@
 One sample is one request, sent to the next server in turn. A try that fails for a passing reason
 (connection, timeout, HTTP 408/429/5xx, a body that is not the engine's shape in a way another try may
 fix) is tried again after a `Backoff`, at most `RetryPolicy.attempts` tries; any other 4xx fails at once.
+A server that refuses a request because it is paused (vLLM's 503 around a weight update, `Endpoint.paused`)
+is asked again after a backoff for as long as the deadline lasts: those tries count against nothing else.
 An answer that finished is the sample. An aborted answer (a weight update) goes to the sample's `Rollout`,
 which says what to send next: the continuation of its partial output (SGLang's `PartialRollout`) or the
 same request again (`Reissue`), bounded by its own counts.
@@ -56,6 +58,7 @@ class Endpoint:
     label: str  # "sglang /generate": names the engine in errors and logs
     path: str
     parse: Callable[[Any], tuple[Completion, str]]
+    paused: Callable[[int, str], bool] | None = None  # (status, error) -> the server refused it while paused
 
 
 class Reissue:
@@ -87,13 +90,20 @@ async def run_sample(http: HTTPSession, servers: RoundRobin, endpoint: Endpoint,
         EngineError: not retriable after `retry.attempts` failed tries (the engine already retried), on a
             4xx, or when the rollout gives up; retriable when the deadline ran out (or the rollout says so).
     """
-    failures = 0
+    failures = paused = 0
     error: str | None = None
     while True:
         if deadline.expired:
             raise deadline.error(endpoint.label, error)
         url = servers.pick()
-        completion, note, error = await _try(http, url, endpoint, rollout.payload(), deadline)
+        completion, note, error, refused_paused = await _try(http, url, endpoint, rollout.payload(), deadline)
+        if refused_paused:  # a weight update: wait it out within the deadline, whatever it takes
+            paused += 1
+            if paused == 1:
+                log.info("%s: %s is paused (a weight update?); waiting for it to resume", endpoint.label, url)
+            await retry.backoff.sleep(paused, rng, deadline)
+            continue
+        paused = 0
         if completion is None:
             failures += 1
             if failures >= retry.attempts:
@@ -115,22 +125,25 @@ async def run_sample(http: HTTPSession, servers: RoundRobin, endpoint: Endpoint,
 
 
 async def _try(http: HTTPSession, url: str, endpoint: Endpoint, body: Mapping[str, Any],
-               deadline: Deadline) -> tuple[Completion | None, str, str | None]:
-    """One POST: (completion, abort note, None), or (None, "", why) when another try may work.
+               deadline: Deadline) -> tuple[Completion | None, str, str | None, bool]:
+    """One POST: (completion, abort note, None, False), or (None, "", why, paused) when another try may work
+    (paused: the server refused it because it is paused, `Endpoint.paused`).
 
     Raises:
         EngineError (not retriable): a 4xx the server will refuse again, or an answer that never fits.
     """
-    out, error = await post_json(http.client, url, endpoint.path, body, timeout=http.timeout_within(deadline))
+    out, error, status = await post_json(http.client, url, endpoint.path, body,
+                                         timeout=http.timeout_within(deadline))
     if error is not None:
-        return None, "", error
+        paused = status is not None and endpoint.paused is not None and endpoint.paused(status, error)
+        return None, "", error, paused
     try:
         completion, note = endpoint.parse(out)
     except EngineError as exc:
         if exc.retriable:
-            return None, "", f"{url}: {exc}"
+            return None, "", f"{url}: {exc}", False
         raise
-    return completion, note, None
+    return completion, note, None, False
 
 
 async def gather_or_cancel(coros: Sequence[Awaitable[Completion]]) -> list[Completion]:

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
+from rollstream.producers.engines._sampling import sglang_options
 from rollstream.producers.engines.base import Completion, EngineError
 from rollstream.schemas import VersionSpan
 
@@ -32,13 +33,27 @@ PARTIAL_ROLLOUTS: tuple[PartialRollouts, ...] = ("continue", "restart")
 
 
 def request_payload(text: str, input_ids: Sequence[int] | None, sampling: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON body of one ``/generate`` call (token ids when we have them, else text)."""
-    payload: dict[str, Any] = {"sampling_params": dict(sampling), "return_logprob": True}
+    """The JSON body of one ``/generate`` call (token ids when we have them, else text); `sampling` (a
+    `SamplingParams.to_dict()`) in SGLang's names (`_sampling.sglang_options`).
+
+    Raises:
+        EngineError (not retriable): a sampling option SGLang has no name for.
+    """
+    payload: dict[str, Any] = {"sampling_params": sglang_options(sampling), "return_logprob": True}
     if input_ids is not None:
         payload["input_ids"] = list(input_ids)
     else:
         payload["text"] = text
     return payload
+
+
+def seeded(payload: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """The body of sample `index`: its own ``sampling_seed`` (``seed + index``) when the body has one, so the
+    samples of a group differ but stay reproducible (as the vLLM engine seeds its samples)."""
+    sampling = payload["sampling_params"]
+    if sampling.get("sampling_seed") is None:
+        return dict(payload)
+    return {**payload, "sampling_params": {**sampling, "sampling_seed": int(sampling["sampling_seed"]) + index}}
 
 
 def finish_type(meta: Mapping[str, Any]) -> str:

@@ -26,6 +26,14 @@ stop string or token id, None for EOS), ``logprobs`` = ``{"tokens", "token_logpr
 aborted in flight, e.g. by ``POST /pause?mode=abort`` around a weight update: HTTP 200 with the partial
 output), ``error`` (vLLM answers HTTP 500 instead) and ``repetition`` (``repetition_detection`` ended it
 early: shipped as ``stop``).
+
+vLLM 0.33.0 (read in its wheel): ``return_weight_versions`` makes each choice carry ``weight_versions``, spans
+``{"version", "start", "end"}`` over its output tokens (``vllm/outputs.py`` ``WeightVersionSpan``; the label
+a trainer set with ``/finish_weight_update`` or ``/update_weight_version``): read as SGLang's spans (numeric
+labels only; otherwise the producer stamps the announced version). While paused with mode ``abort`` or
+``wait`` (``POST /pause``), a new request is answered HTTP 503 ``ServiceUnavailableError`` "Generation is
+paused. Please retry after it resumes." (``vllm/v1/engine/core.py`` ``_reject_add_while_paused``):
+`is_paused_answer` tells it from other 503s, and the engine waits it out within the group's deadline.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from rollstream.producers.engines._sampling import vllm_options
+from rollstream.producers.engines._sglang_format import parse_version_spans
 from rollstream.producers.engines.base import Completion, EngineError
 
 LogprobsMode = Literal["processed_logprobs", "raw_logprobs"]
@@ -40,8 +50,6 @@ LOGPROBS_MODES: tuple[LogprobsMode, ...] = ("processed_logprobs", "raw_logprobs"
 VLLM_GREEDY_BELOW = 1e-5  # vllm/sampling_params.py _SAMPLING_EPS: a temperature below it decodes greedily
 _TOKEN_ID_PREFIX = "token_id:"
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "repetition": "stop"}
-# SGLang's names (rollstream's `SamplingParams`) -> vLLM's; anything else passes through under its own name.
-_RENAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 _TRUNCATING = ("top_p", "top_k", "min_p")  # processed logprobs are of the distribution these truncate
 _OFF = {"top_p": 1.0, "top_k": -1, "min_p": 0.0}
 
@@ -50,18 +58,19 @@ def request_body(text: str, ids: Sequence[int] | None, sampling: Mapping[str, An
                  model: str | None) -> dict[str, Any]:
     """The JSON body of one ``/v1/completions`` call for one sample (token ids when we have them, else text).
 
-    `sampling` is a `SamplingParams.to_dict()`: SGLang's names, renamed to vLLM's; a ``top_k`` of -1 (off)
-    is left out. The body asks for the sampled tokens' ids and logprobs.
+    `sampling` is a `SamplingParams.to_dict()`: SGLang's names, in vLLM's (`_sampling.vllm_options`; a
+    ``top_k`` of -1 is left out). The body asks for the sampled tokens' ids and logprobs, and for the weight
+    version of each token (``return_weight_versions``, vLLM >= 0.33; an older one ignores it).
+
+    Raises:
+        EngineError (not retriable): a sampling option vLLM has no name for.
     """
     body: dict[str, Any] = {"prompt": list(ids) if ids is not None else text, "n": 1, "logprobs": 0,
                             "return_token_ids": True, "return_tokens_as_token_ids": True,
-                            "include_stop_str_in_output": True}
+                            "include_stop_str_in_output": True, "return_weight_versions": True}
     if model is not None:
         body["model"] = model
-    for key, value in sampling.items():
-        if key == "top_k" and int(value) in (-1, 0):
-            continue
-        body[_RENAMES.get(key, key)] = value
+    body.update(vllm_options(sampling))
     return body
 
 
@@ -72,6 +81,11 @@ def seeded(body: Mapping[str, Any], index: int) -> dict[str, Any]:
     if out.get("seed") is not None:
         out["seed"] = int(out["seed"]) + index
     return out
+
+
+def is_paused_answer(status: int, text: str) -> bool:
+    """True for vLLM's answer to a request sent while it is paused (HTTP 503, "Generation is paused")."""
+    return status == 503 and "paused" in text.lower()
 
 
 def check_logprobs_contract(mode: LogprobsMode, body: Mapping[str, Any]) -> None:
@@ -126,11 +140,14 @@ def parse_response(out: Any) -> tuple[Completion, list[int] | None]:
 
 
 def parse_choice(choice: Mapping[str, Any]) -> Completion:
-    """One ``choices[i]`` -> `Completion` (tokens, logprobs, text, finish reason; no policy version: vLLM
-    reports none per request). Raises EngineError as `parse_response`."""
+    """One ``choices[i]`` -> `Completion` (tokens, logprobs, text, finish reason, and the version spans of
+    ``weight_versions`` when vLLM reports them and they are numbers). Raises EngineError as `parse_response`."""
     finish = finish_reason(choice.get("finish_reason"))
     tokens, logprobs = _tokens_and_logprobs(choice)
-    return Completion(text=str(choice.get("text") or ""), tokens=tokens, logprobs=logprobs, finish_reason=finish)
+    spans = parse_version_spans({"weight_versions": choice.get("weight_versions")}, len(tokens))
+    version = spans[-1].version if spans else None
+    return Completion(text=str(choice.get("text") or ""), tokens=tokens, logprobs=logprobs, finish_reason=finish,
+                      policy_version=version, version_spans=spans or ())
 
 
 def finish_reason(reason: Any) -> str:

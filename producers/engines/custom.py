@@ -19,7 +19,11 @@ completion dicts. Each dict has (README, "Plug-ins"):
 `rollstream.producers.multiturn` builds such dicts for multi-turn rollouts. MODULE:FUNC may also name a class: it
 is instantiated without arguments and its instances are the generate function (``async __call__``); an
 instance's ``async start()`` and ``async close()``, when it has them, bracket the producer's run (for a
-generate function that owns a model or a client). A plain (sync) function is accepted too and runs in the
+generate function that owns a model or a client). An instance that has ``reload(weights_path, version)``
+(async, or sync: run in the user threads) owns its weights: the engine is then a `ReloadableCustomEngine`,
+and the producer hands it each announced version that names weights, as it does the built-in engines
+(`ReloadableEngine`); its ``policy_version`` attribute, when it has one, is the version it serves. A plain
+(sync) function is accepted too and runs in the
 producer's ``rollstream-user`` threads (`use_threads`; without them, a few of the engine's own) so it
 cannot block the event loop, and a hung call holds only its own thread. A result with
 ``finish_reason=abort`` raises a retriable `EngineError`: the producer retries the prompt (within the
@@ -43,9 +47,15 @@ _OWN_THREADS = 4  # a sync function's threads when the producer lends none (the 
 
 
 class CustomEngine:
-    """Wraps a generate function. Stateless apart from the function; safe to share across prompts."""
+    """Wraps a generate function. Stateless apart from the function; safe to share across prompts. Made for
+    a generate object that has ``reload``, it is a `ReloadableCustomEngine`."""
 
     name = "custom"
+
+    def __new__(cls, fn: Callable[..., Any], *, label: str | None = None) -> CustomEngine:
+        if cls is CustomEngine and not inspect.isfunction(fn) and callable(getattr(fn, "reload", None)):
+            cls = ReloadableCustomEngine
+        return super().__new__(cls)
 
     def __init__(self, fn: Callable[..., Any], *, label: str | None = None) -> None:
         self._fn = fn
@@ -100,6 +110,15 @@ class CustomEngine:
             if inspect.isawaitable(result):
                 await result
 
+    async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` awaited, or run in the user threads when it is sync (a coroutine it returns awaited)."""
+        if inspect.iscoroutinefunction(fn) or (fn is self._fn and self._is_async):
+            return await fn(*args)
+        if self._threads is None:
+            self._threads = self._own = ThreadPool("rollstream-user", _OWN_THREADS)
+        result = await self._threads.run(fn, *args)
+        return await result if inspect.isawaitable(result) else result
+
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
         """Call the function once for `n` completions and validate what it returns.
 
@@ -109,14 +128,7 @@ class CustomEngine:
         """
         args = (dict(prompt), n, sampling.to_dict())
         try:
-            if self._is_async:
-                result = await self._fn(*args)
-            else:
-                if self._threads is None:
-                    self._threads = self._own = ThreadPool("rollstream-user", _OWN_THREADS)
-                result = await self._threads.run(self._fn, *args)
-                if inspect.isawaitable(result):
-                    result = await result
+            result = await self._call(self._fn, *args)
         except EngineError:
             raise
         except Exception as exc:
@@ -134,6 +146,33 @@ class CustomEngine:
         if len(result) != n:
             raise EngineError(f"{self._label} returned {len(result)} completions, expected n={n}", retriable=False)
         return [completion_from_dict(item, self._label, i) for i, item in enumerate(result)]
+
+
+class ReloadableCustomEngine(CustomEngine):
+    """A generate object that owns its weights (it has ``reload``): a `ReloadableEngine`, so the producer's
+    `PolicyFollower` hands it the announced versions that name weights. It loads whatever it is given (the
+    follower decides what to load)."""
+
+    @property
+    def policy_version(self) -> int | None:
+        """The generate object's ``policy_version`` when it is an int, else None (unknown)."""
+        version = getattr(self._fn, "policy_version", None)
+        return version if isinstance(version, int) and not isinstance(version, bool) else None
+
+    async def reload(self, weights_path: str, version: int) -> bool:
+        """Call the generate object's ``reload(weights_path, version)``; True unless it returns False.
+
+        Raises:
+            EngineError: it raised (the old weights keep serving, as far as rollstream knows).
+        """
+        try:
+            result = await self._call(self._fn.reload, weights_path, version)  # type: ignore[attr-defined]
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"{self._label}.reload({weights_path!r}, {version}) raised {type(exc).__name__}: "
+                              f"{exc}", retriable=True) from exc
+        return result is not False
 
 
 def completion_from_dict(item: Any, label: str, index: int) -> Completion:

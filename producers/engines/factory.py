@@ -41,8 +41,9 @@ def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = 
     `partial_rollouts` (SGLang): ``continue`` a sample aborted by a weight update, or ``restart`` it.
     Raises:
         ConfigError: a contradictory or incomplete combination (the message lists the valid ones), a
-            ``--generate`` path that does not import, or (vLLM) `sampling` whose logprobs the servers'
-            ``--logprobs-mode`` cannot give as rollstream records them.
+            ``--generate`` path that does not import, a `sampling` option the engine has no name for, or
+            (vLLM) `sampling` whose logprobs the servers' ``--logprobs-mode`` cannot give as rollstream
+            records them.
     """
     if sglang_sync_weights and not (kind == "sglang" and sglang_urls):
         raise ConfigError("--sglang-sync-weights is for --engine sglang --sglang-url URL (the producer updates "
@@ -64,9 +65,9 @@ def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = 
         if sglang_urls:
             http = SGLangSyncEngine if sglang_sync_weights else SGLangHTTPEngine
             return http(list(sglang_urls), tokenizer=tokenizer or model, timeout_s=request_timeout_s,
-                        partial_rollouts=partial_rollouts)
+                        partial_rollouts=partial_rollouts, sampling=sampling)
         if model is not None:
-            return SGLangEngine(model, tokenizer=tokenizer, partial_rollouts=partial_rollouts)
+            return SGLangEngine(model, tokenizer=tokenizer, partial_rollouts=partial_rollouts, sampling=sampling)
         raise ConfigError(f"--engine sglang needs --sglang-url URL (a server or router), or --model DIR to run "
                           f"SGLang in-process; {_USAGE}")
     if kind == "hf":

@@ -20,17 +20,19 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rollstream.producers._threads import ThreadPool, in_thread
+from rollstream.producers.engines._sampling import sglang_options
 from rollstream.producers.engines._sglang_format import (
     PARTIAL_ROLLOUTS,
     PartialRollout,
     PartialRollouts,
     parse_completion,
     request_payload,
+    seeded,
 )
 from rollstream.producers.engines._tokenize import PromptEncoder, load_tokenizer
 from rollstream.producers.engines.base import Completion, EngineError, Generation, SamplingParams
@@ -56,6 +58,10 @@ class SGLangEngine:
             directory, if any); passed to SGLang as its ``weight_version``.
         update_timeout_s: how long loading new weights may take.
         engine_kwargs: passed to ``sglang.Engine`` (``tp_size``, ``mem_fraction_static``, ...).
+        sampling: the producer's sampling parameters, checked here (`check_sampling`).
+
+    Raises:
+        ConfigError: an unknown `partial_rollouts`, or a `sampling` option SGLang has no name for.
     """
 
     name = "sglang-engine"
@@ -63,7 +69,9 @@ class SGLangEngine:
     def __init__(self, model_path: str | Path, *, tokenizer: str | Path | None = None, chat_template: bool = True,
                  abort_attempts: int = 20, max_continuations: int = 4, partial_rollouts: PartialRollouts = "continue",
                  policy_version: int | None = None, update_timeout_s: float = 600.0,
-                 engine_kwargs: Mapping[str, Any] | None = None) -> None:
+                 engine_kwargs: Mapping[str, Any] | None = None, sampling: SamplingParams | None = None) -> None:
+        if sampling is not None:
+            self.check_sampling(sampling)
         if partial_rollouts not in PARTIAL_ROLLOUTS:
             raise ConfigError(f"--partial-rollouts {partial_rollouts!r}: use continue or restart")
         self._model_path = str(model_path)
@@ -78,6 +86,15 @@ class SGLangEngine:
         self._engine: Any = None
         self._encoder: PromptEncoder | None = None
         self._threads: ThreadPool | None = None  # tokenization: its own threads, never behind user code
+
+    @staticmethod
+    def check_sampling(sampling: SamplingParams) -> None:
+        """Raise ConfigError (naming SGLang's options) for a sampling option SGLang has no name for (its
+        ``SamplingParams`` would raise TypeError on every sample). No I/O."""
+        try:
+            sglang_options(sampling.to_dict())
+        except EngineError as exc:
+            raise ConfigError(str(exc)) from exc
 
     async def start(self) -> None:
         """Import sglang and launch the engine in a worker thread (minutes for a large model). Idempotent.
@@ -122,9 +139,18 @@ class SGLangEngine:
         if self._engine is None or self._encoder is None or self._threads is None:
             raise EngineError("SGLangEngine.generate called before start()", retriable=False)
         text, ids = await self._threads.run(self._encoder.encode, prompt)
-        payload = request_payload(text, ids, sampling.to_dict())
-        completions = await gather_or_cancel([self._sample(payload) for _ in range(n)])
+        completions = await self._samples(request_payload(text, ids, sampling.to_dict()), n)
         return Generation(completions=completions, prompt_text=text, prompt_tokens=ids)
+
+    async def generate_tokens(self, input_ids: Sequence[int], n: int, sampling: SamplingParams) -> list[Completion]:
+        """`n` completions continuing `input_ids` exactly as given (no template, no re-tokenisation): the
+        token-in/token-out policy of `rollstream.producers.multiturn`. Raises EngineError as `generate`."""
+        if self._engine is None:
+            raise EngineError("SGLangEngine.generate_tokens called before start()", retriable=False)
+        return await self._samples(request_payload("", [int(t) for t in input_ids], sampling.to_dict()), n)
+
+    async def _samples(self, payload: Mapping[str, Any], n: int) -> list[Completion]:
+        return await gather_or_cancel([self._sample(seeded(payload, i)) for i in range(n)])
 
     async def _sample(self, payload: Mapping[str, Any]) -> Completion:
         rollout = PartialRollout(payload, mode=self._partial, max_continuations=self._max_continuations,
@@ -135,6 +161,9 @@ class SGLangEngine:
                 out = await self._engine.async_generate(input_ids=request["input_ids"],
                                                         sampling_params=request["sampling_params"],
                                                         return_logprob=True)
+            except (TypeError, ValueError) as exc:  # a request SGLang refuses: it will refuse it again
+                raise EngineError(f"sglang.Engine.async_generate refused the request: {type(exc).__name__}: {exc}",
+                                  retriable=False) from exc
             except Exception as exc:
                 raise EngineError(f"sglang.Engine.async_generate raised {type(exc).__name__}: {exc}",
                                   retriable=True) from exc

@@ -30,6 +30,7 @@ import httpx
 from rollstream.producers.engines._http import HTTPSession, RoundRobin, base_urls
 from rollstream.producers.engines._retry import Deadline, RetryPolicy
 from rollstream.producers.engines._samples import Endpoint, gather_or_cancel, run_sample
+from rollstream.producers.engines._sampling import sglang_options
 from rollstream.producers.engines._sglang_format import (
     PARTIAL_ROLLOUTS,
     PartialRollout,
@@ -38,6 +39,7 @@ from rollstream.producers.engines._sglang_format import (
     parse_completion,
     parse_policy_version,
     request_payload,
+    seeded,
 )
 from rollstream.producers.engines.base import (
     DEFAULT_REQUEST_TIMEOUT_S,
@@ -88,7 +90,7 @@ class SGLangHTTPEngine:
     def __init__(self, urls: Sequence[str], *, tokenizer: str | Path | Any | None = None, chat_template: bool = True,
                  timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, connect_timeout_s: float = 10.0,
                  retry: RetryPolicy | None = None, partial_rollouts: PartialRollouts = "continue",
-                 max_connections: int = 512, seed: int | None = None) -> None:
+                 max_connections: int = 512, seed: int | None = None, sampling: SamplingParams | None = None) -> None:
         self._servers = RoundRobin(base_urls(urls, suffixes=("/generate",), option="--sglang-url"))
         if partial_rollouts not in PARTIAL_ROLLOUTS:
             raise ConfigError(f"--partial-rollouts {partial_rollouts!r}: use continue or restart")
@@ -97,6 +99,17 @@ class SGLangHTTPEngine:
         self._retry = retry or RetryPolicy()
         self._partial: PartialRollouts = partial_rollouts
         self._rng = random.Random(seed)
+        if sampling is not None:
+            self.check_sampling(sampling)
+
+    @staticmethod
+    def check_sampling(sampling: SamplingParams) -> None:
+        """Raise ConfigError (naming SGLang's options) for a sampling option SGLang has no name for (SGLang
+        0.5.23 refuses every request that carries one). No I/O."""
+        try:
+            sglang_options(sampling.to_dict())
+        except EngineError as exc:
+            raise ConfigError(str(exc)) from exc
 
     @property
     def urls(self) -> list[str]:
@@ -121,11 +134,22 @@ class SGLangHTTPEngine:
         """
         if self._http.client is None:
             raise EngineError("SGLangHTTPEngine.generate called before start()", retriable=False)
-        deadline = deadline or Deadline.after(None)
         text, ids = await self._http.prompt_input(prompt)
-        payload = request_payload(text, ids, sampling.to_dict())
-        completions = await gather_or_cancel([self._sample(payload, deadline) for _ in range(n)])
+        completions = await self._samples(request_payload(text, ids, sampling.to_dict()), n, deadline)
         return Generation(completions=completions, prompt_text=text, prompt_tokens=ids or ())
+
+    async def generate_tokens(self, input_ids: Sequence[int], n: int, sampling: SamplingParams, *,
+                              deadline: Deadline | None = None) -> list[Completion]:
+        """`n` completions continuing `input_ids` exactly as given (no template, no re-tokenisation): the
+        token-in/token-out policy of `rollstream.producers.multiturn`. Raises EngineError as `generate`."""
+        if self._http.client is None:
+            raise EngineError("SGLangHTTPEngine.generate_tokens called before start()", retriable=False)
+        return await self._samples(request_payload("", [int(t) for t in input_ids], sampling.to_dict()), n,
+                                   deadline)
+
+    async def _samples(self, payload: Mapping[str, Any], n: int, deadline: Deadline | None) -> list[Completion]:
+        deadline = deadline or Deadline.after(None)
+        return await gather_or_cancel([self._sample(seeded(payload, i), deadline) for i in range(n)])
 
     async def _sample(self, payload: Mapping[str, Any], deadline: Deadline) -> Completion:
         r = self._retry
@@ -166,16 +190,18 @@ class SGLangSyncEngine(SGLangHTTPEngine):
     def __init__(self, urls: Sequence[str], *, tokenizer: str | Path | Any | None = None, chat_template: bool = True,
                  timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, connect_timeout_s: float = 10.0,
                  retry: RetryPolicy | None = None, partial_rollouts: PartialRollouts = "continue",
-                 max_connections: int = 512, seed: int | None = None, sync: WeightSync | None = None) -> None:
+                 max_connections: int = 512, seed: int | None = None, sync: WeightSync | None = None,
+                 sampling: SamplingParams | None = None) -> None:
         super().__init__(urls, tokenizer=tokenizer, chat_template=chat_template, timeout_s=timeout_s,
                          connect_timeout_s=connect_timeout_s, retry=retry, partial_rollouts=partial_rollouts,
-                         max_connections=max_connections, seed=seed)
+                         max_connections=max_connections, seed=seed, sampling=sampling)
         self._sync = sync or WeightSync()
         self._serving: dict[str, int | None] = dict.fromkeys(self.urls)
         self._loaded: dict[str, tuple[int, str]] = {}  # url -> (version, weights_path) this engine updated it to
 
     async def start(self) -> None:
-        """Open the client and read each server's ``/get_weight_version`` (best effort: unknown on failure)."""
+        """Open the client and read the version each server serves (`_read_version`; best effort: unknown on
+        failure)."""
         await super().start()
         versions = await asyncio.gather(*(self._read_version(u) for u in self.urls))
         self._serving.update(zip(self.urls, versions, strict=True))
@@ -259,14 +285,26 @@ class SGLangSyncEngine(SGLangHTTPEngine):
         return out
 
     async def _read_version(self, url: str) -> int | None:
+        """``weight_version`` of ``GET /model_info`` (SGLang >= 0.5.15; 0.5.23 has no other route), else of
+        ``GET /get_weight_version`` (older servers, which lack ``/model_info``); None when neither says."""
+        for route in ("/model_info", "/get_weight_version"):
+            found, version = await self._get_version(url, route)
+            if found:
+                return version
+        return None
+
+    async def _get_version(self, url: str, route: str) -> tuple[bool, int | None]:
+        """(whether `route` answered, the version it gave). A 404 is (False, None): try the next route."""
         if self._http.client is None:
-            return None
+            return True, None
         try:
-            resp = await self._http.client.get(f"{url}/get_weight_version",
-                                          timeout=httpx.Timeout(self._sync.control_timeout_s,
-                                                                connect=self._http.connect_timeout_s))
+            resp = await self._http.client.get(f"{url}{route}",
+                                               timeout=httpx.Timeout(self._sync.control_timeout_s,
+                                                                     connect=self._http.connect_timeout_s))
+            if resp.status_code == 404:
+                return False, None
             resp.raise_for_status()
-            return parse_policy_version(resp.json().get("weight_version"))
+            return True, parse_policy_version(resp.json().get("weight_version"))
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            log.warning("could not read the weight version of %s (%s): taken as unknown", url, exc)
-            return None
+            log.warning("could not read the weight version of %s from %s (%s): taken as unknown", url, route, exc)
+            return True, None

@@ -8,7 +8,12 @@ any other 4xx (a prompt or parameter the server refuses) fails at once. A sample
 reason ``abort``: ``POST /pause?mode=abort`` around a weight update, a server shutting down) is never
 returned as a finished sample: it is issued again from scratch (`_samples.Reissue`), at most
 `RetryPolicy.abort_attempts` times, whatever ``--partial-rollouts`` says (continuing a partial output is
-SGLang's; here a restarted sample is simply generated on whatever weights serve then).
+SGLang's; here a restarted sample is simply generated on whatever weights serve then). A server paused
+with mode ``abort`` or ``wait`` answers new requests HTTP 503 until ``/resume`` (vLLM 0.33): the engine
+waits that out for as long as the group's `Deadline` lasts, however long the weight update takes.
+
+Sampling options are sent under vLLM's names (`_sampling.vllm_options`); one vLLM has no name for is refused
+at startup (`check_sampling`), never dropped silently as vLLM itself would (``extra="allow"``).
 
 Logprobs: vLLM's are what rollstream records only for some ``--logprobs-mode`` and sampling combinations
 (`_vllm_format.check_logprobs_contract`); the engine refuses the others before sending anything.
@@ -16,8 +21,11 @@ Logprobs: vLLM's are what rollstream records only for some ``--logprobs-mode`` a
 Weights: vLLM has no stable HTTP endpoint that loads a checkpoint from a path. Its RL weight sync
 (``VLLM_SERVER_DEV_MODE=1``: ``/pause``, ``/init_weight_transfer_engine``, ``/start_weight_update``,
 ``/update_weights``, ``/finish_weight_update``, ``/resume``) streams tensors from the trainer over
-NCCL or CUDA IPC, so the trainer drives it, not the producer; this engine only stamps versions: vLLM
-reports none per request, so each sample gets the newest version announced on NS.control when its
+NCCL or CUDA IPC, so the trainer drives it, not the producer; this engine only stamps versions: each
+request asks for ``return_weight_versions`` (vLLM >= 0.33), and a choice's ``weight_versions`` spans become
+the sample's version spans when their labels are numbers (the trainer labels its updates with
+``/finish_weight_update``'s ``weight_version`` or ``/update_weight_version``). Without them (an older vLLM,
+labels that are not numbers) each sample gets the newest version announced on NS.control when its
 generation started (`rollstream.producers.policy`), never a newer one than generated a token.
 """
 
@@ -37,6 +45,7 @@ from rollstream.producers.engines._vllm_format import (
     LOGPROBS_MODES,
     LogprobsMode,
     check_logprobs_contract,
+    is_paused_answer,
     parse_response,
     request_body,
     seeded,
@@ -102,8 +111,8 @@ class VLLMHTTPEngine:
             self.check_sampling(sampling)
 
     def check_sampling(self, sampling: SamplingParams) -> None:
-        """Raise ConfigError (naming the fix) when vLLM's logprobs under `sampling` are not what rollstream
-        records (`check_logprobs_contract`). No I/O."""
+        """Raise ConfigError (naming the fix) for a sampling option vLLM has no name for, or when vLLM's
+        logprobs under `sampling` are not what rollstream records (`check_logprobs_contract`). No I/O."""
         try:
             check_logprobs_contract(self._logprobs_mode, request_body("", (), sampling.to_dict(), model=None))
         except EngineError as exc:
@@ -137,16 +146,26 @@ class VLLMHTTPEngine:
                 prompt without a tokenizer (not retriable); a sample failed after its retries or kept
                 being aborted (not retriable: the engine already retried); the deadline ran out (retriable).
         """
-        if self._http.client is None:
-            raise EngineError("VLLMHTTPEngine.generate called before start()", retriable=False)
         deadline = deadline or Deadline.after(None)
         text, ids = await self._http.prompt_input(prompt)
-        body = request_body(text, ids, sampling.to_dict(), model=self._model)
-        check_logprobs_contract(self._logprobs_mode, body)
         served_ids: list[list[int]] = []  # the prompt's ids as vLLM tokenized it, when it says
-        completions = await gather_or_cancel([self._sample(seeded(body, i), served_ids, deadline) for i in range(n)])
+        completions = await self._samples(text, ids, n, sampling, served_ids, deadline)
         prompt_tokens = ids if ids is not None else (served_ids[0] if served_ids else ())
         return Generation(completions=completions, prompt_text=text, prompt_tokens=prompt_tokens)
+
+    async def generate_tokens(self, input_ids: Sequence[int], n: int, sampling: SamplingParams, *,
+                              deadline: Deadline | None = None) -> list[Completion]:
+        """`n` completions continuing `input_ids` exactly as given (no template, no re-tokenisation): the
+        token-in/token-out policy of `rollstream.producers.multiturn`. Raises EngineError as `generate`."""
+        return await self._samples("", [int(t) for t in input_ids], n, sampling, [], deadline or Deadline.after(None))
+
+    async def _samples(self, text: str, ids: Sequence[int] | None, n: int, sampling: SamplingParams,
+                       served_ids: list[list[int]], deadline: Deadline) -> list[Completion]:
+        if self._http.client is None:
+            raise EngineError("VLLMHTTPEngine used before start()", retriable=False)
+        body = request_body(text, ids, sampling.to_dict(), model=self._model)
+        check_logprobs_contract(self._logprobs_mode, body)
+        return await gather_or_cancel([self._sample(seeded(body, i), served_ids, deadline) for i in range(n)])
 
     async def _sample(self, body: Mapping[str, Any], served_ids: list[list[int]], deadline: Deadline) -> Completion:
         """One sample, retried and re-issued as the module docstring says; appends the prompt token ids
@@ -157,7 +176,7 @@ class VLLMHTTPEngine:
                 served_ids.append(prompt_ids)
             return completion, ""
 
-        endpoint = Endpoint(label=f"vllm {_COMPLETIONS}", path=_COMPLETIONS, parse=parse)
+        endpoint = Endpoint(label=f"vllm {_COMPLETIONS}", path=_COMPLETIONS, parse=parse, paused=is_paused_answer)
         return await run_sample(self._http, self._servers, endpoint, Reissue(body, self._retry.abort_attempts),
                                 retry=self._retry, deadline=deadline, rng=self._rng)
 

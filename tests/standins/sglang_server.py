@@ -1,8 +1,18 @@
 """An HTTP stand-in of an SGLang server (``python -m sglang.launch_server``): SGLang needs a GPU, this runs
 anywhere. Each `SGLangStandIn` serves on 127.0.0.1 from its own event loop in a daemon thread.
 
-It follows sgl-project/sglang field for field, as read in the stored copies on 2026-12-01 (the code is
+It follows SGLang 0.5.23 (the wheel on PyPI; `ROUTES` holds its routes and `SAMPLING_FIELDS` its strict
+``sampling_params`` schema, and tests/upstream checks both against the installed package) and, for what
+that release did not change, sgl-project/sglang as read in the stored copies on 2026-12-01 (the code is
 ours; only names and behaviours are SGLang's):
+
+- 0.5.23 ``python/sglang/srt/entrypoints/http_server.py``: ``GET /model_info`` (``weight_version`` among the
+  model's facts; ``/get_model_info`` a deprecated alias), ``POST /update_weight_version``; no
+  ``/get_weight_version`` (0.5.15 answered it 404 "deprecated", 0.5.23 has no such route: `legacy=True`
+  serves it, without ``/model_info``, as SGLang before 0.5.15 did). ``POST /generate`` checks the body with
+  ``entrypoints/api_contract.py`` ``generate_contract_error`` (``sglang/api/v1/api_types.py``
+  ``GenerateRequest``: ``sampling_params`` keys outside ``SamplingParams``' fields are an HTTP 400
+  ``{"error": "unknown field `seed`, expected one of ..."}``).
 
 - ``python/sglang/srt/entrypoints/http_server.py`` (commit 0025436eab0556737d615b36a4dd3e1e26e82f3d):
   ``POST /generate`` (a ``GenerateReqInput`` body; non-streaming: one JSON object, HTTP 200 also for an
@@ -10,7 +20,7 @@ ours; only names and behaviours are SGLang's):
   200 on success, 400 on failure; on success with ``weight_version`` the server's version becomes it and
   " Weight version updated to X." is appended to the message); ``POST /pause_generation`` and
   ``POST /continue_generation`` (``{"message": "Generation paused successfully.", "status": "ok"}``);
-  ``GET /get_weight_version`` (``{"weight_version"}``); ``GET /get_model_info``; ``GET /health``.
+  ``GET /get_weight_version`` (``{"weight_version"}``, before 0.5.15); ``GET /get_model_info``; ``GET /health``.
 - ``python/sglang/srt/managers/io_struct.py`` (commit 001067fffe33427bee0ed2f007fb7551a1d76b44):
   ``GenerateReqInput`` (``text`` | ``input_ids``, ``sampling_params``, ``return_logprob``, ``stream``),
   ``UpdateWeightFromDiskReqInput`` (``model_path``, ``load_format``, ``abort_all_requests``,
@@ -85,14 +95,36 @@ class _Request:
     versions: list[str] = field(default_factory=list)
 
 
+# SGLang 0.5.23's sglang/api/v1/api_types.py SamplingParams: its fields, in order (unknown keys rejected)
+SAMPLING_FIELDS = ("max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+                   "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
+                   "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
+                   "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed",
+                   "custom_params", "beam_width", "watermark", "choice")
+SAMPLING_KEYS = frozenset(SAMPLING_FIELDS)
+
+# (method, path) -> handler, as SGLang 0.5.23's python/sglang/srt/entrypoints/http_server.py routes them
+ROUTES = {("POST", "/generate"): "_generate", ("PUT", "/generate"): "_generate",
+          ("POST", "/update_weights_from_disk"): "_update",
+          ("POST", "/update_weight_version"): "_update_weight_version",
+          ("POST", "/pause_generation"): "_pause", ("POST", "/continue_generation"): "_continue",
+          ("GET", "/model_info"): "_model_info", ("GET", "/get_model_info"): "_model_info",
+          ("GET", "/health"): "_health", ("GET", "/health_generate"): "_health"}
+# an SGLang before /model_info (0.5.14 and older): the version at /get_weight_version; sampling keys not checked
+LEGACY_ROUTES = {**{k: v for k, v in ROUTES.items() if k[1] not in ("/model_info", "/update_weight_version")},
+                 ("GET", "/get_weight_version"): "_weight_version"}
+
+
 class SGLangStandIn(StandInServer):
     """One stand-in server. Knobs (`token_delay_s`, `fail_updates`, `abort_after_tokens`, `report_spans`)
-    may be changed from any thread; `requests` logs ``(path, body)`` of every request in arrival order."""
+    may be changed from any thread; `requests` logs ``(path, body)`` of every request in arrival order.
+    `legacy` answers as an SGLang before ``/model_info`` (`LEGACY_ROUTES`)."""
 
     def __init__(self, *, weight_version: str = "default", model_path: str = "/models/base",
                  token_delay_s: float = 0.005, update_delay_s: float = 0.0, abort_after_tokens: int | None = None,
-                 report_spans: bool = True) -> None:
+                 report_spans: bool = True, legacy: bool = False) -> None:
         super().__init__("SGLang")
+        self.legacy = legacy
         self.weight_version = weight_version
         self.model_path = model_path
         self.token_delay_s = token_delay_s
@@ -115,22 +147,41 @@ class SGLangStandIn(StandInServer):
         except ValueError as exc:
             return 400, {"error": {"message": f"invalid JSON: {exc}"}}
         self.requests.append((path, body))
-        routes = {("POST", "/generate"): self._generate, ("POST", "/update_weights_from_disk"): self._update,
-                  ("POST", "/pause_generation"): self._pause, ("POST", "/continue_generation"): self._continue}
-        if (method, path) in routes:
-            return await routes[(method, path)](body)
-        if method == "GET" and path == "/get_weight_version":
-            return 200, {"weight_version": self.weight_version}
-        if method == "GET" and path == "/get_model_info":
-            return 200, {"model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True,
-                         "preferred_sampling_params": None, "weight_version": self.weight_version}
-        if method == "GET" and path in ("/health", "/health_generate"):
-            return 200, None
-        return 404, {"detail": "Not Found"}
+        routes = LEGACY_ROUTES if self.legacy else ROUTES
+        name = routes.get((method, path))
+        if name is None:
+            return 404, {"detail": "Not Found"}
+        handler = getattr(self, name)
+        return await handler(body)
+
+    # -- the routes ---------------------------------------------------------------------------------
+
+    async def _model_info(self, body: dict[str, Any]) -> tuple[int, Any]:
+        return 200, {"model_path": self.model_path, "served_model_name": self.model_path,
+                     "tokenizer_path": self.model_path, "is_generation": True, "preferred_sampling_params": None,
+                     "weight_version": self.weight_version, "load_format": None, "reasoning_parser": None,
+                     "tool_call_parser": None}
+
+    async def _weight_version(self, body: dict[str, Any]) -> tuple[int, Any]:
+        return 200, {"weight_version": self.weight_version}
+
+    async def _update_weight_version(self, body: dict[str, Any]) -> tuple[int, Any]:
+        if body.get("abort_all_requests", True):
+            self._abort_all()
+        self.weight_version = str(body["new_version"])
+        return 200, {"success": True, "message": f"Weight version updated to {self.weight_version}",
+                     "new_version": self.weight_version}
+
+    async def _health(self, body: dict[str, Any]) -> tuple[int, Any]:
+        return 200, None
 
     # -- the engine --------------------------------------------------------------------------------
 
     async def _generate(self, body: dict[str, Any]) -> tuple[int, Any]:
+        unknown = sorted(set(body.get("sampling_params") or {}) - SAMPLING_KEYS)
+        if unknown and not self.legacy:  # api_contract.generate_contract_error: serde's unknown_field text
+            return 400, {"error": f"unknown field `{unknown[0]}`, expected one of "
+                                  f"{', '.join(f'`{k}`' for k in SAMPLING_FIELDS)}"}
         if body.get("stream"):
             return 400, {"error": {"message": "the stand-in does not stream"}}
         ids = body.get("input_ids")

@@ -1,8 +1,19 @@
 """An HTTP stand-in of a vLLM OpenAI-compatible server (``vllm serve``): vLLM needs a GPU, this runs anywhere.
 Each `VLLMStandIn` serves on 127.0.0.1 from its own event loop in a daemon thread.
 
-It follows vllm-project/vllm field for field for what rollstream's vLLM engine uses, as read in the stored
-copies on 2026-12-01 (the code is ours; only names and behaviours are vLLM's):
+It follows vLLM 0.33.0 (the wheel on PyPI; `ROUTES` holds its routes, and tests/upstream checks them and the
+request bodies against the installed package) and, for what that release did not change, vllm-project/vllm
+as read in the stored copies on 2026-12-01 (the code is ours; only names and behaviours are vLLM's):
+
+- 0.33.0 ``vllm/entrypoints/rl/online/api_router.py``: ``POST /pause?mode=abort|wait|keep``: in ``abort``
+  and ``wait`` modes a new request is refused HTTP 503 until ``/resume`` (``vllm/v1/engine/core.py``
+  ``_reject_add_while_paused``: ``RequestError(code="engine_paused", "Generation is paused. Please retry
+  after it resumes.", retryable=True)``, served by ``serve/exception_handling/error_response.py`` as
+  ``ServiceUnavailableError``); ``keep`` queues it. ``GET /weight_info`` (``{"weight_version"}``), ``POST
+  /update_weight_version`` (``{"new_version"}``), ``POST /finish_weight_update`` (``{"weight_version"}``).
+- 0.33.0 ``vllm/entrypoints/openai/completion/protocol.py``: ``return_weight_versions`` -> each choice's
+  ``weight_versions``, spans ``{"version", "start", "end"}`` of the label each output token was sampled
+  under (``vllm/outputs.py`` ``WeightVersionSpan``; None while the weights carry no label).
 
 - ``vllm/entrypoints/openai/completion/protocol.py`` (commit 002032ee2b18e1f7bd924ec47b62504ba3866063):
   ``CompletionRequest`` (``model`` optional, ``prompt`` a string or a list of token ids, ``n``,
@@ -24,7 +35,7 @@ copies on 2026-12-01 (the code is ours; only names and behaviours are vLLM's):
 - ``vllm/entrypoints/serve/dev/rlhf/api_router.py`` (commit 0100a2129224e729af1b3b8ed42a900cdfe9a452; only
   with ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=abort|wait|keep`` (``{"status": "paused"}``; mode
   ``abort``, the default, aborts every request in flight) and ``POST /resume`` (``{"status": "resumed"}``),
-  ``GET /is_paused`` (``{"is_paused"}``). While paused, a new request waits for ``/resume``.
+  ``GET /is_paused`` (``{"is_paused"}``).
 - ``GET /v1/models`` (``{"object": "list", "data": [{"id", "object": "model", ...}]}``), ``GET /health``.
 - vLLM before 0.10.2 (PR #22587) has no ``return_token_ids``: ``old_vllm=True`` ignores it, as pydantic's
   ``extra="allow"`` there did, and answers ``token_ids`` null.
@@ -50,6 +61,13 @@ from urllib.parse import parse_qs
 from tests.standins._http_server import StandInServer
 
 _PAUSE_MODES = ("abort", "wait", "keep")
+# (method, path) -> handler, as vLLM 0.33.0 routes them: entrypoints/openai/completion/api_router.py,
+# entrypoints/openai/models/api_router.py, entrypoints/serve/instrumentator/health.py and (VLLM_SERVER_DEV_MODE=1)
+# entrypoints/rl/online/api_router.py
+ROUTES = {("POST", "/v1/completions"): "_completions", ("GET", "/v1/models"): "_models", ("GET", "/health"): "_health",
+          ("POST", "/pause"): "_pause", ("POST", "/resume"): "_resume", ("GET", "/is_paused"): "_is_paused",
+          ("GET", "/weight_info"): "_weight_info", ("POST", "/update_weight_version"): "_update_weight_version",
+          ("POST", "/finish_weight_update"): "_finish_weight_update"}
 _LOGPROB_FLOOR = -9999.0  # serving.py: max(step_token.logprob, -9999.0)
 
 
@@ -80,7 +98,8 @@ class VLLMStandIn(StandInServer):
         self.abort_after_tokens = abort_after_tokens
         self.slow_s = slow_s
         self.drop_next = self.fail_next = self.slow_next = self.abort_next = 0
-        self._paused = False
+        self.weight_version: str | None = None  # /weight_info: None until a trainer labels its weights
+        self._paused: str | None = None  # the pause mode while paused
         self._aborting: set[str] = set()
         self._running: set[str] = set()
 
@@ -104,23 +123,40 @@ class VLLMStandIn(StandInServer):
         if method == "POST" and path == "/pause":
             body = {k: v[-1] for k, v in parse_qs(query).items()}
         self.requests.append((path, body))
-        if method == "POST" and path == "/v1/completions":
-            return await self._completions(body)
-        if method == "POST" and path == "/pause":
-            return await self._pause(body.get("mode", "abort"))
-        if method == "POST" and path == "/resume":
-            self._paused = False
-            await self._notify()
-            return 200, {"status": "resumed"}
-        if method == "GET" and path == "/is_paused":
-            return 200, {"is_paused": self._paused}
-        if method == "GET" and path == "/v1/models":
-            return 200, {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
-                                                     "owned_by": "vllm", "root": self.model, "parent": None,
-                                                     "max_model_len": 4096}]}
-        if method == "GET" and path == "/health":
-            return 200, None
-        return 404, {"detail": "Not Found"}
+        name = ROUTES.get((method, path))
+        if name is None:
+            return 404, {"detail": "Not Found"}
+        return await getattr(self, name)(body)
+
+    # -- the routes ---------------------------------------------------------------------------------
+
+    async def _resume(self, body: dict[str, Any]) -> tuple[int, Any]:
+        self._paused = None
+        await self._notify()
+        return 200, {"status": "resumed"}
+
+    async def _is_paused(self, body: dict[str, Any]) -> tuple[int, Any]:
+        return 200, {"is_paused": self._paused is not None}
+
+    async def _models(self, body: dict[str, Any]) -> tuple[int, Any]:
+        return 200, {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
+                                                 "owned_by": "vllm", "root": self.model, "parent": None,
+                                                 "max_model_len": 4096}]}
+
+    async def _health(self, body: dict[str, Any]) -> tuple[int, Any]:
+        return 200, None
+
+    async def _weight_info(self, body: dict[str, Any]) -> tuple[int, Any]:
+        return 200, {"weight_version": self.weight_version}
+
+    async def _update_weight_version(self, body: dict[str, Any]) -> tuple[int, Any]:
+        self.weight_version = str(body["new_version"])
+        return 200, {"success": True, "new_version": self.weight_version}
+
+    async def _finish_weight_update(self, body: dict[str, Any]) -> tuple[int, Any]:
+        if body.get("weight_version") is not None:
+            self.weight_version = str(body["weight_version"])
+        return 200, {"message": "Weight update finished"}
 
     # -- the engine --------------------------------------------------------------------------------
 
@@ -136,9 +172,12 @@ class VLLMStandIn(StandInServer):
         if self.slow_next > 0:
             self.slow_next -= 1
             await asyncio.sleep(self.slow_s)
+        if self._paused in ("abort", "wait"):  # core.py _reject_add_while_paused -> RetryableRequestError
+            return 503, _error("Generation is paused. Please retry after it resumes.",
+                               kind="ServiceUnavailableError", code=503)
         prompt = body["prompt"]
         ids = list(prompt) if isinstance(prompt, list) else [ord(ch) for ch in prompt]
-        await self._wait_for(lambda: not self._paused)
+        await self._wait_for(lambda: self._paused is None)  # keep: queued until /resume
         rid = uuid.uuid4().hex
         abort_after = None
         if self.abort_next > 0:
@@ -146,26 +185,30 @@ class VLLMStandIn(StandInServer):
             abort_after = self.abort_after_tokens
         self._running.add(rid)
         try:
-            tokens, finish = await self._decode(rid, len(ids), int(body.get("max_tokens", 16)), abort_after)
+            tokens, finish, versions = await self._decode(rid, len(ids), int(body.get("max_tokens", 16)),
+                                                          abort_after)
         finally:
             self._running.discard(rid)
             self._aborting.discard(rid)
             await self._notify()
-        return 200, self._response(body, ids, tokens, finish)
+        return 200, self._response(body, ids, tokens, finish, versions)
 
     async def _decode(self, rid: str, prompt_len: int, max_tokens: int, abort_after: int | None
-                      ) -> tuple[list[int], str]:
+                      ) -> tuple[list[int], str, list[str | None]]:
         tokens: list[int] = []
+        versions: list[str | None] = []
         limit = max_tokens if self.stop_after is None else min(max_tokens, self.stop_after)
         while len(tokens) < limit:
             if rid in self._aborting or (abort_after is not None and len(tokens) >= abort_after):
-                return tokens, "abort"
+                return tokens, "abort", versions
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
             tokens.append(token_at(prompt_len + len(tokens)))
-        return tokens, "length" if limit == max_tokens else "stop"
+            versions.append(self.weight_version)
+        return tokens, "length" if limit == max_tokens else "stop", versions
 
-    def _response(self, body: dict[str, Any], ids: list[int], tokens: list[int], finish: str) -> dict[str, Any]:
+    def _response(self, body: dict[str, Any], ids: list[int], tokens: list[int], finish: str,
+                  versions: list[str | None]) -> dict[str, Any]:
         token_ids = body.get("return_token_ids") and not self.old_vllm
         choice: dict[str, Any] = {"index": 0, "text": "".join(piece(t) for t in tokens), "logprobs": None,
                                   "finish_reason": finish, "stop_reason": None,
@@ -173,22 +216,39 @@ class VLLMStandIn(StandInServer):
                                   "prompt_token_ids": ids if token_ids else None}
         if body.get("logprobs") is not None:
             choice["logprobs"] = _logprobs(tokens, len(ids), bool(body.get("return_tokens_as_token_ids")))
+        if not self.old_vllm:
+            choice["weight_versions"] = _spans(versions) if body.get("return_weight_versions") else None
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": body.get("model") or self.model, "choices": [choice], "service_tier": None,
                 "system_fingerprint": None, "usage": {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(tokens),
                                                       "completion_tokens": len(tokens), "prompt_tokens_details": None},
                 "kv_transfer_params": None}
 
-    async def _pause(self, mode: str) -> tuple[int, Any]:
+    async def _pause(self, body: dict[str, Any]) -> tuple[int, Any]:
+        mode = body.get("mode", "abort")
         if mode not in _PAUSE_MODES:
             return 400, {"error": f"Invalid pause mode {mode!r}"}
-        self._paused = True
+        self._paused = mode
         if mode == "abort":
             self._aborting.update(self._running)
             await self._notify()
         if mode in ("abort", "wait"):
             await self._wait_for(lambda: not self._running)
         return 200, {"status": "paused"}
+
+
+def _spans(versions: list[str | None]) -> list[dict[str, Any]] | None:
+    """output_processor.py ``_weight_version_spans``: runs of one label over the output tokens; None when a
+    token's weights had no label."""
+    if any(v is None for v in versions):
+        return None
+    spans: list[dict[str, Any]] = []
+    for i, version in enumerate(versions):
+        if spans and spans[-1]["version"] == version:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": version, "start": i, "end": i + 1})
+    return spans
 
 
 def _logprobs(tokens: list[int], prompt_len: int, as_ids: bool) -> dict[str, Any]:

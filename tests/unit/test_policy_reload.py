@@ -151,3 +151,44 @@ def test_follower_follows_a_new_run_down_and_loads_a_same_numbered_version_of_an
     assert engine.loaded == [5, 6, 3, 3]
     assert metrics.registry.get_sample_value("rollstream_producer_weight_version") == 3
     assert metrics.registry.get_sample_value("rollstream_producer_policy_run") == 3
+
+
+class _Agent:
+    """A custom generate object that owns its weights (``--generate mymodule:_Agent``)."""
+
+    def __init__(self) -> None:
+        self.policy_version = 1
+        self.loaded: list[tuple[str, int]] = []
+
+    async def __call__(self, prompt: dict, n: int, sampling_params: dict) -> list[dict]:
+        return [{"text": "x", "tokens": [1], "weight_version": self.policy_version}] * n
+
+    def reload(self, weights_path: str, version: int) -> None:  # sync: run in the user threads
+        self.loaded.append((weights_path, version))
+        self.policy_version = version
+
+
+def test_a_custom_generate_object_with_reload_gets_announced_weights(tmp_path: Path) -> None:
+    from rollstream.producers.engines import CustomEngine
+    from rollstream.producers.engines.custom import ReloadableCustomEngine
+
+    agent = _Agent()
+    engine = CustomEngine(agent)
+    assert isinstance(engine, ReloadableCustomEngine) and isinstance(engine, ReloadableEngine)
+    assert not isinstance(CustomEngine(lambda p, n, s: []), ReloadableEngine)  # a plain function: stamps only
+
+    async def go() -> None:
+        follower = PolicyFollower(engine, KafkaConfig(), "t.control", metrics=ProducerMetrics(), watch=False)
+        await follower.start(catch_up_timeout=0)
+        try:
+            follower.on_announced(PolicyVersion(1, weights_path=str(tmp_path)))  # served already at start
+            follower.on_announced(PolicyVersion(3, weights_path=str(tmp_path / "v3")))
+            while engine.policy_version != 3:
+                await asyncio.sleep(0.005)
+            generated = await engine.generate(PROMPT, 2, SAMPLING)
+            assert {c.policy_version for c in generated.completions} == {3}
+        finally:
+            await follower.close()
+            await engine.close()
+    asyncio.run(go())
+    assert agent.loaded == [(str(tmp_path / "v3"), 3)]

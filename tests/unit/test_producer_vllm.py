@@ -72,6 +72,7 @@ def test_request_fields_and_token_round_trip(vllm: VLLMStandIn) -> None:
     body = vllm.completions()[0]
     assert body == {"prompt": IDS, "n": 1, "logprobs": 0, "return_token_ids": True,
                     "return_tokens_as_token_ids": True, "include_stop_str_in_output": True,
+                    "return_weight_versions": True,
                     "model": "/models/base", "max_tokens": 4, "temperature": 0.7, "top_p": 1.0}
     c = gen.completions[0]
     assert list(c.tokens) == expected_tokens(4, 4) and c.finish_reason == "length"

@@ -48,7 +48,7 @@ def sync_engine(*servers: SGLangStandIn) -> SGLangSyncEngine:
 
 
 def after_start(server: SGLangStandIn) -> list[tuple[str, dict[str, Any]]]:
-    return [(path, body) for path, body in list(server.requests) if path != "/get_weight_version"]
+    return [(path, body) for path, body in list(server.requests) if path not in ("/model_info", "/get_weight_version")]
 
 
 def test_reload_updates_every_server_and_in_flight_samples_continue(servers: tuple[SGLangStandIn, SGLangStandIn],

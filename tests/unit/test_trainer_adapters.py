@@ -85,3 +85,27 @@ def test_slime_settings_defaults_are_valid():
     settings = slime.SlimeSettings.from_args(SimpleNamespace(rollstream_take_timeout="30",
                                                              rollstream_max_staleness="2"))
     assert (settings.take_timeout, settings.max_staleness, settings.loop) == (30.0, 2, None)
+
+
+def test_slime_rollout_top_p_refused_at_the_first_call_with_the_fix_named():
+    args = SimpleNamespace(rollout_top_p=0.9, rollout_batch_size=1)
+    with pytest.raises(ConfigError, match=r"--rollout-top-p 0.9 .*rollout_top_p_token_ids.*--top-p"):
+        slime.generate_rollout(args, 0)  # before any consumer or broker is made
+    slime.check_top_p(SimpleNamespace(rollout_top_p=1.0))
+    slime.check_top_p(SimpleNamespace())
+
+
+def _samples(*logprobs):
+    return [[SimpleNamespace(rollout_log_probs=lp) for lp in logprobs]]
+
+
+def test_slime_batches_with_mixed_logprobs_go_without_them_or_fail_when_slime_needs_them(caplog):
+    uniform = _samples([0.1], [0.2])
+    slime.uniform_logprobs(uniform, SimpleNamespace())
+    assert [s.rollout_log_probs for s in uniform[0]] == [[0.1], [0.2]]  # all present: kept
+    mixed = _samples(None, [0.2], [0.3])  # slime would read "no logprobs" from the first and drop the rest
+    slime.uniform_logprobs(mixed, SimpleNamespace())
+    assert [s.rollout_log_probs for s in mixed[0]] == [None, None, None]
+    assert "1 of 3 samples carry no logprobs" in caplog.text
+    with pytest.raises(slime.RollstreamError, match="use_tis needs them"):
+        slime.uniform_logprobs(_samples([0.1], None), SimpleNamespace(use_tis=True))
