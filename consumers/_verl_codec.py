@@ -48,6 +48,7 @@ from verl import DataProto
 from verl.experimental.fully_async_policy.detach_utils import RolloutSample
 
 ENCODING = "rollstream.verl/1"
+END_KEY = "verl.end"  # metadata of the end-of-stream marker (`_verl_rollouter.end_marker`)
 _CORE = ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "rollout_log_probs", "rm_scores")
 
 
