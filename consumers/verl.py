@@ -304,3 +304,9 @@ class VerlTrainerQueue:
 
     def _lag(self) -> int:
         return self.consumer.lag(timeout=min(10.0, self.settings.kafka_timeout_s)).total
+
+
+if __name__ == "__main__":  # python -m rollstream.consumers.verl <verl overrides> +rollstream.namespace=...
+    from rollstream.consumers._verl_runner import main
+
+    main()
