@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from rollstream.schemas import RollstreamError, Sample, ScoredGroup, make_group_id, now_ms
+from rollstream.schemas import RollstreamError, Sample, Samples, ScoredGroup, make_group_id, now_ms
 from tensordict import TensorDict
 from verl import DataProto
 from verl.experimental.fully_async_policy.detach_utils import RolloutSample
@@ -97,8 +97,9 @@ def encode_sample(rs: RolloutSample, *, producer_id: str = "verl-rollouter", sta
                 "verl.rollout_status": _json(rs.sample_id, rs.rollout_status)}
     finished = now_ms()
     return ScoredGroup(group_id=make_group_id(rs.sample_id, rs.epoch), prompt_id=rs.sample_id, epoch=rs.epoch,
-                       prompt_tokens=first.numpy(), samples=samples, started_at_ms=started_at_ms or finished,
-                       finished_at_ms=finished, producer_id=producer_id, metadata=metadata, policy_run=policy_run)
+                       prompt_tokens=first.numpy(), samples=Samples.of(samples),
+                       started_at_ms=started_at_ms or finished, finished_at_ms=finished, producer_id=producer_id,
+                       metadata=metadata, policy_run=policy_run)
 
 
 def decode_sample(group: ScoredGroup) -> RolloutSample:

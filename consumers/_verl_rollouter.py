@@ -17,12 +17,13 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 from confluent_kafka import KafkaError
 from rollstream.consumers._verl_codec import END_KEY, RolloutSample, encode_sample
 from rollstream.infra import TopicNames
 from rollstream.infra.clients import open_producer
 from rollstream.infra.lag import LagReader
-from rollstream.schemas import RollstreamError, ScoredGroup, encode, now_ms
+from rollstream.schemas import RollstreamError, Samples, ScoredGroup, encode, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ def end_marker(producer_id: str) -> ScoredGroup:
     ``end_of_stream`` (its own group id each time, so dedupe never hides it)."""
     at = now_ms()
     return ScoredGroup(group_id=f"verl-end-{producer_id}-{at}#0", prompt_id=f"verl-end-{producer_id}", epoch=0,
-                       prompt_tokens=[], samples=[], started_at_ms=at, finished_at_ms=at, producer_id=producer_id,
+                       prompt_tokens=np.zeros(0, dtype=np.int32),
+                       samples=Samples(), started_at_ms=at, finished_at_ms=at, producer_id=producer_id,
                        status="failed", error="verl's rollouter finished its data (end of stream)",
                        metadata={END_KEY: "1"})

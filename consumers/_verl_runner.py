@@ -54,7 +54,7 @@ def checkpoint_folder(config: Any) -> str | None:
     return find_latest_ckpt_path(os.path.abspath(trainer.default_local_dir))
 
 
-class _Trainer(FullyAsyncTrainer.__ray_actor_class__):  # type: ignore[name-defined,misc]
+class _Trainer(FullyAsyncTrainer.__ray_actor_class__):
     def set_message_queue_client(self, message_queue_client: Any) -> None:
         self.message_queue_client = VerlTrainerQueue(settings_of(self.config), groups_per_step=self.required_samples,
                                                      group_size=self.config.actor_rollout_ref.rollout.n)
@@ -82,7 +82,7 @@ class _Trainer(FullyAsyncTrainer.__ray_actor_class__):  # type: ignore[name-defi
         return version
 
 
-class _Rollouter(FullyAsyncRollouter.__ray_actor_class__):  # type: ignore[name-defined,misc]
+class _Rollouter(FullyAsyncRollouter.__ray_actor_class__):
     async def set_message_queue_client(self, message_queue_client: Any) -> None:
         async with self.lock:
             self.message_queue_client = VerlRolloutQueue(settings_of(self.config))
@@ -97,7 +97,7 @@ RollstreamFullyAsyncTrainer = ray.remote(num_cpus=10)(_Trainer)
 RollstreamFullyAsyncRollouter = ray.remote(num_cpus=10, max_concurrency=100)(_Rollouter)
 
 
-class _TaskRunner(upstream.FullyAsyncTaskRunner.__ray_actor_class__):  # type: ignore[name-defined,misc]
+class _TaskRunner(upstream.FullyAsyncTaskRunner.__ray_actor_class__):
     def _create_rollouter(self, config: Any) -> None:
         rollouter = RollstreamFullyAsyncRollouter.remote(config=config, tokenizer=self.components["tokenizer"],
                                                          processor=self.components["processor"],

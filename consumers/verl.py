@@ -307,6 +307,6 @@ class VerlTrainerQueue:
 
 
 if __name__ == "__main__":  # python -m rollstream.consumers.verl <verl overrides> +rollstream.namespace=...
-    from rollstream.consumers._verl_runner import main
+    from rollstream.consumers import _verl_runner
 
-    main()
+    _verl_runner.main()  # type: ignore[has-type]  # hydra's decorator hides the signature
