@@ -7,13 +7,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench chaos fleet install jars upstream lint broker-start broker-stop clean
+.PHONY: demo test bench chaos fleet install install-verl jars upstream lint broker-start broker-stop clean
 
 demo: install jars
 	$(VENV)/bin/rollstream demo
 
-test: install jars upstream
+test: install install-verl jars upstream
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(VERL_PY) -m pytest $(PYTEST_ARGS) $(VERL_TESTS)
 
 bench: install jars
 	$(PY) -m tests.bench
@@ -27,6 +28,22 @@ fleet: install jars
 	$(PY) -m tests.fleet $(FLEET_ARGS)
 
 install: $(STAMP)
+
+# verl 0.9.1 pins transformers<5.11 (and, through ray/wandb, older huggingface_hub and packaging) while the main
+# venv resolves newer ones, so the verl extra gets a venv of its own: the main venv's packages are visible to it
+# (a .pth after its own site-packages), its own versions win. Its tests run there; in $(VENV) they skip.
+VERL_VENV  := .venv-verl
+VERL_PY    := $(VERL_VENV)/bin/python
+VERL_STAMP := $(VERL_VENV)/.installed
+VERL_TESTS := tests/unit/test_verl_codec.py tests/unit/test_verl_runner.py tests/integration/test_consumer_verl.py
+install-verl: $(VERL_STAMP)
+
+$(VERL_STAMP): pyproject.toml $(STAMP)
+	test -x $(VERL_PY) || $(PYTHON) -m venv $(VERL_VENV)
+	$(PY) -c "import site; print(site.getsitepackages()[0])" > $$($(VERL_PY) -c "import site; print(site.getsitepackages()[0])")/main-venv.pth
+	$(VERL_PY) -m pip install --quiet --upgrade pip
+	$(VERL_PY) -m pip install --quiet -e '.[verl]'
+	touch $(VERL_STAMP)
 
 # The venv persists between runs; it is rebuilt only when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -63,4 +80,4 @@ broker-stop: install
 	$(VENV)/bin/rollstream broker stop
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VERL_VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,135 @@
+"""The rollouter's side of `rollstream.consumers.verl`: verl's ``MessageQueueClient.put_sample`` on NS.rollouts.
+
+`VerlRolloutQueue` publishes each RolloutSample as one ScoredGroup (`_verl_codec`), keyed by its group id,
+through an idempotent producer (acks=all), and answers verl's "queue size" with the trainer group's lag,
+read at most every ``lag_refresh_s`` (verl asks before every sample it starts, fully_async_rollouter.py:907).
+Publishing and lag reads run in two threads of their own (``rollstream-verl-publish``, ``rollstream-verl-lag``),
+so neither blocks the rollouter's event loop nor waits for the other. One put is acknowledged before the
+next is produced: verl's samples take seconds to generate, the broker milliseconds to acknowledge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from confluent_kafka import KafkaError
+from rollstream.consumers._verl_codec import END_KEY, RolloutSample, encode_sample
+from rollstream.infra import TopicNames
+from rollstream.infra.clients import open_producer
+from rollstream.infra.lag import LagReader
+from rollstream.schemas import RollstreamError, Samples, ScoredGroup, encode, now_ms
+
+log = logging.getLogger(__name__)
+
+
+class PublishFailed(RollstreamError):
+    """The broker did not acknowledge a verl sample within ``kafka_timeout_s``; retriable unless fatal."""
+
+
+class VerlRolloutQueue:
+    """verl's ``MessageQueueClient`` as the rollouter uses it (``put_sample``, ``get_queue_size``,
+    ``get_statistics``). The async methods never block the event loop. No network in ``__init__``."""
+
+    def __init__(self, settings: Any, *, producer_id: str | None = None) -> None:  # settings: VerlSettings
+        self.settings = settings
+        self.names = TopicNames(settings.namespace)
+        self.producer_id = producer_id or f"verl-rollouter-{uuid.uuid4().hex[:8]}"
+        self._kafka = settings.kafka(self.producer_id)
+        self._producer: Any = None
+        self._lag_reader = LagReader(self._kafka)
+        self._publish = ThreadPoolExecutor(1, thread_name_prefix="rollstream-verl-publish")
+        self._lags = ThreadPoolExecutor(1, thread_name_prefix="rollstream-verl-lag")
+        self._lag: tuple[float, int] | None = None  # (monotonic time read, lag)
+        self.published = 0
+
+    async def put_sample(self, sample: bytes | RolloutSample | None) -> bool:
+        """Publish `sample` (verl passes ``ray.cloudpickle`` bytes of a RolloutSample, fully_async_rollouter.py:
+        1007; None: the rollouter's end of data, published as the end marker). Returns True once the broker
+        acknowledged it: never False, nothing is dropped.
+
+        Raises:
+            PublishFailed: no acknowledgement within ``kafka_timeout_s``; VerlEncodingError.
+        """
+        import ray
+
+        if sample is None:
+            group = end_marker(self.producer_id)
+        else:
+            # verl pickled it in this process a moment ago; what goes on the wire is the Avro record
+            rs = ray.cloudpickle.loads(sample) if isinstance(sample, bytes) else sample
+            group = encode_sample(rs, producer_id=self.producer_id)
+        await asyncio.get_running_loop().run_in_executor(self._publish, self._produce, group)
+        self.published += 1
+        return True
+
+    async def get_queue_size(self) -> int:
+        """The trainer group's lag on NS.rollouts (published, not committed), at most ``lag_refresh_s`` old."""
+        return await asyncio.get_running_loop().run_in_executor(self._lags, self._read_lag)
+
+    def get_queue_size_sync(self) -> int:
+        return self._lags.submit(self._read_lag).result()
+
+    async def get_statistics(self) -> dict[str, Any]:
+        return {"queue_size": await self.get_queue_size(), "total_produced": self.published, "total_consumed": 0,
+                "dropped_samples": 0, "max_queue_size": 0}
+
+    async def clear_queue(self) -> None:
+        """Nothing to clear: published groups stay on NS.rollouts (on purpose)."""
+
+    async def shutdown(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Flush and stop. Idempotent."""
+        if self._producer is not None:
+            self._publish.submit(self._producer.flush, self.settings.kafka_timeout_s).result()
+        self._lags.submit(self._lag_reader.close).result()
+        self._publish.shutdown()
+        self._lags.shutdown()
+
+    def _produce(self, group: ScoredGroup) -> None:
+        if self._producer is None:
+            self._producer = open_producer(self._kafka.producer())
+        errors: list[KafkaError] = []
+        done: list[bool] = []
+
+        def delivered(err: KafkaError | None, _msg: object) -> None:
+            done.append(True)
+            if err is not None:
+                errors.append(err)
+
+        self._producer.produce(self.names.rollouts, key=group.group_id.encode(), value=encode(group),
+                               on_delivery=delivered)
+        deadline = time.monotonic() + self.settings.kafka_timeout_s
+        while not done and time.monotonic() < deadline:
+            self._producer.poll(min(0.1, max(0.0, deadline - time.monotonic())))
+        if errors or not done:
+            reason = errors[0].str() if errors else f"no acknowledgement in {self.settings.kafka_timeout_s} s"
+            fatal = bool(errors and errors[0].fatal())
+            raise PublishFailed(f"verl sample {group.group_id} to {self.names.rollouts}: {reason}",
+                                retriable=not fatal)
+
+    def _read_lag(self) -> int:
+        now = time.monotonic()
+        if self._lag is None or now - self._lag[0] >= self.settings.lag_refresh_s:
+            lag = self._lag_reader.group_lag(self.settings.group, self.names.rollouts,
+                                             timeout=min(10.0, self.settings.kafka_timeout_s)).total
+            self._lag = (now, lag)
+        return self._lag[1]
+
+
+def end_marker(producer_id: str) -> ScoredGroup:
+    """The record that says verl's rollouter finished its data: a failed group the trainer filters as
+    ``end_of_stream`` (its own group id each time, so dedupe never hides it)."""
+    at = now_ms()
+    return ScoredGroup(group_id=f"verl-end-{producer_id}-{at}#0", prompt_id=f"verl-end-{producer_id}", epoch=0,
+                       prompt_tokens=np.zeros(0, dtype=np.int32),
+                       samples=Samples(), started_at_ms=at, finished_at_ms=at, producer_id=producer_id,
+                       status="failed", error="verl's rollouter finished its data (end of stream)",
+                       metadata={END_KEY: "1"})

@@ -1,0 +1,74 @@
+"""`rollstream.consumers._verl_codec` (encoding rollstream.verl/1) against verl 0.9.1's own DataProto,
+RolloutSample and assemble_batch_from_rollout_samples: a sample survives the wire exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("verl", reason="the verl extra is not installed (pip install 'rollstream[verl]')")
+
+import torch  # noqa: E402
+from rollstream.consumers._verl_codec import ENCODING, VerlEncodingError, decode_sample, encode_sample  # noqa: E402
+from rollstream.schemas import ScoredGroup, decode, encode  # noqa: E402
+from verl.experimental.fully_async_policy.detach_utils import assemble_batch_from_rollout_samples  # noqa: E402
+
+from tests.standins.verl_fully_async.rollouts import rollout_sample  # noqa: E402
+
+
+def wire(rs):
+    return decode_sample(decode(encode(encode_sample(rs)), ScoredGroup))
+
+
+def test_fields_and_exact_round_trip() -> None:
+    rs = rollout_sample(7, epoch=2, n=4, version=3, partial=True)
+    group = encode_sample(rs)
+    assert (group.group_id, group.prompt_id, group.epoch, group.metadata["verl.encoding"]) == \
+        ("sample_2_7#2", "sample_2_7", 2, ENCODING)
+    b = rs.full_batch.batch
+    for i, s in enumerate(group.samples):
+        n = int(b["attention_mask"][i, b["prompts"].shape[1]:].sum())
+        assert s.tokens.tolist() == b["responses"][i, :n].tolist()
+        assert s.reward == float(b["rm_scores"][i].sum()) and s.weight_versions == (3, 4)
+        assert s.loss_mask.tolist() == b["response_mask"][i, :n].tolist()
+        assert np.allclose(s.logprobs, b["rollout_log_probs"][i, :n].numpy())
+    back = wire(rs)
+    assert (back.sample_id, back.epoch, back.rollout_status) == (rs.sample_id, rs.epoch, rs.rollout_status)
+    assert set(back.full_batch.batch.keys()) == set(b.keys())
+    for key in b.keys():
+        assert back.full_batch.batch[key].dtype == b[key].dtype, key
+        assert torch.equal(back.full_batch.batch[key], b[key]), key
+    for key, column in rs.full_batch.non_tensor_batch.items():
+        got = back.full_batch.non_tensor_batch[key]
+        assert got.dtype == column.dtype and got.tolist() == column.tolist(), key
+    assert back.full_batch.meta_info == rs.full_batch.meta_info
+
+
+def test_assembled_batch_is_the_same() -> None:
+    originals = [rollout_sample(i, n=2, version=1) for i in range(3)]
+    decoded = [wire(rollout_sample(i, n=2, version=1)) for i in range(3)]
+    want = assemble_batch_from_rollout_samples(originals, tokenizer=None, config=None)
+    got = assemble_batch_from_rollout_samples(decoded, tokenizer=None, config=None)
+    for key in want.batch.keys():
+        assert torch.equal(got.batch[key], want.batch[key]), key
+    assert got.non_tensor_batch["uid"].tolist() == want.non_tensor_batch["uid"].tolist()
+    assert got.meta_info["trajectory_param_versions"].tolist() == want.meta_info["trajectory_param_versions"].tolist()
+
+
+def test_carried_tensors_and_refusals() -> None:
+    rs = rollout_sample(1, n=2)
+    rs.full_batch.batch["routed_experts"] = torch.arange(2 * 40 * 3, dtype=torch.int32).reshape(2, 40, 3)
+    rs.full_batch.batch["position_ids"] = rs.full_batch.batch["position_ids"] + 5  # not derivable: carried
+    back = wire(rs)
+    for key in ("routed_experts", "position_ids"):
+        assert torch.equal(back.full_batch.batch[key], rs.full_batch.batch[key])
+    mm = rollout_sample(2, n=2)
+    mm.full_batch.non_tensor_batch["multi_modal_inputs"] = np.array([{"pixel_values": torch.ones(2)}] * 2,
+                                                                    dtype=object)
+    with pytest.raises(VerlEncodingError, match="multimodal"):
+        encode_sample(mm)
+    plain = encode_sample(rollout_sample(3, n=2))
+    foreign = ScoredGroup(group_id=plain.group_id, prompt_id=plain.prompt_id, epoch=0,
+                          prompt_tokens=plain.prompt_tokens, samples=plain.samples, started_at_ms=1, finished_at_ms=1)
+    with pytest.raises(VerlEncodingError, match="encoding None"):
+        decode_sample(foreign)
