@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 WIDTH, HEIGHT = 560, 210
-_LEFT, _RIGHT, _TOP, _BOTTOM = 54, 12, 26, 30
+_LEFT, _RIGHT, _TOP, _BOTTOM = 54, 12, 34, 30
 _MARKERS_UP_TO = 200  # points drawn as dots (with a hover title) up to this many per series
 
 
@@ -23,20 +23,18 @@ class Series:
     dots_only: bool = False
 
 
-def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """About `count` round tick values covering [low, high]."""
+def nice_ticks(low: float, high: float, count: int = 5, *, min_step: float = 0.0) -> list[float]:
+    """About `count` round tick values, the first at or below `low`, the last at or above `high`, at least
+    `min_step` apart (1 for step numbers)."""
     if high <= low:
         high = low + 1
-    raw = (high - low) / max(1, count - 1)
+    raw = max((high - low) / max(1, count - 1), min_step)
     magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-    first = math.floor(low / step) * step
-    ticks = []
-    value = first
-    while value <= high + step * 0.5:
-        ticks.append(round(value, 10))
-        value += step
-    return ticks
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw * (1 - 1e-9))
+    ticks = [math.floor(low / step + 1e-9) * step]
+    while ticks[-1] < high - step * 1e-9:
+        ticks.append(ticks[0] + step * len(ticks))
+    return [round(t, 10) for t in ticks]
 
 
 def line_chart(chart_id: str, title: str, xs: Sequence[int], series: Sequence[Series], *, y_label: str = "",
@@ -46,7 +44,7 @@ def line_chart(chart_id: str, title: str, xs: Sequence[int], series: Sequence[Se
     parts = [f'<svg id="{chart_id}" class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" '
              f'height="{HEIGHT}" xmlns="http://www.w3.org/2000/svg" role="img">',
              f'<title>{html.escape(title)}</title>',
-             f'<text x="{_LEFT}" y="16" class="chart-title">{html.escape(title)}</text>']
+             f'<text x="{_LEFT}" y="13" class="chart-title">{html.escape(title)}</text>']
     plot_w, plot_h = WIDTH - _LEFT - _RIGHT, HEIGHT - _TOP - _BOTTOM
     parts.append(f'<rect x="{_LEFT}" y="{_TOP}" width="{plot_w}" height="{plot_h}" class="frame"/>')
     if not xs or not present:
@@ -66,7 +64,7 @@ def line_chart(chart_id: str, title: str, xs: Sequence[int], series: Sequence[Se
     for t in y_ticks:
         parts.append(f'<line x1="{_LEFT}" x2="{_LEFT + plot_w}" y1="{py(t):.1f}" y2="{py(t):.1f}" class="grid"/>'
                      f'<text x="{_LEFT - 4}" y="{py(t) + 3:.1f}" class="tick" text-anchor="end">{_fmt(t)}</text>')
-    for t in nice_ticks(x0, x1, 6):
+    for t in nice_ticks(x0, x1, 6, min_step=1):
         if x0 <= t <= x1:
             parts.append(f'<text x="{px(t):.1f}" y="{HEIGHT - _BOTTOM + 14}" class="tick" '
                          f'text-anchor="middle">{_fmt(t)}</text>')
@@ -74,10 +72,12 @@ def line_chart(chart_id: str, title: str, xs: Sequence[int], series: Sequence[Se
     if y_label:
         parts.append(f'<text x="12" y="{_TOP + plot_h / 2}" class="axis" text-anchor="middle" '
                      f'transform="rotate(-90 12 {_TOP + plot_h / 2})">{html.escape(y_label)}</text>')
-    for k, s in enumerate(series):
+    legend_x = _LEFT + 6
+    for s in series:
         parts.extend(_series(s, xs, px, py))
-        parts.append(f'<text x="{_LEFT + 8 + 130 * k}" y="{_TOP + 12}" class="legend" fill="{s.color}">'
+        parts.append(f'<text x="{legend_x}" y="{_TOP - 4}" class="legend" fill="{s.color}">'
                      f'&#9644; {html.escape(s.label)}</text>')
+        legend_x += 22 + 7 * len(s.label)  # ~7 px per character at the legend's 11 px
     parts.append("</svg>")
     return "".join(parts)
 

@@ -146,7 +146,10 @@ def _checked(found: Mapping[tuple[int, int], ReplayedRecord], manifest: StepMani
     where = f"step {manifest.step}: {manifest.topic}[{d.partition}]@{d.offset}"
     if record is None:
         raise RollstreamError(f"{where} no longer exists (deleted by retention?); start at a later step")
-    if d.group_id is not None and (record.group is None or record.group.group_id != d.group_id):
-        holds = record.group.group_id if record.group else "an undecodable record"
-        raise RollstreamError(f"{where} holds {holds}, but the manifest says {d.group_id} (was the topic recreated?)")
+    holds = record.group.group_id if record.group else None
+    # an undecodable offset's disposition names the record's key, if any, not a decoded group
+    expected = None if d.kind == "undecodable" else d.group_id
+    if (d.kind == "undecodable" or d.group_id is not None) and holds != expected:
+        raise RollstreamError(f"{where} holds {holds or 'an undecodable record'}, but the manifest says "
+                              f"{expected or 'an undecodable record'} (was the topic recreated?)")
     return record
