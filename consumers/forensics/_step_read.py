@@ -1,22 +1,26 @@
 """Every offset a range of steps covered, with what each step did with it: what export and report read.
 
 Built on replay (`_replay`): the same manifests that count (`effective_manifests`), the same offset-range
-reads (`rollstream.infra.read_ranges`, under the trainer's own group id, never joined, never committed) and
+reads (`rollstream.infra.read_ranges`' `read_assigned`, under the trainer's own group id, never joined, never
+committed) and
 the same decoding (`record_of`). Where `replay_step` keeps a step's taken records, this keeps every offset
 of the step's ranges (taken, filtered, duplicate, undecodable, requeued), so a filtered group can be looked
 at as closely as a taken one.
 
-Memory stays bounded for any number of steps: consecutive steps are read together in chunks of about
-`chunk_records` offsets (one fetch session per chunk, not per step), and a chunk's records are let go once
-its steps are yielded. Every function blocks until its reads are done (no progress for `timeout` s is an
-error); an iterator must stay in the thread that reads it.
+Memory stays bounded for any number of steps: adjacent steps are read in one go (one fetch session, not
+one per step), each step is handed on and let go as soon as its last record is read, and partitions that
+run ahead of the oldest unfinished step are paused while too many records wait (`MAX_BUFFERED`). Every
+function blocks until its reads are done (no progress for `timeout` s is an error); an iterator must stay
+in the thread that reads it.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from confluent_kafka import Consumer, TopicPartition
 from rollstream.consumers.forensics._replay import (
     Progress,
     ReplayedRecord,
@@ -24,10 +28,11 @@ from rollstream.consumers.forensics._replay import (
     record_of,
     replay_range,
 )
-from rollstream.infra import KafkaConfig, position_of, read_ranges
+from rollstream.infra import KafkaConfig, position_of, read_assigned, reader, watermarks
 from rollstream.schemas import OffsetDisposition, RollstreamError, StepManifest
 
-CHUNK_RECORDS = 1000  # offsets read per fetch session: ~1,000 decoded groups held at once at most
+MAX_BUFFERED = 2000  # decoded records held waiting for their step, before partitions running ahead pause
+GAP_RECORDS = 1000  # offsets between steps a read fetches and drops rather than start a new read
 
 
 @dataclass(frozen=True)
@@ -73,25 +78,79 @@ def steps_between(config: KafkaConfig, namespace: str, consumer_group: str, firs
     return chosen
 
 
-def read_steps(config: KafkaConfig, manifests: Sequence[StepManifest], *, chunk_records: int = CHUNK_RECORDS,
+def read_steps(config: KafkaConfig, manifests: Sequence[StepManifest], *, max_buffered: int = MAX_BUFFERED,
                timeout: float = 30.0, progress: Progress | None = None) -> Iterator[CoveredStep]:
-    """Each of `manifests` with every record its ranges cover, in the order given. Lazy: reads a chunk of
-    consecutive steps (about `chunk_records` offsets) when the first of them is asked for.
+    """Each of `manifests` with every record its ranges cover, in the order given, each step as soon as its
+    last record is read. Lazy: one continuous read per run of adjacent steps (`_runs`).
 
     Raises:
         RollstreamError: an offset a step covered no longer exists (retention), or holds another group than
             its manifest says (the topic was recreated); KafkaIOError when a read fails.
     """
-    for chunk in _chunks(manifests, chunk_records):
-        bounds = _span(chunk)
-        wanted = {(d.partition, d.offset) for m in chunk for d in m.dispositions}
-        found: dict[tuple[int, int], ReplayedRecord] = {}
-        for msg in read_ranges(config, chunk[0].topic, bounds, group_id=chunk[0].consumer_group, timeout=timeout,
-                               progress=progress):
-            if position_of(msg) in wanted:
-                found[position_of(msg)] = record_of(msg)
-        for m in chunk:
-            yield CoveredStep(m, tuple(Covered(_checked(found, m, d), d, m) for d in m.dispositions))
+    if not manifests:
+        return
+    # One client under the steps' own group (never joined, never committed): a trainer granted only its
+    # group may export. A fresh assignment per step would wait out a fetch in flight (up to fetch.wait.max.ms).
+    with reader(config, manifests[0].consumer_group) as consumer:
+        for run in _runs(manifests, GAP_RECORDS):
+            yield from _assemble(consumer, run, max_buffered, timeout, progress)
+
+
+def _assemble(consumer: Consumer, run: Sequence[StepManifest], max_buffered: int, timeout: float,
+              progress: Progress | None) -> Iterator[CoveredStep]:
+    """Read `run`'s span once; yield each step when every partition has reached its end. A partition that
+    runs ahead of the first unfinished step while `max_buffered` records wait is paused until that step is
+    out: the buffer holds about `max_buffered` records plus one fetch, however long the run."""
+    topic, pending = run[0].topic, deque(run)
+    wanted = {(d.partition, d.offset) for m in run for d in m.dispositions}
+    found: dict[tuple[int, int], ReplayedRecord] = {}
+    seen: dict[int, int] = {}
+    paused: list[TopicPartition] = []
+    span = _span(run)
+    marks = {p: watermarks(consumer, topic, p, timeout=timeout) for p in span}
+    for msg in read_assigned(consumer, topic, span, timeout=timeout, progress=progress):
+        position = position_of(msg)
+        seen[position[0]] = position[1]
+        if position in wanted:
+            found[position] = record_of(msg)
+        while pending and _reached(pending[0], seen, marks):
+            yield _covered(pending.popleft(), found)
+            if paused:
+                consumer.resume(paused)
+                paused = []
+        if pending and len(found) > max_buffered and not paused:
+            # ahead: the first unfinished step needs nothing more from it (and the read is not done with it)
+            paused = [TopicPartition(topic, p) for p, at in seen.items()
+                      if _reached_on(pending[0], seen, marks, p) and at + 1 < min(span[p][1], marks[p][1])]
+            if paused:
+                consumer.pause(paused)
+    while pending:  # what the read could not reach: `_checked` names the first missing offset
+        yield _covered(pending.popleft(), found)
+
+
+Marks = Mapping[int, tuple[int, int]]
+
+
+def _reached(manifest: StepManifest, seen: Mapping[int, int], marks: Marks) -> bool:
+    return all(_reached_on(manifest, seen, marks, r.partition) for r in manifest.ranges)
+
+
+def _reached_on(manifest: StepManifest, seen: Mapping[int, int], marks: Marks, partition: int) -> bool:
+    """Whether the read is past `manifest`'s range on `partition`, or will not reach it: the range lies past
+    the partition's end or below its start (deleted). A record the step covered that is not there any more
+    is then named by `_checked` at once, not waited for."""
+    at, (low, high) = seen.get(partition, -1), marks.get(partition, (0, 2**63))
+    return all(at >= min(r.end, high) - 1 or r.end <= low for r in manifest.ranges
+               if r.partition == partition and r.end > r.start)
+
+
+def _covered(manifest: StepManifest, found: dict[tuple[int, int], ReplayedRecord]) -> CoveredStep:
+    """The step with its records, taken out of `found`."""
+    step = CoveredStep(manifest, tuple(Covered(_checked(found, manifest, d), d, manifest)
+                                       for d in manifest.dispositions))
+    for d in manifest.dispositions:
+        found.pop((d.partition, d.offset), None)
+    return step
 
 
 def read_range(config: KafkaConfig, namespace: str, consumer_group: str, bounds: Mapping[int, tuple[int, int]], *,
@@ -114,21 +173,28 @@ def read_range(config: KafkaConfig, namespace: str, consumer_group: str, bounds:
         yield Covered(record, disposition, manifest)
 
 
-def _chunks(manifests: Sequence[StepManifest], limit: int) -> Iterator[list[StepManifest]]:
-    """Consecutive manifests whose joint span (what one read fetches) stays within `limit` offsets, at least
-    one each: steps far apart (a seek back) are read apart, not across what lies between them."""
-    chunk: list[StepManifest] = []
+def _runs(manifests: Sequence[StepManifest], gap: int) -> Iterator[list[StepManifest]]:
+    """Consecutive manifests read in one go: a new run starts where the next step's ranges would add more
+    than `gap` offsets no step of the run covers (steps far apart, a seek back), so a read never fetches
+    much of what lies between. Runs grow with the steps; `_assemble` bounds the records held."""
+    run: list[StepManifest] = []
+    span: dict[int, tuple[int, int]] = {}
+    covered = 0
     for m in manifests:
-        if chunk and _size(_span([*chunk, m])) > limit:
-            yield chunk
-            chunk = []
-        chunk.append(m)
-    if chunk:
-        yield chunk
+        wider = _span([m], span)
+        if run and _size(wider) - (covered + _size(_span([m]))) > gap:
+            yield run
+            run, wider, covered = [], _span([m]), 0
+        run.append(m)
+        span, covered = wider, covered + _size(_span([m]))
+    if run:
+        yield run
 
 
-def _span(manifests: Sequence[StepManifest]) -> dict[int, tuple[int, int]]:
-    bounds: dict[int, tuple[int, int]] = {}
+def _span(manifests: Sequence[StepManifest], around: Mapping[int, tuple[int, int]] | None = None
+          ) -> dict[int, tuple[int, int]]:
+    """Per partition, [lowest start, highest end) of the manifests' ranges (and of `around`)."""
+    bounds: dict[int, tuple[int, int]] = dict(around or {})
     for m in manifests:
         for r in m.ranges:
             low, high = bounds.get(r.partition, (r.start, r.end))

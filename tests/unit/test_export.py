@@ -12,7 +12,7 @@ from rollstream.consumers.forensics import _export
 from rollstream.consumers.forensics._replay import ReplayedRecord
 from rollstream.consumers.forensics._report_data import ReportData, collect
 from rollstream.consumers.forensics._report_page import render
-from rollstream.consumers.forensics._step_read import Covered, CoveredStep, _chunks
+from rollstream.consumers.forensics._step_read import Covered, CoveredStep, _runs
 from rollstream.schemas import OffsetDisposition, PartitionRange, ScoredGroup, StepManifest, encode
 
 from rollstream.cli._inspect import parse_steps
@@ -97,11 +97,16 @@ def test_export_writes_bounded_row_groups_and_no_partial_file(tmp_path: Path,
     assert empty.rows == 0 and pq.read_table(tmp_path / "empty.parquet").column_names == list(_export.COLUMNS)
 
 
-def test_steps_are_read_in_chunks_of_bounded_span() -> None:
-    manifests = [StepManifest(k, "g", "t", (PartitionRange(0, 10 * k, 10 * k + 10),), ()) for k in range(10)]
-    far = StepManifest(10, "g", "t", (PartitionRange(0, 10_000, 10_010),), ())
-    chunks = [[m.step for m in c] for c in _chunks([*manifests, far], 35)]
-    assert chunks == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9], [10]]  # the far step is not read across the gap
+def test_adjacent_steps_are_read_in_one_go_and_far_ones_apart() -> None:
+    def manifest(step: int, *ranges: tuple[int, int, int]) -> StepManifest:
+        return StepManifest(step, "g", "t", tuple(PartitionRange(*r) for r in ranges), ())
+
+    steps = [manifest(k, (0, 10 * k, 10 * k + 10), (1, 5 * k, 5 * k + 5)) for k in range(10)]
+    far = manifest(10, (0, 10_000, 10_010))  # a seek: not read across the gap
+    back = manifest(11, (0, 0, 10))  # a seek back: a read of its own
+    near = manifest(12, (0, 30, 40))  # within the gap allowed of the one before
+    assert [[m.step for m in run] for run in _runs([*steps, far, back, near], 35)] == [
+        list(range(10)), [10], [11, 12]]
 
 
 def test_parse_steps() -> None:
