@@ -57,6 +57,9 @@ _CONTEXT: tuple[tuple[str, str], ...] = (
 )
 COLUMNS: tuple[str, ...] = tuple(name for name, _ in (*_SCALARS, *_LISTS, *_CONTEXT))
 """The exported columns, in file order."""
+_PER_SAMPLE = ("sample_index", "text", "reward", "advantage", "finish_reason", "weight_version", "staleness")
+_SHARED = tuple(name for name, _ in (*_SCALARS, *_CONTEXT) if name not in _PER_SAMPLE)
+_ONES = np.ones(1 << 16, np.int8)  # sliced (never written): the loss mask of a sample without one
 
 
 @dataclass(frozen=True)
@@ -152,49 +155,62 @@ class _Rows:
         return self.rows >= ROW_GROUP_ROWS or self.tokens >= ROW_GROUP_TOKENS
 
     def add(self, covered: Covered) -> None:
+        """The rows of one record: one per sample, or one with the sample columns null."""
         record, d, m = covered.record, covered.disposition, covered.manifest
         g = record.group
-        base: dict[str, Any] = {
+        trainer = None if m is None else m.policy_version
+        shared: dict[str, Any] = {
             "step": None if m is None else m.step, "disposition": None if d is None else d.kind,
-            "reason": None if d is None else d.reason, "group_id": g.group_id if g else d and d.group_id,
-            "attempt": g.attempt if g else d and d.attempt, "trainer_version": None if m is None else m.policy_version,
-            "partition": record.partition, "offset": record.offset, "timestamp_ms": record.timestamp_ms,
+            "reason": None if d is None else d.reason, "trainer_version": trainer, "partition": record.partition,
+            "offset": record.offset, "timestamp_ms": record.timestamp_ms,
             "step_created_at_ms": None if m is None else m.created_at_ms,
-            "error": record.error if g is None else g.error,
+            "attempt": d.attempt if g is None and d is not None else None, "error": record.error,
         }
-        if g is None:
-            self._row(base, None)
+        if g is not None:
+            shared.update(group_id=g.group_id, prompt_id=g.prompt_id, epoch=g.epoch, attempt=g.attempt,
+                          producer_id=g.producer_id, policy_run=g.policy_run, prompt=g.prompt, status=g.status,
+                          error=g.error, started_at_ms=g.started_at_ms, finished_at_ms=g.finished_at_ms,
+                          metadata=json.dumps(dict(g.metadata)) if g.metadata else None)
+        samples = () if g is None else g.samples.items()
+        rows = max(1, len(samples))
+        for name in _SHARED:  # one value per record, repeated on each of its rows
+            self.columns[name].extend([shared.get(name)] * rows)
+        if not samples:
+            for name in _PER_SAMPLE:
+                self.columns[name].append(None)
+            for lists in self.lists.values():
+                lists.append(None)
+            self.rows += 1
             return
-        base.update(prompt_id=g.prompt_id, epoch=g.epoch, producer_id=g.producer_id, policy_run=g.policy_run,
-                    prompt=g.prompt, status=g.status, started_at_ms=g.started_at_ms,
-                    finished_at_ms=g.finished_at_ms, metadata=json.dumps(dict(g.metadata)) if g.metadata else None)
-        if not g.samples:
-            self._row(base, None)
-            return
-        for j, (sample, advantage) in enumerate(zip(g.samples, _advantages(g), strict=True)):
+        c = self.columns
+        for j, (sample, advantage) in enumerate(zip(samples, _advantages(g), strict=True)):  # type: ignore[arg-type]
             version = sample.weight_version
-            trainer = base["trainer_version"]
-            self._row({**base, "sample_index": j, "text": sample.text, "reward": sample.reward,
-                       "advantage": advantage, "finish_reason": sample.finish_reason, "weight_version": version,
-                       "staleness": None if version is None or trainer is None else trainer - version},
-                      (sample.tokens, sample.logprobs,
-                       np.ones(len(sample.tokens), np.int8) if sample.loss_mask is None else sample.loss_mask,
-                       sample.token_versions()))
-
-    def _row(self, values: dict[str, Any], arrays: tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray] | None
-             ) -> None:
-        for name, column in self.columns.items():
-            column.append(values.get(name))
-        for (name, _), array in zip(_LISTS, arrays or (None,) * len(_LISTS), strict=True):
-            self.lists[name].append(array)
-        self.rows += 1
-        self.tokens += 0 if arrays is None else len(arrays[0])
+            c["sample_index"].append(j)
+            c["text"].append(sample.text)
+            c["reward"].append(sample.reward)
+            c["advantage"].append(advantage)
+            c["finish_reason"].append(sample.finish_reason)
+            c["weight_version"].append(version)
+            c["staleness"].append(None if version is None or trainer is None else trainer - version)
+            self.lists["tokens"].append(sample.tokens)
+            self.lists["logprobs"].append(sample.logprobs)
+            self.lists["loss_mask"].append(_mask_of(sample.loss_mask, len(sample.tokens)))
+            self.lists["token_versions"].append(sample.token_versions())
+            self.tokens += len(sample.tokens)
+        self.rows += len(samples)
 
     def table(self, pa: Any, out_schema: pa.Schema) -> pa.Table:
         data = {name: pa.array(values, type=out_schema.field(name).type) for name, values in self.columns.items()}
         for name, dtype in _LISTS:
             data[name] = _list_array(pa, self.lists[name], dtype)
         return pa.table({name: data[name] for name in COLUMNS}, schema=out_schema)
+
+
+def _mask_of(mask: np.ndarray | None, length: int) -> np.ndarray:
+    """The sample's loss mask, or all ones (what `to_tensors` trains on) when it has none."""
+    if mask is not None:
+        return mask
+    return _ONES[:length] if length <= len(_ONES) else np.ones(length, np.int8)
 
 
 def _advantages(group: ScoredGroup) -> list[float | None]:

@@ -76,7 +76,7 @@ JS = r"""
         if (s) {
           cell(row, si, "num"); cell(row, s.text, "text"); cell(row, fmt(s.reward), "num");
           cell(row, fmt(s.advantage), "num"); cell(row, s.finish); cell(row, fmt(s.version, 0), "num");
-          cell(row, s.tokens.length + (s.cut ? "+" : ""), "num");
+          cell(row, s.length, "num");
           row.addEventListener("click", function () { showSample(g, s, row); });
           if (first === null) { first = [g, s, row]; }
         } else {
@@ -128,7 +128,8 @@ JS = r"""
     row.classList.add("chosen");
     document.getElementById("sample-head").textContent = "step " + chosen.step + " · " + (g.group_id || "") +
       " · reward " + fmt(s.reward) + " · advantage " + fmt(s.advantage) + " · finish " + s.finish +
-      " · oldest version " + fmt(s.version, 0) + " · " + s.tokens.length + " tokens" + (s.cut ? " (cut)" : "");
+      " · oldest version " + fmt(s.version, 0) + " · " + s.length + " tokens" +
+      (s.cut ? " (the first " + s.tokens.length + " shown; rollstream export has them all)" : "");
     var box = document.getElementById("tokens");
     box.textContent = "";
     s.tokens.forEach(function (t, i) {

@@ -29,6 +29,7 @@ from rollstream.schemas import StepManifest
 
 MAX_LAG_LOOKUPS = 400
 MAX_TOKENS_SHOWN = 4096  # per sample on the page; the export has them all
+MAX_STEP_TOKENS = 200_000  # per detail step on the page (~4 MB of HTML): later responses show their text only
 TOP_PROMPTS = 20
 TokenText = Callable[[Sequence[int]], list[str]]
 
@@ -80,7 +81,8 @@ def collect(steps: Iterable[CoveredStep], detail: set[int], *, token_text: Token
             position[r.partition] = max(position.get(r.partition, 0), r.end)
         stats.append(_stats(step, dict(position)))
         if m.step in detail:
-            details[m.step] = [_group_view(c, m, token_text) for c in step.records]
+            budget = [MAX_STEP_TOKENS]
+            details[m.step] = [_group_view(c, m, token_text, budget) for c in step.records]
         for c in step.records:
             g = c.record.group
             if g is not None and g.samples and all(r == 0 for r in g.rewards):
@@ -116,8 +118,10 @@ def _mean(values: Sequence[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _group_view(covered: Covered, manifest: StepManifest, token_text: TokenText | None) -> dict[str, Any]:
-    """A JSON-ready view of one record of a detail step: the group and its samples with their tokens."""
+def _group_view(covered: Covered, manifest: StepManifest, token_text: TokenText | None, budget: list[int]
+                ) -> dict[str, Any]:
+    """A JSON-ready view of one record of a detail step: the group and its samples with their tokens, as
+    many as `budget[0]` (the step's tokens left to show) allows; `cut` marks a response shown in part."""
     d, g = covered.disposition, covered.record.group
     view: dict[str, Any] = {"offset": f"{covered.record.partition}:{covered.record.offset}",
                             "disposition": d.kind if d else None, "reason": d.reason if d else covered.record.error}
@@ -131,13 +135,15 @@ def _group_view(covered: Covered, manifest: StepManifest, token_text: TokenText 
                 staleness=None if oldest is None or trainer is None else trainer - oldest,
                 generation_s=(g.finished_at_ms - g.started_at_ms) / 1000, samples=[])
     for s, advantage in zip(g.samples, advantages, strict=True):
-        tokens = s.tokens[:MAX_TOKENS_SHOWN].tolist()
+        shown = min(len(s.tokens), MAX_TOKENS_SHOWN, budget[0])
+        budget[0] -= shown
+        tokens = s.tokens[:shown].tolist()
         view["samples"].append({
             "text": s.text, "reward": s.reward, "advantage": advantage, "finish": s.finish_reason,
-            "version": s.weight_version, "tokens": tokens, "cut": len(s.tokens) > MAX_TOKENS_SHOWN,
-            "logprobs": None if s.logprobs is None else [round(float(x), 4) for x in s.logprobs[:MAX_TOKENS_SHOWN]],
-            "mask": None if s.loss_mask is None else s.loss_mask[:MAX_TOKENS_SHOWN].tolist(),
-            "versions": s.token_versions()[:MAX_TOKENS_SHOWN].tolist(),
+            "version": s.weight_version, "tokens": tokens, "cut": len(s.tokens) > shown, "length": len(s.tokens),
+            "logprobs": None if s.logprobs is None else [round(float(x), 4) for x in s.logprobs[:shown]],
+            "mask": None if s.loss_mask is None else s.loss_mask[:shown].tolist(),
+            "versions": s.token_versions()[:shown].tolist(),
             "pieces": token_text(tokens) if token_text is not None else None})
     return view
 

@@ -132,3 +132,15 @@ def test_report_page_is_self_contained() -> None:
     assert "@import" not in page and "fetch(" not in page
     assert "</script>" not in page.split('id="report-data">')[1].split("</script>")[0]
     assert "prompt b" in page  # the all-zero prompt is listed
+
+
+def test_report_detail_shows_tokens_within_the_step_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollstream.consumers.forensics import _report_data
+
+    monkeypatch.setattr(_report_data, "MAX_STEP_TOKENS", 6)
+    _, details, _ = collect(_steps(), {0})
+    samples = [s for g in details[0] if "samples" in g for s in g["samples"]]
+    assert [(len(s["tokens"]), s["length"], s["cut"]) for s in samples] == [
+        (4, 4, False), (2, 5, True), (0, 6, True), (0, 5, True), (0, 2, True)]
+    assert all(len(s["logprobs"]) == len(s["versions"]) == len(s["tokens"]) for s in samples)
+    assert [g["disposition"] for g in details[0]] == ["taken", "taken", "undecodable"]
