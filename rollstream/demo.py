@@ -293,15 +293,15 @@ def _finish(setup: _Setup, rows: list[StepRow], taken: TakenStep | None, exits: 
                  for e in exits if not e.ok]
     title = f"rollstream demo: {len(rows)} steps, {o.producers} producers, {o.groups_per_step} groups/step"
     plot = write_plot(rows, o.out / "demo.png", title=title, max_staleness=o.max_staleness)
-    report, export = _look_back(setup, problems)
+    page, table = _look_back(setup, problems)
     result = DemoResult(rows=tuple(rows), namespace=setup.names.namespace, group_id=TRAINER_GROUP,
                         bootstrap=setup.bootstrap, wall_s=wall_s, train_s=train_s, window=o.window,
                         replay_step=o.replay_at, replay_ok=replay_ok, replay_message=replay_message,
                         audit_ok=report.ok, audit_message=" / ".join(report.summary().splitlines()),
                         audit_counts=report.counts,
                         producers=exits, plot_path=plot, steps_path=o.out / "steps.jsonl",
-                        summary_path=o.out / "summary.json", problems=tuple(problems), report_path=report,
-                        export_path=export)
+                        summary_path=o.out / "summary.json", problems=tuple(problems), report_path=page,
+                        export_path=table)
     write_summary(result)
     return result
 

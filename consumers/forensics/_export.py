@@ -183,7 +183,8 @@ class _Rows:
             self.rows += 1
             return
         c = self.columns
-        for j, (sample, advantage) in enumerate(zip(samples, _advantages(g), strict=True)):  # type: ignore[arg-type]
+        advantages = [] if g is None else group_advantages(g)
+        for j, (sample, advantage) in enumerate(zip(samples, advantages, strict=True)):
             version = sample.weight_version
             c["sample_index"].append(j)
             c["text"].append(sample.text)
@@ -213,9 +214,11 @@ def _mask_of(mask: np.ndarray | None, length: int) -> np.ndarray:
     return _ONES[:length] if length <= len(_ONES) else np.ones(length, np.int8)
 
 
-def _advantages(group: ScoredGroup) -> list[float | None]:
+def group_advantages(group: ScoredGroup) -> list[float | None]:
+    """Each sample's advantage as `Batch.to_tensors` computes it (`grpo_advantages`); all None when a
+    sample has no reward (none for a group without samples)."""
     rewards = group.rewards
-    if any(r is None for r in rewards):
+    if not rewards or any(r is None for r in rewards):
         return [None] * len(rewards)
     return list(grpo_advantages([r for r in rewards if r is not None]))
 

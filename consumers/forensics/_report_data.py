@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rollstream.consumers._batch import grpo_advantages
 from rollstream.consumers.filters import reason_label
+from rollstream.consumers.forensics._export import group_advantages
 from rollstream.consumers.forensics._replay import offsets_at
 from rollstream.consumers.forensics._step_read import Covered, CoveredStep
 from rollstream.infra import KafkaConfig, reader, watermarks
@@ -96,22 +96,21 @@ def _stats(step: CoveredStep, position: dict[int, int]) -> StepStats:
     m = step.manifest
     counts = Counter(d.kind for d in m.dispositions)
     reasons = Counter(reason_label(d.reason or "") for d in m.dispositions if d.kind in ("filtered", "requeued"))
-    taken = [c for c in step.records if c.disposition is not None and c.disposition.kind == "taken"
-             and c.record.group is not None]
-    rewards = [r for c in taken for r in c.record.group.rewards if r is not None]  # type: ignore[union-attr]
-    stale = [m.policy_version - v for c in taken if m.policy_version is not None
-             and (v := c.record.group.oldest_weight_version) is not None]  # type: ignore[union-attr]
-    lengths = [len(s.tokens) for c in taken for s in c.record.group.samples]  # type: ignore[union-attr]
+    taken = [(c.record, c.record.group) for c in step.records
+             if c.disposition is not None and c.disposition.kind == "taken" and c.record.group is not None]
+    groups = [g for _, g in taken if g is not None]
+    rewards = [r for g in groups for r in g.rewards if r is not None]
+    stale = [m.policy_version - v for g in groups
+             if m.policy_version is not None and (v := g.oldest_weight_version) is not None]
     return StepStats(
         step=m.step, created_at_ms=m.created_at_ms, trainer_version=m.policy_version,
         counts={k: counts.get(k, 0) for k in ("taken", "filtered", "requeued", "duplicate", "undecodable")},
         reasons=dict(reasons), reward_mean=_mean(rewards),
-        flat_groups=sum(1 for c in taken if len(set(c.record.group.rewards)) == 1),  # type: ignore[union-attr]
+        flat_groups=sum(1 for g in groups if len(set(g.rewards)) == 1),
         staleness_mean=_mean(stale), staleness_max=max(stale, default=None),
-        wait_s_mean=_mean([(m.created_at_ms - c.record.timestamp_ms) / 1000 for c in taken]),
-        generation_s_mean=_mean([(g.finished_at_ms - g.started_at_ms) / 1000 for c in taken
-                                 if (g := c.record.group) is not None]),
-        response_tokens_mean=_mean(lengths), position=position)
+        wait_s_mean=_mean([(m.created_at_ms - record.timestamp_ms) / 1000 for record, _ in taken]),
+        generation_s_mean=_mean([(g.finished_at_ms - g.started_at_ms) / 1000 for g in groups]),
+        response_tokens_mean=_mean([len(s.tokens) for g in groups for s in g.samples]), position=position)
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -127,8 +126,7 @@ def _group_view(covered: Covered, manifest: StepManifest, token_text: TokenText 
                             "disposition": d.kind if d else None, "reason": d.reason if d else covered.record.error}
     if g is None:
         return view
-    rewards = g.rewards
-    advantages = grpo_advantages(rewards) if rewards and None not in rewards else [None] * len(rewards)  # type: ignore[arg-type]
+    advantages = group_advantages(g)
     oldest, trainer = g.oldest_weight_version, manifest.policy_version
     view.update(group_id=g.group_id, prompt_id=g.prompt_id, prompt=g.prompt, attempt=g.attempt,
                 producer=g.producer_id, status=g.status, error=g.error,
