@@ -98,8 +98,9 @@ def report(
         "--out", "-o", dir_okay=False, help="The HTML file to write (one self-contained page; replaced).")],
     steps: StepsOpt = None,
     detail_step: Annotated[list[int] | None, typer.Option(
-        "--detail-step", help="A step whose groups, responses and tokens the page holds in full; repeat for more "
-                              "(default: the first, middle and last step of the range).")] = None,
+        "--detail-step", metavar="K",
+        help="A step whose groups, responses and tokens the page holds in full; repeat for more (default: the "
+             "first, middle and last step of the range; steps outside --steps are left out).")] = None,
     tokenizer: Annotated[Path | None, typer.Option(
         exists=True, file_okay=False,
         help="A model or tokenizer directory (transformers): the token view shows each token's text, not its id.")

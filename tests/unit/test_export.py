@@ -144,3 +144,11 @@ def test_report_detail_shows_tokens_within_the_step_budget(monkeypatch: pytest.M
         (4, 4, False), (2, 5, True), (0, 6, True), (0, 5, True), (0, 2, True)]
     assert all(len(s["logprobs"]) == len(s["versions"]) == len(s["tokens"]) for s in samples)
     assert [g["disposition"] for g in details[0]] == ["taken", "taken", "undecodable"]
+
+
+def test_export_without_pyarrow_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from rollstream.schemas import RollstreamError
+
+    monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)  # as if not installed
+    with pytest.raises(RollstreamError, match=r"pip install 'rollstream\[export\]'"):
+        _export.write_steps(_steps(), tmp_path / "x.parquet")
