@@ -140,3 +140,21 @@ def test_a_step_range_the_group_lacks_names_the_steps_it_has(two_steps, tmp_path
                                     "--out", str(tmp_path / "x.parquet")])
     assert both.exit_code == 2 and "give exactly one of" in both.output
     assert not (tmp_path / "x.parquet").exists()
+
+
+def test_steps_read_with_partitions_paused_are_the_same(two_steps, kafka_config) -> None:
+    """A buffer of one record pauses whichever partition runs ahead of the first unfinished step at every
+    turn: the steps come out the same, complete, in order, and the read never stalls."""
+    from rollstream.consumers.forensics._step_read import read_steps, steps_between
+
+    names, group, batches = two_steps
+    manifests = steps_between(kafka_config, names.namespace, group, None, None)
+
+    def positions(max_buffered: int) -> list[list[tuple[int, int]]]:
+        return [[(c.record.partition, c.record.offset) for c in step.records]
+                for step in read_steps(kafka_config, manifests, max_buffered=max_buffered, timeout=10)]
+
+    paused = positions(1)
+    assert paused == positions(10_000) and [len(s) for s in paused] == [len(m.dispositions) for m in manifests]
+    assert [p for s in paused for p in s if p in {pos for b in batches for pos in b.positions}] == [
+        pos for b in batches for pos in b.positions]
