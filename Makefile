@@ -49,7 +49,7 @@ $(VERL_STAMP): pyproject.toml $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,hf,trl]'
+	$(PY) -m pip install --quiet -e '.[dev,hf,trl,export]'
 	touch $(STAMP)
 
 # Resolve the pinned Apache Kafka jars from Maven Central into ~/.cache/rollstream (once).

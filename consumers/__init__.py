@@ -6,8 +6,8 @@
   exactly what it took (`_commit.py`, `_manifests.py`, `_requeue.py`), works out where the group stands after
   a start or a seek and takes the same batch again after a crash (`_resume.py`, `_ledger.py`) and tells the
   producers where it is (`_position.py`). `Batch` is one step (with `to_tensors`).
-- **Forensics** (`rollstream.consumers.forensics`): `audit`, `audit_epochs`, `replay_*`, `status`: read
-  back what happened, never taking or committing.
+- **Forensics** (`rollstream.consumers.forensics`): `audit`, `audit_epochs`, `replay_*`, `export_*`,
+  `write_report`, `status`: read back what happened, never taking or committing.
 - **Trainer adapters**: `rollstream.consumers.slime` (slime's `--rollout-function-path` and
   `--data-source-path`), `rollstream.consumers.trl` (TRL's AsyncGRPOTrainer rollout worker); what they share
   (settings readers, the group-size filter, the per-step metrics) is `_adapters.py`.
@@ -31,11 +31,15 @@ from rollstream.consumers.forensics import (
     AuditReport,
     Diagnosis,
     EpochAuditReport,
+    ExportSummary,
     ReplayedRecord,
     ReplayedStep,
+    ReportSummary,
     StatusReport,
     audit,
     audit_epochs,
+    export_range,
+    export_steps,
     group_to_json,
     parse_time,
     replay_range,
@@ -43,6 +47,7 @@ from rollstream.consumers.forensics import (
     replay_step,
     since_bounds,
     status,
+    write_report,
 )
 
 __all__ = [
@@ -51,7 +56,7 @@ __all__ = [
     "GroupConflictError", "GroupFilter", "RolloutConsumer", "TakeTimeout", "TensorBatch", "all_rewards_equal",
     "default_filters", "failed_group", "grpo_advantages", "reward_missing", "stale",
     # forensics (rollstream.consumers.forensics)
-    "AuditReport", "Diagnosis", "EpochAuditReport", "ReplayedRecord", "ReplayedStep", "StatusReport", "audit",
-    "audit_epochs", "group_to_json", "parse_time", "replay_range", "replay_since", "replay_step", "since_bounds",
-    "status",
+    "AuditReport", "Diagnosis", "EpochAuditReport", "ExportSummary", "ReplayedRecord", "ReplayedStep",
+    "ReportSummary", "StatusReport", "audit", "audit_epochs", "export_range", "export_steps", "group_to_json",
+    "parse_time", "replay_range", "replay_since", "replay_step", "since_bounds", "status", "write_report",
 ]

@@ -30,6 +30,7 @@ from rollstream.infra.kafka_io import (
     partitions_of,
     position_of,
     produce_and_wait,
+    read_assigned,
     read_ranges,
     reader,
     require_topics,
@@ -58,6 +59,6 @@ __all__ = [
     "describe_topic_configs", "is_record", "kafka_error", "missing_topic_error", "not_authorized_error", "open_admin",
     "open_consumer",
     "open_producer", "partitions_of", "plan_acls", "position_key", "position_of", "produce_and_wait",
-    "publish_position", "read_ranges", "reader",
+    "publish_position", "read_assigned", "read_ranges", "reader",
     "require_topics", "sized_to_topic", "watermarks",
 ]

@@ -278,19 +278,29 @@ def read_ranges(config: KafkaConfig, topic: str, bounds: Mapping[int, tuple[int,
         KafkaIOError: a read failed; or (retriable) `timeout` s passed without progress.
     """
     with reader(config, group_id) as consumer:
-        todo: dict[int, tuple[int, int]] = {}
-        for p, (start, end) in bounds.items():
-            low, high = watermarks(consumer, topic, p, timeout=timeout)
-            if start < low:
-                log.warning("%s[%d]: offsets [%d, %d) were deleted (retention); starting at %d",
-                            topic, p, start, low, low)
-            start, end = max(start, low), min(end, high)
-            if start < end:
-                todo[p] = (start, end)
-        if not todo:
-            return
-        consumer.assign([TopicPartition(topic, p, start) for p, (start, _) in todo.items()])
-        yield from _drain(consumer, topic, todo, timeout, progress)
+        yield from read_assigned(consumer, topic, bounds, timeout=timeout, progress=progress)
+
+
+def read_assigned(consumer: Consumer, topic: str, bounds: Mapping[int, tuple[int, int]], *, timeout: float = 30.0,
+                  progress: Callable[[int], None] | None = None) -> Iterator[Message]:
+    """`read_ranges` with a `reader` the caller holds: many reads, one client (a read assigns its ranges,
+    replacing the last read's). Not thread-safe (the consumer is the caller's). Blocks and raises as
+    `read_ranges`."""
+    todo: dict[int, tuple[int, int]] = {}
+    for p, (start, end) in bounds.items():
+        low, high = watermarks(consumer, topic, p, timeout=timeout)
+        if start < low:
+            log.warning("%s[%d]: offsets [%d, %d) were deleted (retention); starting at %d",
+                        topic, p, start, low, low)
+        start, end = max(start, low), min(end, high)
+        if start < end:
+            todo[p] = (start, end)
+    if not todo:
+        return
+    assignment = [TopicPartition(topic, p, start) for p, (start, _) in todo.items()]
+    consumer.assign(assignment)
+    consumer.resume(assignment)  # a partition an earlier read finished was paused
+    yield from _drain(consumer, topic, todo, timeout, progress)
 
 
 def _drain(consumer: Consumer, topic: str, todo: dict[int, tuple[int, int]], timeout: float,

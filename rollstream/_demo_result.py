@@ -44,6 +44,8 @@ class DemoResult:
     steps_path: Path
     summary_path: Path
     problems: tuple[str, ...] = field(default=())
+    report_path: Path | None = None  # the HTML report of every step (None: not written, see problems)
+    export_path: Path | None = None  # every step as Parquet (None: not written, see problems)
 
     @property
     def ok(self) -> bool:
@@ -149,6 +151,8 @@ def write_summary(result: DemoResult) -> None:
         "audit": {"ok": result.audit_ok, "summary": result.audit_message, "counts": dict(result.audit_counts)},
         "producers": [{**asdict(p), "log_path": str(p.log_path)} for p in result.producers],
         "plot": str(result.plot_path), "steps_file": str(result.steps_path),
+        "report": None if result.report_path is None else str(result.report_path),
+        "export": None if result.export_path is None else str(result.export_path),
     }
     result.summary_path.write_text(json.dumps(summary, indent=2) + "\n")
 
@@ -163,6 +167,8 @@ def summary_lines(result: DemoResult) -> list[str]:
         f"replay of step {result.replay_step}: {result.replay_message}",
         f"audit: {result.audit_message}",
         f"plot: {result.plot_path}",
+        f"report (open in a browser): {result.report_path or 'not written'}",
+        f"every step as Parquet: {result.export_path or 'not written'}",
         f"steps: {result.steps_path}",
         f"producer logs: {', '.join(str(p) for p in result.producer_logs)}",
         f"namespace {result.namespace}, trainer group {result.group_id}, broker {result.bootstrap}",

@@ -13,7 +13,8 @@
    ``<out>/weights/v<k>``, announces version k on NS.control, and only then commits the step, so a crash
    anywhere before the commit gets the same groups again.
 5. At the end: stop the producers, replay one step and check it is byte for byte the batch the trainer
-   took, run the audit, write ``<out>/steps.jsonl``, ``<out>/demo.png`` and ``<out>/summary.json``.
+   took, run the audit, write ``<out>/steps.jsonl``, ``<out>/demo.png``, ``<out>/report.html`` (`rollstream
+   report` of every step), ``<out>/steps.parquet`` (`rollstream export` of every step) and ``<out>/summary.json``.
 
 Everything started is stopped when `run_demo` returns or raises (Ctrl-C included).
 """
@@ -35,10 +36,11 @@ from rollstream._demo_result import DemoResult, TakenStep, fingerprint, replay_m
 from rollstream._demo_services import DemoError, LocalBroker, ProducerExit, ProducerFleet, ProducerSpec
 from rollstream.consumers import Batch, RolloutConsumer, TakeTimeout, audit, default_filters
 from rollstream.consumers.filters import reason_label, staleness_of
+from rollstream.consumers.forensics import export_steps, write_report
 from rollstream.demo_task import DEMO_RECIPE, PAD_ID, build_demo_model, make_prompts, write_prompts
 from rollstream.infra import BOOTSTRAP_ENV, KafkaConfig, PolicyAnnouncer, TopicNames, TopicPlan, create_topics
 from rollstream.producers import load_prompts
-from rollstream.schemas import PolicyVersion, write_policy_version
+from rollstream.schemas import PolicyVersion, RollstreamError, write_policy_version
 
 log = logging.getLogger(__name__)
 TRAINER_GROUP = "demo-trainer"
@@ -291,15 +293,36 @@ def _finish(setup: _Setup, rows: list[StepRow], taken: TakenStep | None, exits: 
                  for e in exits if not e.ok]
     title = f"rollstream demo: {len(rows)} steps, {o.producers} producers, {o.groups_per_step} groups/step"
     plot = write_plot(rows, o.out / "demo.png", title=title, max_staleness=o.max_staleness)
+    page, table = _look_back(setup, problems)
     result = DemoResult(rows=tuple(rows), namespace=setup.names.namespace, group_id=TRAINER_GROUP,
                         bootstrap=setup.bootstrap, wall_s=wall_s, train_s=train_s, window=o.window,
                         replay_step=o.replay_at, replay_ok=replay_ok, replay_message=replay_message,
                         audit_ok=report.ok, audit_message=" / ".join(report.summary().splitlines()),
                         audit_counts=report.counts,
                         producers=exits, plot_path=plot, steps_path=o.out / "steps.jsonl",
-                        summary_path=o.out / "summary.json", problems=tuple(problems))
+                        summary_path=o.out / "summary.json", problems=tuple(problems), report_path=page,
+                        export_path=table)
     write_summary(result)
     return result
+
+
+def _look_back(setup: _Setup, problems: list[str]) -> tuple[Path | None, Path | None]:
+    """Write ``report.html`` (every step; the first, replayed and last in full, tokens as text) and
+    ``steps.parquet`` (every step, one row per sample) beside the plot, as `rollstream report` and
+    `rollstream export` do. Blocks for seconds. A failure is a problem of the run, not an exception."""
+    o, group, namespace = setup.options, TRAINER_GROUP, setup.names.namespace
+    report = export = None
+    try:
+        from rollstream.producers.engines._tokenize import load_tokenizer
+
+        tokenizer = load_tokenizer(setup.base_model)
+        report = write_report(setup.config, namespace, group, None, None, o.out / "report.html",
+                              detail=(0, o.replay_at, o.steps - 1),
+                              token_text=lambda ids: [tokenizer.decode([i]) for i in ids]).path
+        export = export_steps(setup.config, namespace, group, None, None, o.out / "steps.parquet").path
+    except (RollstreamError, OSError) as exc:  # pyarrow missing, a read failed: the run itself is fine
+        problems.append(f"{'export' if report else 'report'}: {exc}")
+    return report, export
 
 
 @contextlib.contextmanager

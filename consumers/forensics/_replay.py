@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from confluent_kafka import KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from rollstream.consumers._batch import Batch
 from rollstream.consumers._gather import key_text
 from rollstream.consumers._ledger import StepLedger
@@ -70,7 +70,8 @@ class ReplayedStep:
                      created_at_ms=m.created_at_ms)
 
 
-def _record(msg: Message) -> ReplayedRecord:
+def record_of(msg: Message) -> ReplayedRecord:
+    """A fetched record of NS.rollouts as a `ReplayedRecord` (decoded, or with its decode error)."""
     value = msg.value() or b""
     partition, offset = position_of(msg)
     try:
@@ -90,7 +91,7 @@ def replay_range(config: KafkaConfig, namespace: str, bounds: Mapping[int, tuple
     """
     topic = TopicNames(namespace).rollouts
     for msg in read_ranges(config, topic, bounds, group_id="rollstream-replay", timeout=timeout, progress=progress):
-        yield _record(msg)
+        yield record_of(msg)
 
 
 def since_bounds(config: KafkaConfig, namespace: str, since_ms: int, *, timeout: float = 30.0
@@ -99,16 +100,25 @@ def since_bounds(config: KafkaConfig, namespace: str, since_ms: int, *, timeout:
     topic = TopicNames(namespace).rollouts
     with reader(config, "rollstream-replay") as consumer:
         partitions = partitions_of(consumer, topic, timeout=timeout)
-        try:
-            wanted = [TopicPartition(topic, p, since_ms) for p in partitions]
-            found = consumer.offsets_for_times(wanted, timeout=timeout)
-        except KafkaException as exc:
-            raise kafka_error(f"cannot look up offsets by time on {topic}", exc, topic=topic) from exc
-        bounds = {}
-        for tp in found:
-            end = watermarks(consumer, topic, tp.partition, timeout=timeout)[1]
-            bounds[tp.partition] = (tp.offset if tp.offset >= 0 else end, end)
-    return bounds
+        ends = {p: watermarks(consumer, topic, p, timeout=timeout)[1] for p in partitions}
+        found = offsets_at(consumer, topic, ends, since_ms, timeout=timeout)
+    return {p: (found[p], ends[p]) for p in partitions}
+
+
+def offsets_at(consumer: Consumer, topic: str, ends: Mapping[int, int], at_ms: int, *, timeout: float = 30.0
+               ) -> dict[int, int]:
+    """Per partition of `ends`, the first offset whose record's timestamp is at or after `at_ms` (its end in
+    `ends` when there is none): the records before it were published before `at_ms`, as far as the records'
+    timestamps (the producers' clocks) tell. One broker round trip; blocks up to `timeout` s.
+
+    Raises:
+        KafkaIOError: the lookup failed.
+    """
+    try:
+        found = consumer.offsets_for_times([TopicPartition(topic, p, at_ms) for p in ends], timeout=timeout)
+    except KafkaException as exc:
+        raise kafka_error(f"cannot look up offsets by time on {topic}", exc, topic=topic) from exc
+    return {tp.partition: tp.offset if tp.offset >= 0 else ends[tp.partition] for tp in found}
 
 
 def replay_since(config: KafkaConfig, namespace: str, since_ms: int, *, timeout: float = 30.0,
@@ -118,6 +128,21 @@ def replay_since(config: KafkaConfig, namespace: str, since_ms: int, *, timeout:
                         timeout=timeout, progress=progress)
 
 
+def effective_manifests(config: KafkaConfig, namespace: str, consumer_group: str, *, timeout: float = 30.0
+                        ) -> list[StepManifest]:
+    """The group's step manifests that count (the rules of `rollstream.consumers._ledger`), in log order
+    (also step order: a manifest supersedes every earlier one of its step or a higher one).
+    Reads all of NS.steps; blocks until read. Commits nothing.
+
+    Raises:
+        KafkaIOError: NS.steps does not exist, or the broker did not answer in time.
+    """
+    ledger = StepLedger(keep_manifests=True)
+    for m in read_manifests(config, TopicNames(namespace).steps, consumer_group, timeout=timeout):
+        ledger.add(m)
+    return ledger.effective()
+
+
 def find_step(config: KafkaConfig, namespace: str, consumer_group: str, step: int, *, timeout: float = 30.0
               ) -> StepManifest:
     """The manifest of `step` that counts (the latest one not superseded; see `rollstream.consumers._ledger`).
@@ -125,13 +150,11 @@ def find_step(config: KafkaConfig, namespace: str, consumer_group: str, step: in
     Raises:
         RollstreamError: the group has no such step.
     """
-    ledger = StepLedger(keep_manifests=True)
-    for m in read_manifests(config, TopicNames(namespace).steps, consumer_group, timeout=timeout):
-        ledger.add(m)
-    for m in ledger.effective():
+    effective = effective_manifests(config, namespace, consumer_group, timeout=timeout)
+    for m in effective:
         if m.step == step:
             return m
-    steps = [m.step for m in ledger.effective()]
+    steps = [m.step for m in effective]
     known = f"steps {steps[0]}..{steps[-1]}" if steps else "no steps"
     raise RollstreamError(f"group {consumer_group} in namespace {namespace} has no step {step} ({known}); "
                           "check --group and --namespace")
@@ -165,7 +188,7 @@ def read_taken(config: KafkaConfig, manifest: StepManifest, *, timeout: float = 
     for msg in read_ranges(config, manifest.topic, bounds, group_id=manifest.consumer_group, timeout=timeout,
                            progress=progress):
         if position_of(msg) in wanted:
-            found[position_of(msg)] = _record(msg)
+            found[position_of(msg)] = record_of(msg)
     records = []
     for position, group_id in wanted.items():
         record = found.get(position)

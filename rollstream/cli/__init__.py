@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from confluent_kafka import KafkaException
 
-from rollstream.cli import _acls, _broker, _consume, _demo, _produce, _prompts, _status, _topics
+from rollstream.cli import _acls, _broker, _consume, _demo, _inspect, _produce, _prompts, _status, _topics
 from rollstream.cli._common import setup_logging
 from rollstream.infra import kafka_error
 from rollstream.schemas import RollstreamError
@@ -36,7 +36,7 @@ def _root(verbose: Annotated[int, typer.Option("--verbose", "-v", count=True,
 def _register() -> None:
     app.add_typer(_broker.app, name="broker")
     app.add_typer(_topics.app, name="topics")
-    for module in (_prompts, _produce, _consume, _status, _demo, _acls):
+    for module in (_prompts, _produce, _consume, _inspect, _status, _demo, _acls):
         module.register(app)
 
 

@@ -201,14 +201,15 @@ def _range_bounds(start: str, end: str | None) -> dict[int, tuple[int, int]]:
 
 
 @contextlib.contextmanager
-def _progress(total: int | None) -> Iterator[Any]:
+def _progress(total: int | None, label: str = "replay") -> Iterator[Any]:
+    """A progress bar on stderr (records read), hidden for fewer than a few hundred records."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     disabled = total is not None and total < _PROGRESS_MIN_RECORDS
-    with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=Console(stderr=True), transient=True, disable=disabled) as bar:
-        task = bar.add_task("replay", total=total)
+        task = bar.add_task(label, total=total)
         yield lambda advanced: bar.advance(task, advanced)
 
 

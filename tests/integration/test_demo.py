@@ -4,7 +4,7 @@ Pinned: it exits 0; it writes a PNG plot, one steps.jsonl line per step (a new p
 step) and a summary whose replay check and audit passed, with 0 duplicate groups (producers starting
 together move partitions while prompts are in flight: intake drains them, nothing is generated twice);
 every producer it started was stopped by it and exited 0, and none is left running; old weight versions
-are pruned.
+are pruned; it writes report.html (the replayed step in full) and steps.parquet (every taken group).
 """
 
 from __future__ import annotations
@@ -65,6 +65,15 @@ def test_short_demo_trains_replays_audits_and_cleans_up(bootstrap_servers: str, 
     assert all(p["stopped_by_demo"] and p["returncode"] == 0 for p in producers), producers
     assert not [p["pid"] for p in producers if alive(p["pid"])]
     assert all(Path(p["log_path"]).exists() for p in producers)
+
+    # the run written for a person to look at: the report page and every step as Parquet
+    assert summary["report"] == str(out / "report.html") and summary["export"] == str(out / "steps.parquet")
+    page = (out / "report.html").read_text()
+    assert 'id="chart-reward"' in page and f'"{STEPS // 2}":' in page  # the replayed step is shown in full
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pq.read_table(out / "steps.parquet", columns=["step", "disposition", "group_id"]).to_pylist()
+    taken = {(r["step"], r["group_id"]) for r in table if r["disposition"] == "taken"}
+    assert len(taken) == STEPS * GROUPS_PER_STEP and {s for s, _ in taken} == set(range(STEPS))
 
     kept = sorted(int(p.name[1:]) for p in (out / "weights").iterdir() if p.name[1:].isdigit())
     assert kept == [0, *range(STEPS - 7, STEPS + 1)]  # the base model and the newest 8 versions

@@ -4,9 +4,9 @@ Pinned here:
 - an unauthenticated client and a wrong password are refused with a one-line message that says so
   (never "cannot reach Kafka ... start one");
 - the whole path works with credentials: topics (admin), `rollstream acls --apply`, prompts (admin),
-  produce (producer principal), take / restart / audit / replay (trainer principal);
+  produce (producer principal), take / restart / audit / replay / export / report (trainer principal);
 - the ACLs printed by `rollstream acls` are enough: a least-privilege trainer needs no group but its own
-  (internal readers of manifests and replays use no group of their own);
+  (internal readers of manifests, replays, exports and reports use no group of their own);
 - a producer principal cannot read NS.rollouts nor commit for the trainer's group, and an ACL denial says
   "not authorized" with the topic or group, never "does not exist".
 
@@ -15,6 +15,7 @@ The module starts its own broker (``broker start --sasl`` through the library) o
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import uuid
 from collections.abc import Iterator
@@ -135,6 +136,13 @@ def test_least_privilege_roles_end_to_end(sasl_broker: tuple[str, dict[str, Path
                        "--kafka-config", trainer)
     assert replayed.returncode == 0, replayed.stderr
     assert [json.loads(line)["group_id"] for line in replayed.stdout.splitlines()] == [g.group_id for g in first.groups]
+    if importlib.util.find_spec("pyarrow") is not None:  # export and report read as replay --step does
+        exported = run_cli(bootstrap, "export", "--step", str(first.step), "--namespace", ns, "--group", group,
+                           "--kafka-config", trainer, "--out", str(tmp_path / "step.parquet"))
+        assert exported.returncode == 0 and (tmp_path / "step.parquet").exists(), exported.stderr
+    reported = run_cli(bootstrap, "report", "--namespace", ns, "--group", group, "--kafka-config", trainer,
+                       "--out", str(tmp_path / "run.html"))
+    assert reported.returncode == 0 and (tmp_path / "run.html").exists(), reported.stderr
 
     _producer_is_denied(bootstrap, files, ns, group)
 
