@@ -44,10 +44,10 @@ from rollstream.consumers._gather import Gathering
 from rollstream.consumers._ledger import DEFAULT_DEDUPE_WINDOW, DedupeWindow, StepLedger
 from rollstream.consumers._metrics import ConsumerMetrics
 from rollstream.consumers._position import PositionPublisher
+from rollstream.consumers._progress import Progress
 from rollstream.consumers._resume import Restart, Standing
 from rollstream.consumers.filters import GroupFilter, default_filters
-from rollstream.consumers.forensics._diagnose import TimeoutDiagnoser
-from rollstream.consumers.forensics._status_report import Diagnosis
+from rollstream.consumers.forensics._diagnose import TakeTimeouts
 from rollstream.infra import (
     DEFAULT_TRAINER_GROUP,
     REACH_TIMEOUT_S,
@@ -61,7 +61,7 @@ from rollstream.infra import (
     require_topics,
     sized_to_topic,
 )
-from rollstream.schemas import ConfigError, LifecycleError, OffsetDisposition, RollstreamError, now_ms
+from rollstream.schemas import ConfigError, LifecycleError, RollstreamError, now_ms
 
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`rollstream.consumers.DEFAULT_GROUP`)
@@ -123,8 +123,8 @@ class RolloutConsumer:
         self.requeue = requeue
         self.metrics = metrics if isinstance(metrics, ConsumerMetrics) else ConsumerMetrics(metrics)
         self._timeout = timeout
-        # replaced by the one a start or seek_to_step reads
-        self._ledger = StepLedger(dedupe_epochs=dedupe_epochs, window=dedupe_window)
+        # Position, step numbers, uncommitted batches; its ledger is replaced by the one a start or seek_to_step reads.
+        self._progress = Progress(StepLedger(dedupe_epochs=dedupe_epochs, window=dedupe_window))
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
         self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout, run=announcer)
         self._restart = Restart(self.names, group_id, manifests=manifests, dedupe_epochs=dedupe_epochs,
@@ -136,12 +136,7 @@ class RolloutConsumer:
         self._positions = PositionPublisher(self.names, group_id)
         self._closed = False
         self._fetched = Fetched(self._client, self._committer)
-        self._position: dict[int, int] = {}
-        self._pending: list[Batch] = []
-        self._next_step = 0
-        self._last_committed_step: int | None = None
-        self._diagnoser: TimeoutDiagnoser | None = None  # created at the first TakeTimeout (`_diagnose`)
-        self._last_poll: tuple[tuple[OffsetDisposition, ...], int] = ((), 0)  # for `timeout_error`
+        self._timeouts = TakeTimeouts(self.names)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -160,14 +155,13 @@ class RolloutConsumer:
         if self._closed:
             return
         self._closed = True
-        if self._pending:
+        if pending := self._progress.pending:
             log.warning("closing %s with %d uncommitted step(s) %s: their groups will be taken again",
-                        self.group_id, len(self._pending), [b.step for b in self._pending])
+                        self.group_id, len(pending), [b.step for b in pending])
         self._client.close()
         self._committer.close()
         self._positions.close()
-        if self._diagnoser is not None:
-            self._diagnoser.close()
+        self._timeouts.close()
 
     def _start(self) -> None:
         if self._closed:
@@ -182,20 +176,18 @@ class RolloutConsumer:
         try:
             standing, committed = self._restart.at_start(self.config, consumer)
             self._stand(standing)
-            self._client.use(consumer, self._position)
+            self._client.use(consumer, self._progress.position)
         except BaseException:
             close_quietly(consumer.close, f"trainer-{self.group_id}", wait_s=CLOSE_TIMEOUT_S)  # bounded (Ctrl-C)
             raise
         self._committer.start(self.config, consumer, committed, standing.index)
         self._positions.start(self.config, timeout=min(self._timeout, REACH_TIMEOUT_S))
         log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
-                 self._position, self._next_step)
+                 self._progress.position, self._progress.next_step)
 
     def _stand(self, standing: Standing) -> None:
         """Install where the group stands after a start or `seek_to_step` (`rollstream.consumers._resume`)."""
-        self._position.update(standing.position)
-        self._ledger = standing.ledger
-        self._next_step = standing.next_step
+        self._progress.stand(standing)
         self._restart.redo(standing)
 
     # -- taking ----------------------------------------------------------------------------------
@@ -267,8 +259,8 @@ class RolloutConsumer:
         Blocks up to a quarter of `timeout` and at most 5 s (the cluster read, at most every 30 s, as for
         `take`). Commits nothing. Never raises. Not thread-safe.
         """
-        seen, gathered = self._last_poll
-        return TakeTimeout(n, gathered, timeout, self._diagnose(seen, timeout))
+        return self._timeouts.last_poll(self.config, n, timeout, max_staleness=self.max_staleness,
+                                        policy_version=self.policy_version)
 
     def _take(self, n: int, timeout: float | None, commit: bool, policy_version: int | None, *,
               raising: bool) -> Batch | None:
@@ -287,54 +279,52 @@ class RolloutConsumer:
                 return None
             batch = self._finish(gathering)
             self._observe(batch, gathering.taken_bytes, time.monotonic() - started)
-        self._last_poll = ((), 0)
+        self._timeouts.polled()
         if commit:
             self.commit(batch)
         elif self.manifests:
             self._committer.retrying(lambda t: self._committer.record(batch, timeout=t), replacement=self._replacement)
             for r in batch.requeues:  # published: the same attempt is not requeued again
-                self._ledger.note_requeued(r.group_id, r.attempt, r.partition, r.offset)
+                self._progress.ledger.note_requeued(r.group_id, r.attempt, r.partition, r.offset)
         return batch
 
     def _gather(self, n: int, started: float, timeout: float | None, *, raising: bool) -> Gathering | None:
         """n groups gathered, or (timed out) everything put back and TakeTimeout raised, or None."""
         deadline = None if timeout is None else started + timeout
         run = self._committer.run.run if self._committer.run is not None else None
-        gathering = Gathering(self.names.rollouts, self.group_id, self.filters, self._ledger, self.dedupe,
+        gathering = Gathering(self.names.rollouts, self.group_id, self.filters, self._progress.ledger, self.dedupe,
                               self.policy_version, self.max_staleness, self.requeue, run)
         if self._fetched.gather(gathering, n, deadline):
             return gathering
         if raising:
-            raise TakeTimeout(n, gathering.accepted, timeout or 0.0, self._diagnose(gathering.dispositions, timeout))
-        self._last_poll = (tuple(gathering.dispositions), gathering.accepted)
+            raise self._timeouts.error(self.config, n, gathering.accepted, timeout, gathering.dispositions,
+                                       max_staleness=self.max_staleness, policy_version=self.policy_version)
+        self._timeouts.polled(gathering.dispositions, gathering.accepted)
         return None
 
     def _finish(self, gathering: Gathering) -> Batch:
-        for e in gathering.entries:
-            self._position[e.partition] = e.offset + 1
-        batch = Batch(step=self._next_step, groups=tuple(gathering.groups), positions=tuple(gathering.positions),
-                      ranges=gathering.ranges(), dispositions=tuple(gathering.dispositions),
-                      offsets=dict(self._position), consumer_group=self.group_id, topic=self.names.rollouts,
-                      policy_version=self.policy_version, created_at_ms=now_ms(),
+        offsets = dict(self._progress.position)
+        offsets.update({e.partition: e.offset + 1 for e in gathering.entries})
+        batch = Batch(step=self._progress.next_step, groups=tuple(gathering.groups),
+                      positions=tuple(gathering.positions), ranges=gathering.ranges(),
+                      dispositions=tuple(gathering.dispositions), offsets=offsets, consumer_group=self.group_id,
+                      topic=self.names.rollouts, policy_version=self.policy_version, created_at_ms=now_ms(),
                       requeues=tuple(unpublished(gathering)))  # the rest went out while it waited
-        self._next_step += 1
-        self._pending.append(batch)  # its group ids stay held in the ledger until it is committed
+        self._progress.hand_over(batch)  # its group ids stay held in the ledger until it is committed
         return batch
 
     def _take_recorded(self, n: int) -> Batch | None:
         """The next recorded step again, as the same batch (`Restart.take_again`); None (and no more redo) when
         it took other than `n` groups or its records cannot be read back."""
         started = time.monotonic()
-        again = self._restart.take_again(self.config, n, self._position)
+        again = self._restart.take_again(self.config, n, self._progress.position)
         if again is None:
             return None
         batch, taken_bytes = again
-        self._position.update(batch.offsets)
+        self._progress.ledger.hold(batch.group_ids)
+        self._progress.hand_over(batch)
         self._fetched.clear()
-        self._client.use(self._client.current(), self._position)
-        self._ledger.hold(batch.group_ids)
-        self._next_step = max(self._next_step, batch.step + 1)
-        self._pending.append(batch)
+        self._client.use(self._client.current(), self._progress.position)
         self._observe(batch, taken_bytes, time.monotonic() - started)
         return batch
 
@@ -350,7 +340,7 @@ class RolloutConsumer:
         """Records on NS.rollouts after this consumer's position (uncommitted batches count as taken),
         from the end offsets librdkafka saw on its last fetch: no network call, does not block. 0 before
         the consumer has started. Not thread-safe. For the group's committed lag, see `lag`."""
-        return self._client.records_after(self._position)
+        return self._client.records_after(self._progress.position)
 
     # -- committing ------------------------------------------------------------------------------
 
@@ -375,21 +365,13 @@ class RolloutConsumer:
             RunSupersededError: a newer trainer run began (with ``announcer``); the offsets were not committed.
             RollstreamError: `batch` was not taken by this consumer, or was dropped by `seek_to`.
         """
-        index = next((i for i, b in enumerate(self._pending) if b is batch), None)
-        if index is None:
-            if self._is_committed(batch):
-                return
-            raise RollstreamError(f"step {batch.step} is not an uncommitted batch of this consumer "
-                                  "(taken by another consumer, or dropped by seek_to)")
-        batches = self._pending[:index + 1]
+        batches = self._progress.through(batch, self.group_id)
+        if not batches:
+            return  # committed already
         offsets, manifests = self._committer.commit_retrying(batches, replacement=self._replacement)
-        for m, b in zip(manifests, batches, strict=True):
-            self._ledger.add(m)
-            self._ledger.release(b.group_ids)  # now taken in an effective step
-        self._pending = self._pending[index + 1:]
-        self._last_committed_step = batch.step
+        self._progress.committed(batches, manifests)
         self.metrics.steps_committed.inc(len(batches))
-        self.metrics.dedupe_ids.set(self._ledger.remembered)
+        self.metrics.dedupe_ids.set(self._progress.ledger.remembered)
         self._publish_position(batch.step)
         log.info("step %d committed: group %s offsets %s", batch.step, self.group_id, offsets)
 
@@ -404,7 +386,7 @@ class RolloutConsumer:
         """Install `fresh` at this consumer's position and return the client it replaces (`self._replacement`).
         Records fetched and not looked at are dropped from the buffer and fetched again, in order: none
         skipped, none twice."""
-        stale = self._client.swap(fresh, self._position)
+        stale = self._client.swap(fresh, self._progress.position)
         self._committer.use(fresh)
         self._fetched.clear()
         return stale
@@ -412,11 +394,7 @@ class RolloutConsumer:
     def _client_replaced(self, cause: object) -> None:
         self.metrics.client_replacements.inc()
         log.warning("group %s: replaced the Kafka client after %d failed commit attempts in a row (last: %s); "
-                    "continuing at offsets %s", self.group_id, FRESH_CLIENT_AFTER, cause, self._position)
-
-    def _is_committed(self, batch: Batch) -> bool:
-        last = self._last_committed_step
-        return batch.consumer_group == self.group_id and last is not None and batch.step <= last
+                    "continuing at offsets %s", self.group_id, FRESH_CLIENT_AFTER, cause, self._progress.position)
 
     # -- position, checkpoints, lag --------------------------------------------------------------
 
@@ -427,17 +405,17 @@ class RolloutConsumer:
         (or `Batch.offsets`, the same after that batch) and restore it with `seek_to`.
         """
         self._start()
-        return dict(self._position)
+        return dict(self._progress.position)
 
     @property
     def next_step(self) -> int:
         """The step number the next take will get (read after the consumer has started)."""
         self._start()
-        return self._next_step
+        return self._progress.next_step
 
     def pending(self) -> list[Batch]:
         """Batches taken with ``commit=False`` and not committed yet, oldest first."""
-        return list(self._pending)
+        return list(self._progress.pending)
 
     def buffered(self) -> int:
         """Records fetched into this process and not looked at yet (they come first next take)."""
@@ -458,29 +436,23 @@ class RolloutConsumer:
                 seek beyond the dedupe window) what reading the manifests raises.
         """
         self._start()
+        progress = self._progress
         for p, o in offsets.items():
-            if p not in self._position or o < 0:
+            if p not in progress.position or o < 0:
                 raise RollstreamError(f"cannot seek {self.names.rollouts} partition {p} to offset {o}: the topic "
-                                      f"has partitions {sorted(self._position)} and offsets are >= 0")
-        if next_step is None and self._pending:
-            next_step = self._pending[0].step
-        self._drop_uncommitted()
-        self._position.update({int(p): int(o) for p, o in offsets.items()})
-        forgot = self._ledger.forgot_within(self._position)
-        dropped = self._ledger.rewind(self._position)
+                                      f"has partitions {sorted(progress.position)} and offsets are >= 0")
+        self._forget_uncommitted()
+        forgot, dropped = progress.seek(offsets, next_step)
         if forgot and self.manifests:  # back further than the dedupe window: what it forgot counts again
-            self._ledger = self._restart.ledger_at(self.config, self._position, self._committer.committed,
-                                                   self._committer.index)
-        if next_step is not None:
-            self._next_step = next_step
-        self._client.use(self._client.current(), self._position)
-        log.info("group %s moved to offsets %s (next step %d; forgot steps %s)", self.group_id, self._position,
-                 self._next_step, dropped)
+            progress.ledger = self._restart.ledger_at(self.config, progress.position, self._committer.committed,
+                                                      self._committer.index)
+        self._client.use(self._client.current(), progress.position)
+        log.info("group %s moved to offsets %s (next step %d; forgot steps %s)", self.group_id, progress.position,
+                 progress.next_step, dropped)
 
-    def _drop_uncommitted(self) -> None:
-        self._pending.clear()
+    def _forget_uncommitted(self) -> None:
+        """What the committer, the fetched records and the restart kept of the uncommitted batches goes."""
         self._committer.forget_recorded()
-        self._ledger.release()  # nothing is held any more: the uncommitted batches are dropped
         self._fetched.clear()
         self._restart.forget()
 
@@ -507,16 +479,17 @@ class RolloutConsumer:
         if not self.manifests:
             raise RollstreamError(f"seek_to_step({step}) needs the step manifests: create the consumer of group "
                                   f"{self.group_id} with manifests=True")
-        standing = self._restart.after_step(self.config, step, self._position, self._committer.index)
+        standing = self._restart.after_step(self.config, step, self._progress.position, self._committer.index)
         self._committer.use_index(standing.index)
         self._committer.retrying(lambda t: self._committer.rewind(standing.position, timeout=t),
                                  replacement=self._replacement)
-        self._drop_uncommitted()
+        self._forget_uncommitted()
+        self._progress.drop_uncommitted()
         self._stand(standing)
-        self._last_committed_step = step
-        self._client.use(self._client.current(), self._position)
+        self._progress.last_committed_step = step
+        self._client.use(self._client.current(), self._progress.position)
         log.info("group %s resumed after step %d at offsets %s; taking steps %s again first, as recorded",
-                 self.group_id, step, self._position, [m.step for m in standing.redo])
+                 self.group_id, step, self._progress.position, [m.step for m in standing.redo])
 
     def lag(self, timeout: float = 10.0) -> GroupLag:
         """The group's committed lag on NS.rollouts (`rollstream.infra.LagReader`). Blocks up to about `timeout` s.
@@ -526,15 +499,3 @@ class RolloutConsumer:
         """
         with LagReader(self.config) as reader:
             return reader.group_lag(self.group_id, self.names.rollouts, timeout=timeout)
-
-    def _diagnose(self, seen: Sequence[OffsetDisposition], timeout: float | None) -> Diagnosis | str:
-        """Why a take timed out, for its `TakeTimeout` (see `forensics._diagnose.TimeoutDiagnoser`: the
-        cluster is read at most every 30 s; waits at most a quarter of `timeout` and 5 s for it). Never raises."""
-        try:
-            diagnoser = self._diagnoser
-            if diagnoser is None:
-                diagnoser = self._diagnoser = TimeoutDiagnoser(self.config, self.names)
-            return diagnoser.diagnose(seen, wait_s=min(5.0, (timeout or 0.0) / 4),
-                                      max_staleness=self.max_staleness, policy_version=self.policy_version)
-        except Exception as exc:  # noqa: BLE001 - the timeout must be raised, whatever the diagnosis does
-            return f"Why: diagnosis unavailable ({type(exc).__name__}: {exc})"

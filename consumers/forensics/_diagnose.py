@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from rollstream.consumers._errors import TakeTimeout
 from rollstream.consumers.forensics._status import status
 from rollstream.consumers.forensics._status_causes import age, causes_of, seen_line, take_cause, unavailable_note
 from rollstream.consumers.forensics._status_report import Diagnosis, StatusReport
@@ -97,3 +98,44 @@ class TimeoutDiagnoser:
             self._read_at = time.monotonic()  # a failed read also waits `refresh_s`: no storm of reads
             self._reading = None
         done.set()
+
+
+class TakeTimeouts:
+    """The `TakeTimeout`s of one consumer: what its last `poll_batch` looked at (for `last_poll`) and why it
+    or a take ran out (a `TimeoutDiagnoser`, created at the first timeout). Not thread-safe (the consumer's
+    thread). `error` and `last_poll` never raise; `close` is idempotent and never blocks."""
+
+    def __init__(self, names: TopicNames) -> None:
+        self._names = names
+        self._diagnoser: TimeoutDiagnoser | None = None
+        self._last_poll: tuple[tuple[OffsetDisposition, ...], int] = ((), 0)
+
+    def polled(self, seen: Sequence[OffsetDisposition] = (), gathered: int = 0) -> None:
+        """What the last poll looked at and gathered (nothing: a poll or take that returned a batch)."""
+        self._last_poll = (tuple(seen), gathered)
+
+    def error(self, config: KafkaConfig, n: int, gathered: int, timeout: float | None,
+              seen: Sequence[OffsetDisposition], *, max_staleness: int | None,
+              policy_version: int | None) -> TakeTimeout:
+        """The timeout of a take of `n` that gathered `gathered` after looking at `seen`, diagnosed (the
+        cluster read at most every 30 s; waits at most a quarter of `timeout` and 5 s for it)."""
+        try:
+            diagnoser = self._diagnoser
+            if diagnoser is None:
+                diagnoser = self._diagnoser = TimeoutDiagnoser(config, self._names)
+            why: Diagnosis | str = diagnoser.diagnose(seen, wait_s=min(5.0, (timeout or 0.0) / 4),
+                                                      max_staleness=max_staleness, policy_version=policy_version)
+        except Exception as exc:  # noqa: BLE001 - the timeout must be raised, whatever the diagnosis does
+            why = f"Why: diagnosis unavailable ({type(exc).__name__}: {exc})"
+        return TakeTimeout(n, gathered, timeout or 0.0, why)
+
+    def last_poll(self, config: KafkaConfig, n: int, timeout: float, *, max_staleness: int | None,
+                  policy_version: int | None) -> TakeTimeout:
+        """`error` for what the last poll that returned None looked at and gathered."""
+        seen, gathered = self._last_poll
+        return self.error(config, n, gathered, timeout, seen, max_staleness=max_staleness,
+                          policy_version=policy_version)
+
+    def close(self) -> None:
+        if self._diagnoser is not None:
+            self._diagnoser.close()
