@@ -5,6 +5,8 @@ bounded time, with librdkafka's own log lines captured instead of printed. Re-ex
 
 from __future__ import annotations
 
+import socket
+import ssl
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +23,8 @@ from rollstream.infra.kafka_errors import (
     kafka_error,
     missing_topic_error,
     not_authorized_error,
+    plaintext_on_tls_error,
+    tls_error,
 )
 
 _AUTH_ATTEMPT_S = 1.0  # one metadata attempt of require_topics (a SCRAM login is refused after ~0.3 s)
@@ -73,17 +77,42 @@ class _SeenLog:
             self.lines.append(f"{err.name()}: {err.str()}")
 
     def refusal(self, config: KafkaConfig) -> KafkaIOError | None:
-        """The authentication error the lines show, if any: a wrong password, or no SASL for a SASL listener."""
+        """The TLS or authentication error the lines show, if any: a failed handshake (`tls_error`), a plaintext
+        client on a TLS port, a wrong password, or no SASL for a SASL listener."""
+        failed = tls_error(config.bootstrap_servers, self.lines)
+        if failed is not None:
+            return failed
+        protocol = str(config.extra.get("security.protocol", "PLAINTEXT"))
+        closed = any("closed by peer" in line for line in self.lines)
+        if closed and not protocol.upper().endswith("SSL") and _speaks_tls(config.bootstrap_servers):
+            return plaintext_on_tls_error(config.bootstrap_servers, protocol)
         for line in self.lines:
             if "SASL authentication error" in line or line.startswith(("_AUTHENTICATION", "SASL_AUTHENTICATION")):
                 return authentication_error(config.bootstrap_servers, line[line.find("SASL"):].strip())
-        if "sasl.mechanism" not in config.extra and any("closed by peer" in line for line in self.lines):
+        if "sasl.mechanism" not in config.extra and closed:
             # The broker accepted the connection, then closed it at the first request: it expects a handshake
             # this client did not do (a SASL or SSL listener, PLAINTEXT client).
             return KafkaIOError(f"Kafka at {config.bootstrap_servers} closed every connection at once: it likely "
                                 "requires authentication; set security.protocol and sasl.mechanism / "
                                 "sasl.username / sasl.password in a --kafka-config file", code="_AUTHENTICATION")
         return None
+
+
+def _speaks_tls(bootstrap: str) -> bool:
+    """Whether the first bootstrap address completes a TLS handshake (certificate not checked: only "is it TLS").
+
+    Blocks up to ~1 s; False when it cannot tell.
+    """
+    first = bootstrap.split(",")[0].strip().split("://")[-1]
+    host, _, port = first.rpartition(":")
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # noqa: S323 - a probe, no data sent
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0) as sock, \
+                context.wrap_socket(sock, server_hostname=host.strip("[]")):
+            return True
+    except (OSError, ValueError):  # ssl.SSLError is an OSError
+        return False
 
 
 def _list_or_refused(admin: AdminClient, seen: _SeenLog, config: KafkaConfig, timeout: float) -> ClusterMetadata:

@@ -1,0 +1,86 @@
+"""TLS without a broker: librdkafka's handshake failures map to one line naming the case and the fix; the TLS mode's
+certificates (openssl), server.properties entries and client settings are what the contract names."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from rollstream.infra.broker import BrokerSpec
+from rollstream.infra.broker._tls import client_settings, ensure_certificates, listeners, server_properties, tls_dir
+from rollstream.infra.kafka_errors import plaintext_on_tls_error, tls_error
+from rollstream.schemas import ConfigError
+
+_PREFIX = "FAIL [rollstream#producer-1] [thrd:ssl://127.0.0.1:9093/bootstrap]: ssl://127.0.0.1:9093/bootstrap: "
+LINES = {  # as librdkafka 2.x logs them (the first three seen against a real broker)
+    "wrong_ca": "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed: broker certificate "
+                "could not be verified, verify that ssl.ca.location is correctly configured or root CA certificates "
+                "are installed (install ca-certificates package) (after 6ms in state SSL_HANDSHAKE)",
+    "tls_on_plain": "SSL handshake failed: Disconnected: SSL connection closed by peer: connecting to a PLAINTEXT "
+                    "broker listener? (after 4ms in state SSL_HANDSHAKE)",
+    "no_client_cert": "Receive failed: error:0A000412:SSL routines::ssl/tls alert bad certificate: SSL alert number "
+                      "42 (after 4ms in state APIVERSION_QUERY)",
+    "expired": "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed: certificate has expired",
+    "mismatch": "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed: Hostname mismatch",
+}
+
+
+@pytest.mark.parametrize(("case", "says", "fix"), [
+    ("wrong_ca", "not signed by a CA this client trusts", "ssl.ca.location"),
+    ("tls_on_plain", "this client speaks TLS but the port does not", "security.protocol=PLAINTEXT"),
+    ("no_client_cert", "requires a client certificate", "ssl.certificate.location"),
+    ("expired", "certificate has expired", "restart the broker"),
+    ("mismatch", "does not name the host", "subjectAltName"),
+])
+def test_each_tls_failure_is_one_line_with_its_fix(case: str, says: str, fix: str) -> None:
+    error = tls_error("127.0.0.1:9093", ["connected", _PREFIX + LINES[case]])
+    assert error is not None and error.code == "_SSL" and not error.retriable
+    text = str(error)
+    assert "\n" not in text and "127.0.0.1:9093" in text and says in text and fix in text
+
+
+def test_other_lines_are_no_tls_error() -> None:
+    assert tls_error("b:1", ["Disconnected: connection closed by peer: receive 0 after POLLIN"]) is None
+    plain = str(plaintext_on_tls_error("b:1", "SASL_PLAINTEXT"))
+    assert "speaks TLS but this client does not" in plain and "security.protocol=SASL_SSL" in plain
+    assert "ssl.ca.location" in plain
+
+
+def test_mtls_needs_tls() -> None:
+    with pytest.raises(ConfigError, match="mtls=True needs tls=True"):
+        BrokerSpec(mtls=True)
+    with pytest.raises(ConfigError, match="BrokerSpec.tls"):
+        BrokerSpec(tls=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_certificates_and_settings(tmp_path: Path) -> None:
+    spec = BrokerSpec(port=19500, data_dir=tmp_path, tls=True, mtls=True)
+    ensure_certificates(spec, ("admin", "producer"))
+    out = tls_dir(tmp_path)
+    ca_before = (out / "ca.pem").read_bytes()
+    text = subprocess.run(["openssl", "x509", "-in", str(out / "broker.pem"), "-noout", "-text"], capture_output=True,
+                          text=True, check=True).stdout
+    assert "IP Address:127.0.0.1" in text and "DNS:localhost" in text  # hostname verification can pass
+    for name in ("admin", "producer"):
+        subject = subprocess.run(["openssl", "x509", "-in", str(out / f"{name}.pem"), "-noout", "-subject"],
+                                 capture_output=True, text=True, check=True).stdout
+        assert f"CN = {name}" in subject
+        verified = subprocess.run(["openssl", "verify", "-CAfile", str(out / "ca.pem"), str(out / f"{name}.pem")],
+                                  capture_output=True, text=True, check=False)
+        assert verified.returncode == 0, verified.stderr
+        assert (out / f"{name}.key").stat().st_mode & 0o077 == 0
+    ensure_certificates(spec, ("admin", "producer"))  # a restart keeps the CA the client files trust
+    assert (out / "ca.pem").read_bytes() == ca_before
+
+    props = server_properties(spec, listeners(spec, 1))
+    assert props["listener.security.protocol.map"] == "CLIENT:SSL,CONTROLLER:SSL"
+    assert props["ssl.client.auth"] == "required" and "CN=" in props["ssl.principal.mapping.rules"]
+    assert props["ssl.endpoint.identification.algorithm"] == "https" and "User:admin" in props["super.users"]
+    settings = client_settings(tmp_path, "producer", sasl=False, tls=True, mtls=True)
+    assert settings["security.protocol"] == "SSL" and settings["ssl.ca.location"] == str(out / "ca.pem")
+    assert settings["ssl.certificate.location"].endswith("producer.pem")
+    assert settings["ssl.key.location"].endswith("producer.key")
+    assert client_settings(tmp_path, "producer", sasl=False, tls=False, mtls=False) == {}
