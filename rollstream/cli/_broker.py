@@ -59,11 +59,10 @@ def start(
 
 def _print_client_configs(data_dir: Path, sasl: bool, tls: bool, mtls: bool) -> None:
     files = client_config_files(data_dir)
-    modes = [*(["SASL/SCRAM-SHA-512"] if sasl else []), *(["TLS"] if tls else []),
-             *(["client certificates (mTLS)"] if mtls else [])]
-    acls = " with ACLs" if sasl or mtls else ""
-    typer.echo(f"{' over '.join(modes[:2])}{', ' + modes[2] if len(modes) > 2 else ''}{acls}; client configs "
-               "(pass one with --kafka-config FILE):", err=True)
+    transport = "mutual TLS (a client certificate's CN is its principal)" if mtls else "TLS" if tls else ""
+    mode = " over ".join(m for m in ("SASL/SCRAM-SHA-512" if sasl else "", transport) if m)
+    typer.echo(f"{mode}{' with ACLs' if sasl or mtls else ''}; client configs (pass one with --kafka-config FILE):",
+               err=True)
     for name, path in files.items():
         role = " (super user: topics create, rollstream acls --apply)" if name == "admin" else ""
         typer.echo(f"  {name}: {path}{role}", err=True)
