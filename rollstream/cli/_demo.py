@@ -41,10 +41,13 @@ def demo(
         min=0, help="Skip groups generated more than this many policy versions ago.")] = 4,
     bootstrap_servers: BootstrapOpt = None,
     kafka_config_file: KafkaConfigOpt = None,
+    tls: Annotated[bool, typer.Option(
+        "--tls", help="Start the local broker with TLS on every listener (broker start --tls); every client "
+                      "trusts its CA. Not with --bootstrap-servers.")] = False,
 ) -> None:
     options = DemoOptions(steps=steps, out=out, producers=producers, seed=seed, keep_broker=keep_broker,
                           groups_per_step=groups_per_step, max_staleness=max_staleness,
-                          bootstrap_servers=bootstrap_servers, kafka_config_file=kafka_config_file)
+                          bootstrap_servers=bootstrap_servers, kafka_config_file=kafka_config_file, tls=tls)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM cleans up like Ctrl-C
     try:
         result = run_demo(options)

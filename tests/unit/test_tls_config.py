@@ -84,3 +84,11 @@ def test_certificates_and_settings(tmp_path: Path) -> None:
     assert settings["ssl.certificate.location"].endswith("producer.pem")
     assert settings["ssl.key.location"].endswith("producer.key")
     assert client_settings(tmp_path, "producer", sasl=False, tls=False, mtls=False) == {}
+
+
+def test_demo_tls_is_for_its_own_local_broker() -> None:
+    from rollstream.demo import DemoError, DemoOptions
+
+    assert DemoOptions(tls=True).tls
+    with pytest.raises(DemoError, match="--kafka-config"):
+        DemoOptions(tls=True, bootstrap_servers="kafka:9093")
