@@ -92,3 +92,18 @@ def test_demo_tls_is_for_its_own_local_broker() -> None:
     assert DemoOptions(tls=True).tls
     with pytest.raises(DemoError, match="--kafka-config"):
         DemoOptions(tls=True, bootstrap_servers="kafka:9093")
+
+
+def test_trainer_adapters_take_a_kafka_config_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from rollstream.consumers import slime
+    from rollstream.consumers.trl import TRLWorkerSettings
+
+    monkeypatch.delenv("ROLLSTREAM_KAFKA_CONFIG", raising=False)
+    assert slime.SlimeSettings.from_args(SimpleNamespace()).kafka_config_file is None
+    given = slime.SlimeSettings.from_args(SimpleNamespace(rollstream_kafka_config="/d/trainer.properties"))
+    assert given.kafka_config_file == "/d/trainer.properties"
+    monkeypatch.setenv("ROLLSTREAM_KAFKA_CONFIG", "/e/trainer.properties")
+    assert slime.SlimeSettings.from_args(SimpleNamespace()).kafka_config_file == "/e/trainer.properties"
+    assert TRLWorkerSettings(kafka_config_file="/d/trainer.properties").kafka_config_file == "/d/trainer.properties"
