@@ -5,14 +5,13 @@ bounded time, with librdkafka's own log lines captured instead of printed. Re-ex
 
 from __future__ import annotations
 
-import socket
-import ssl
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata
+from rollstream.infra._tls_probe import speaks_tls, verify_failure
 from rollstream.infra.clients import open_admin
 from rollstream.infra.config import BOOTSTRAP_ENV, KafkaConfig
 from rollstream.infra.kafka_errors import (
@@ -79,12 +78,16 @@ class _SeenLog:
     def refusal(self, config: KafkaConfig) -> KafkaIOError | None:
         """The TLS or authentication error the lines show, if any: a failed handshake (`tls_error`), a plaintext
         client on a TLS port, a wrong password, or no SASL for a SASL listener."""
-        failed = tls_error(config.bootstrap_servers, self.lines)
+        lines = self.lines
+        if any("certificate verify failed" in line for line in lines):  # which reason: OpenSSL's verify result
+            reason = verify_failure(config.bootstrap_servers, config.extra)
+            lines = [*lines, reason] if reason else lines
+        failed = tls_error(config.bootstrap_servers, lines)
         if failed is not None:
             return failed
         protocol = str(config.extra.get("security.protocol", "PLAINTEXT"))
         closed = any("closed by peer" in line for line in self.lines)
-        if closed and not protocol.upper().endswith("SSL") and _speaks_tls(config.bootstrap_servers):
+        if closed and not protocol.upper().endswith("SSL") and speaks_tls(config.bootstrap_servers):
             return plaintext_on_tls_error(config.bootstrap_servers, protocol)
         for line in self.lines:
             if "SASL authentication error" in line or line.startswith(("_AUTHENTICATION", "SASL_AUTHENTICATION")):
@@ -96,23 +99,6 @@ class _SeenLog:
                                 "requires authentication; set security.protocol and sasl.mechanism / "
                                 "sasl.username / sasl.password in a --kafka-config file", code="_AUTHENTICATION")
         return None
-
-
-def _speaks_tls(bootstrap: str) -> bool:
-    """Whether the first bootstrap address completes a TLS handshake (certificate not checked: only "is it TLS").
-
-    Blocks up to ~1 s; False when it cannot tell.
-    """
-    first = bootstrap.split(",")[0].strip().split("://")[-1]
-    host, _, port = first.rpartition(":")
-    context = ssl.create_default_context()
-    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # noqa: S323 - a probe, no data sent
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0) as sock, \
-                context.wrap_socket(sock, server_hostname=host.strip("[]")):
-            return True
-    except (OSError, ValueError):  # ssl.SSLError is an OSError
-        return False
 
 
 def _list_or_refused(admin: AdminClient, seen: _SeenLog, config: KafkaConfig, timeout: float) -> ClusterMetadata:

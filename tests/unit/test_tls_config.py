@@ -107,3 +107,58 @@ def test_trainer_adapters_take_a_kafka_config_file(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("ROLLSTREAM_KAFKA_CONFIG", "/e/trainer.properties")
     assert slime.SlimeSettings.from_args(SimpleNamespace()).kafka_config_file == "/e/trainer.properties"
     assert TRLWorkerSettings(kafka_config_file="/d/trainer.properties").kafka_config_file == "/d/trainer.properties"
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _serve_tls_once(cert: Path, key: Path) -> int:
+    """A one-connection TLS server on a free loopback port (the handshake may fail: that is the point)."""
+    import socket
+    import ssl
+    import threading
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            try:
+                with context.wrap_socket(conn, server_side=True):
+                    pass
+            except OSError:
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return int(listener.getsockname()[1])
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+@pytest.mark.parametrize(("days", "san", "says"), [
+    ("-1", "IP:127.0.0.1", "the broker's certificate has expired"),
+    ("1", "DNS:elsewhere.invalid", "does not name the host"),
+    ("1", "IP:127.0.0.1", None),
+])
+def test_verify_failure_tells_expired_from_mismatched(tmp_path: Path, days: str, san: str, says: str | None) -> None:
+    from rollstream.infra._tls_probe import speaks_tls, verify_failure
+
+    ca, ca_key, cert, key = (tmp_path / n for n in ("ca.pem", "ca.key", "s.pem", "s.key"))
+    _openssl("req", "-x509", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-noenc", "-keyout",
+             str(ca_key), "-out", str(ca), "-days", "2", "-subj", "/CN=test CA")
+    _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-noenc", "-keyout", str(key),
+             "-out", str(tmp_path / "s.csr"), "-subj", "/CN=s")
+    (tmp_path / "ext").write_text(f"subjectAltName={san}\n")
+    _openssl("x509", "-req", "-in", str(tmp_path / "s.csr"), "-CA", str(ca), "-CAkey", str(ca_key), "-set_serial",
+             "7", "-days", days, "-extfile", str(tmp_path / "ext"), "-out", str(cert))
+    bootstrap = f"127.0.0.1:{_serve_tls_once(cert, key)}"
+    reason = verify_failure(bootstrap, {"ssl.ca.location": str(ca)})
+    if says is None:
+        assert reason is None
+        assert speaks_tls(f"127.0.0.1:{_serve_tls_once(cert, key)}")
+        return
+    librdkafka = "SSL handshake failed: error:0A000086:SSL routines::certificate verify failed: broker certificate"
+    error = tls_error(bootstrap, [librdkafka, str(reason)])
+    assert error is not None and says in str(error)
