@@ -115,6 +115,9 @@ def start_broker(spec: BrokerSpec | None = None, *, timeout: float = 120.0) -> s
         if spec.sasl or spec.tls:
             write_client_configs(spec.data_dir, {name: client_settings(
                 spec.data_dir, name, sasl=spec.sasl, tls=spec.tls, mtls=spec.mtls) for name in PRINCIPALS})
+        else:  # a data dir once started with --tls: its client files would no longer match the listeners
+            for name in PRINCIPALS:
+                client_config_path(spec.data_dir, name).unlink(missing_ok=True)
         started = time.monotonic()
         procs: list[tuple[int, Path]] = []
         try:
