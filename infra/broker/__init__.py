@@ -110,7 +110,8 @@ def start_broker(spec: BrokerSpec | None = None, *, timeout: float = 120.0) -> s
         creds = credentials(spec.data_dir) if spec.sasl else None
         if spec.tls:
             ensure_certificates(spec, PRINCIPALS)
-        configs = [write_config(spec, node, _security(spec, node, creds)) for node in range(1, spec.nodes + 1)]
+        configs = [write_config(spec, node, security) if (security := _security(spec, node, creds))
+                   else write_config(spec, node) for node in range(1, spec.nodes + 1)]
         format_storage(java, libs, configs, cluster, deadline, format_args(creds) if creds else ())
         if spec.sasl or spec.tls:
             write_client_configs(spec.data_dir, {name: client_settings(
