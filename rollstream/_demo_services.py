@@ -147,11 +147,6 @@ class ProducerFleet:
             raise
         return self
 
-    @property
-    def client_config(self) -> Path | None:
-        """The ``--kafka-config`` file that trusts this broker's CA (``tls``), else None."""
-        return client_config_files(self.data_dir).get("admin") if self.tls else None
-
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
