@@ -142,3 +142,16 @@ def test_mutual_tls_principal_from_certificate(tmp_path_factory: pytest.TempPath
         assert "requires a client certificate" in line and "ssl.certificate.location" in line
     finally:
         stop_broker(data_dir)
+
+
+@pytest.mark.slow
+def test_demo_over_tls(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "demo"
+    # The environment's broker is ignored: --tls starts the demo's own, and every client trusts its CA.
+    done = run_cli("127.0.0.1:1", "demo", "--tls", "--steps", "2", "--groups-per-step", "2", "--out", str(out),
+                   timeout_s=240)
+    assert done.returncode == 0 and "rollstream demo passed" in done.stdout, done.stderr[-3000:]
+    assert "(TLS)" in done.stderr + done.stdout
+    assert not (out / "broker").exists()  # the broker it started was stopped and removed
