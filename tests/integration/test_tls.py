@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +33,7 @@ from rollstream.infra.broker import (
 )
 from rollstream.infra.config import read_properties
 
-from tests.integration._kafka import run_cli
+from tests.integration._kafka import REPO_ROOT, run_cli
 from tests.integration.test_security import _config, _one_line_error
 
 pytestmark = pytest.mark.integration
@@ -155,3 +156,13 @@ def test_demo_over_tls(tmp_path: Path) -> None:
     assert done.returncode == 0 and "rollstream demo passed" in done.stdout, done.stderr[-3000:]
     assert "(TLS)" in done.stderr + done.stdout
     assert not (out / "broker").exists()  # the broker it started was stopped and removed
+
+
+@pytest.mark.slow
+def test_chaos_nemesis_over_tls(tmp_path: Path) -> None:
+    report = tmp_path / "chaos-tls.md"
+    done = subprocess.run([sys.executable, "-m", "tests.chaos", "--tls", "--seconds", "20", "--seed", "7",
+                           "--take-n", "8", "--report", str(report)], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=280, check=False)
+    assert done.returncode == 0 and "chaos PASS" in done.stdout, (done.stdout + done.stderr)[-4000:]
+    assert "--tls" in report.read_text()  # the repeat command keeps the mode
