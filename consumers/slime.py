@@ -49,8 +49,9 @@ Other settings, from ``args`` attributes, else environment variables: ``rollstre
 ``ROLLSTREAM_BOOTSTRAP_SERVERS``, ``rollstream_namespace`` / ``ROLLSTREAM_NAMESPACE``, ``rollstream_group`` /
 ``ROLLSTREAM_TRAINER_GROUP``, ``rollstream_take_timeout`` / ``ROLLSTREAM_TAKE_TIMEOUT`` (seconds, default:
 wait), ``rollstream_max_staleness`` / ``ROLLSTREAM_MAX_STALENESS``, ``rollstream_dynamic_sampling`` /
-``ROLLSTREAM_DYNAMIC_SAMPLING`` (default on). Groups whose size differs from ``args.n_samples_per_prompt``
-are skipped (reason ``group_size``): slime reshapes rewards by that number.
+``ROLLSTREAM_DYNAMIC_SAMPLING`` (default on), ``rollstream_kafka_config`` / ``ROLLSTREAM_KAFKA_CONFIG`` (a
+librdkafka properties file, as ``--kafka-config``: SASL, TLS). Groups whose size differs from
+``args.n_samples_per_prompt`` are skipped (reason ``group_size``): slime reshapes rewards by that number.
 
 Samples are slime's ``slime.utils.types.Sample``: ``tokens`` = prompt then response token ids,
 ``response_length``, ``loss_mask`` (one per response token: the sample's loss mask, 0 on the tool and
@@ -136,6 +137,7 @@ class SlimeSettings:
     dynamic_sampling: bool
     loop: str | None
     eval_function_path: str
+    kafka_config_file: str | None = None  # librdkafka properties (security.protocol, sasl.*, ssl.*), as --kafka-config
 
     def __post_init__(self) -> None:
         if not self.namespace or not self.group:
@@ -171,7 +173,8 @@ class SlimeSettings:
             dynamic_sampling=_flag(_setting(args, "rollstream_dynamic_sampling", "ROLLSTREAM_DYNAMIC_SAMPLING", True)),
             loop=None if loop is None else str(loop),
             eval_function_path=str(_setting(args, "rollstream_eval_function_path", "ROLLSTREAM_EVAL_FUNCTION_PATH",
-                                            DEFAULT_EVAL_FUNCTION)))
+                                            DEFAULT_EVAL_FUNCTION)),
+            kafka_config_file=_setting(args, "rollstream_kafka_config", "ROLLSTREAM_KAFKA_CONFIG"))
 
 
 class SlimeRollout:
@@ -191,7 +194,9 @@ class SlimeRollout:
         if consumer is None:
             # One trainer run (rollstream.infra.runs): a replaced slime job can no longer commit. slime moves
             # weights to its engines itself, so this run announces nothing; producers stamp the engines' versions.
-            config = KafkaConfig.load(settings.bootstrap_servers, client_id=f"rollstream-trainer-{settings.group}")
+            config = KafkaConfig.load(settings.bootstrap_servers,
+                                      Path(settings.kafka_config_file) if settings.kafka_config_file else None,
+                                      client_id=f"rollstream-trainer-{settings.group}")
             self.run = PolicyAnnouncer(config, TopicNames(settings.namespace))
             consumer = RolloutConsumer(config=config, group_id=settings.group, namespace=settings.namespace,
                                        filters=filters, max_staleness=settings.max_staleness, announcer=self.run)

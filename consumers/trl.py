@@ -47,6 +47,7 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollstream.consumers._consumer import DEFAULT_GROUP
@@ -88,6 +89,8 @@ class TRLWorkerSettings:
         commit_timeout_s: how long the commit callback waits for the commit acknowledgement.
         kafka_timeout_s: the consumer's broker timeout (start, commit retries).
         poll_interval_s: the longest the worker thread is busy before it serves the trainer again.
+        kafka_config_file: librdkafka properties for its clients (security.protocol, sasl.*, ssl.*), as
+            ``--kafka-config`` (None: none; a ``kafka=`` KafkaConfig given to the worker wins).
     """
 
     bootstrap_servers: str | None = None
@@ -101,6 +104,7 @@ class TRLWorkerSettings:
     commit_timeout_s: float = 120.0
     kafka_timeout_s: float = 30.0
     poll_interval_s: float = 0.5
+    kafka_config_file: str | None = None
 
     def __post_init__(self) -> None:
         if not self.namespace or not self.group:
@@ -180,7 +184,9 @@ class RollstreamRolloutWorker:
                  kafka: KafkaConfig | None = None) -> None:
         self.settings = settings or TRLWorkerSettings()
         self.shape = step_shape(args, self.settings)
+        config_file = self.settings.kafka_config_file
         self.kafka = kafka or KafkaConfig.load(self.settings.bootstrap_servers,
+                                               Path(config_file) if config_file else None,
                                                client_id=f"rollstream-trl-{self.settings.group}")
         self._version = 0  # TRL's model version; written by the trainer's thread only
         self.rollout_buffer = HandOver(lambda: self._version, self.shape.trl_max_staleness)

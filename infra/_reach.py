@@ -11,6 +11,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata
+from rollstream.infra._tls_probe import speaks_tls, verify_failure
 from rollstream.infra.clients import open_admin
 from rollstream.infra.config import BOOTSTRAP_ENV, KafkaConfig
 from rollstream.infra.kafka_errors import (
@@ -21,6 +22,8 @@ from rollstream.infra.kafka_errors import (
     kafka_error,
     missing_topic_error,
     not_authorized_error,
+    plaintext_on_tls_error,
+    tls_error,
 )
 
 _AUTH_ATTEMPT_S = 1.0  # one metadata attempt of require_topics (a SCRAM login is refused after ~0.3 s)
@@ -73,11 +76,23 @@ class _SeenLog:
             self.lines.append(f"{err.name()}: {err.str()}")
 
     def refusal(self, config: KafkaConfig) -> KafkaIOError | None:
-        """The authentication error the lines show, if any: a wrong password, or no SASL for a SASL listener."""
+        """The TLS or authentication error the lines show, if any: a failed handshake (`tls_error`), a plaintext
+        client on a TLS port, a wrong password, or no SASL for a SASL listener."""
+        lines = self.lines
+        if any("certificate verify failed" in line for line in lines):  # which reason: OpenSSL's verify result
+            reason = verify_failure(config.bootstrap_servers, config.extra)
+            lines = [*lines, reason] if reason else lines
+        failed = tls_error(config.bootstrap_servers, lines)
+        if failed is not None:
+            return failed
+        protocol = str(config.extra.get("security.protocol", "PLAINTEXT"))
+        closed = any("closed by peer" in line for line in self.lines)
+        if closed and not protocol.upper().endswith("SSL") and speaks_tls(config.bootstrap_servers):
+            return plaintext_on_tls_error(config.bootstrap_servers, protocol)
         for line in self.lines:
             if "SASL authentication error" in line or line.startswith(("_AUTHENTICATION", "SASL_AUTHENTICATION")):
                 return authentication_error(config.bootstrap_servers, line[line.find("SASL"):].strip())
-        if "sasl.mechanism" not in config.extra and any("closed by peer" in line for line in self.lines):
+        if "sasl.mechanism" not in config.extra and closed:
             # The broker accepted the connection, then closed it at the first request: it expects a handshake
             # this client did not do (a SASL or SSL listener, PLAINTEXT client).
             return KafkaIOError(f"Kafka at {config.bootstrap_servers} closed every connection at once: it likely "

@@ -143,3 +143,47 @@ def error_text(exc: KafkaException) -> str:
     """librdkafka's own text of `exc` (its KafkaError's ``str()``), else ``str(exc)``."""
     first = exc.args[0] if exc.args else exc
     return first.str() if isinstance(first, KafkaError) else str(first)
+
+
+# What librdkafka logs for each TLS failure (its OpenSSL texts), in the order they are told apart, and what to do.
+_CA_HINT = ("set ssl.ca.location in the --kafka-config file to the CA that signed the broker's certificate "
+            "(rollstream broker start --tls writes it to DATA_DIR/tls/ca.pem)")
+TLS_CASES: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("connecting to a PLAINTEXT broker listener", "wrong version number", "packet length too long"),
+     "this client speaks TLS but the port does not",
+     "use security.protocol=PLAINTEXT or SASL_PLAINTEXT for this port, or the broker's TLS port"),
+    (("alert certificate expired",),
+     "the broker refused this client's certificate: it has expired",
+     "have a new one issued (rollstream broker start --mtls makes them in DATA_DIR/tls/)"),
+    (("alert bad certificate", "alert certificate required", "alert unknown ca", "alert handshake failure"),
+     "the broker requires a client certificate it trusts (mutual TLS) and got none, or one from another CA",
+     "set ssl.certificate.location and ssl.key.location to this principal's certificate and key "
+     "(rollstream broker start --mtls writes DATA_DIR/tls/<principal>.pem and .key)"),
+    (("certificate has expired",),
+     "the broker's certificate has expired",
+     "restart the broker so it gets a new one (rollstream broker start --tls remakes it at each start)"),
+    (("hostname mismatch", "ip address mismatch", "hostname verification failed"),
+     "the broker's certificate does not name the host in the bootstrap address",
+     "connect by a name or IP its subjectAltName holds (the local broker's: its host, 127.0.0.1, localhost)"),
+    (("certificate verify failed",),
+     "the broker's certificate is not signed by a CA this client trusts (wrong or missing ssl.ca.location)",
+     _CA_HINT),
+)
+
+
+def tls_error(bootstrap: str, lines: list[str]) -> KafkaIOError | None:
+    """The one "TLS handshake failed" error the librdkafka log ``lines`` show, if any: which case it is and what to
+    change (wrong CA, expired or mismatched certificate, a TLS client on a plaintext port, a missing client cert)."""
+    lowered = [line.lower() for line in lines]
+    for needles, what, fix in TLS_CASES:
+        if any(needle.lower() in line for line in lowered for needle in needles):
+            return KafkaIOError(f"TLS to Kafka at {bootstrap} failed: {what}; {fix}", code="_SSL")
+    return None
+
+
+def plaintext_on_tls_error(bootstrap: str, protocol: str) -> KafkaIOError:
+    """The one error for a client without TLS (``protocol``) against a port that speaks TLS."""
+    wanted = "SASL_SSL" if protocol.upper().startswith("SASL") else "SSL (or SASL_SSL with SASL)"
+    return KafkaIOError(f"TLS to Kafka at {bootstrap} failed: the port speaks TLS but this client does not "
+                        f"(security.protocol={protocol}): set security.protocol={wanted}, and {_CA_HINT}",
+                        code="_SSL")

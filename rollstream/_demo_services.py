@@ -20,7 +20,14 @@ from pathlib import Path
 from types import TracebackType
 
 from rollstream.infra import BOOTSTRAP_ENV
-from rollstream.infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
+from rollstream.infra.broker import (
+    BrokerSpec,
+    broker_status,
+    client_config_files,
+    free_port,
+    start_broker,
+    stop_broker,
+)
 from rollstream.schemas import RollstreamError
 
 log = logging.getLogger(__name__)
@@ -41,15 +48,18 @@ class LocalBroker:
         BrokerError: the broker cannot be started (see `rollstream.infra.broker.start_broker`).
     """
 
-    def __init__(self, data_dir: Path, *, keep: bool = False) -> None:
+    def __init__(self, data_dir: Path, *, keep: bool = False, tls: bool = False) -> None:
         self.data_dir = Path(data_dir)
         self.keep = keep
+        self.tls = tls  # every listener TLS; clients then need `client_config`
         self.bootstrap: str | None = None
         self.started = False
 
     def __enter__(self) -> LocalBroker:
         status = broker_status(self.data_dir)
-        if status.running and status.bootstrap:
+        if status.running and status.tls != self.tls:  # kept by a run with(out) --tls: not this run's broker
+            stop_broker(self.data_dir, timeout=30.0)
+        elif status.running and status.bootstrap:
             self.bootstrap = status.bootstrap
             log.info("reusing the broker already running for %s on %s", self.data_dir, self.bootstrap)
             return self
@@ -57,12 +67,17 @@ class LocalBroker:
             shutil.rmtree(self.data_dir)  # a stopped broker's old data: start from scratch
         self.started = True  # set first: a start that fails half-way is still cleaned up
         try:
-            self.bootstrap = start_broker(BrokerSpec(port=free_port(), data_dir=self.data_dir, heap_mb=512),
-                                          timeout=180.0)
+            self.bootstrap = start_broker(BrokerSpec(port=free_port(), data_dir=self.data_dir, heap_mb=512,
+                                                     tls=self.tls), timeout=180.0)
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
+
+    @property
+    def client_config(self) -> Path | None:
+        """The ``--kafka-config`` file that trusts this broker's CA (``tls``), else None."""
+        return client_config_files(self.data_dir).get("admin") if self.tls else None
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -22,6 +22,7 @@ Everything started is stopped when `run_demo` returns or raises (Ctrl-C included
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -63,6 +64,9 @@ class DemoOptions:
         stall_timeout_s: fail when no step could be taken for this long (producers stuck or dead).
         bootstrap_servers: Kafka to use (default: ``ROLLSTREAM_BOOTSTRAP_SERVERS``, else a local broker).
         kafka_config_file: librdkafka properties for every client (security settings), as ``--kafka-config``.
+        tls: the local broker the demo starts encrypts every listener (``broker start --tls``); every client then
+            trusts its CA through the client file it writes (unless ``kafka_config_file`` names another). Only
+            without ``bootstrap_servers``.
     """
 
     steps: int = 400
@@ -78,6 +82,7 @@ class DemoOptions:
     stall_timeout_s: float = 180.0
     bootstrap_servers: str | None = None
     kafka_config_file: Path | None = None
+    tls: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps", "producers", "groups_per_step", "keep_versions"):
@@ -89,6 +94,9 @@ class DemoOptions:
             raise DemoError(f"max_staleness={self.max_staleness} must be >= 0 (or None for no limit)")
         if self.max_lag is not None and self.max_lag < 0:
             raise DemoError(f"max_lag={self.max_lag} must be >= 0")
+        if self.tls and self.bootstrap_servers:
+            raise DemoError("tls=True (--tls) starts a local TLS broker; for another broker pass its "
+                            "--kafka-config (security.protocol, ssl.ca.location) instead")
         if self.stall_timeout_s <= 0:
             raise DemoError(f"stall_timeout_s={self.stall_timeout_s} must be > 0")
         object.__setattr__(self, "out", Path(self.out).expanduser().resolve())
@@ -138,11 +146,14 @@ def run_demo(options: DemoOptions, *, display: ProgressDisplay | None = None) ->
     display = display or ProgressDisplay(options.steps)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_quiet_transformers())
-        bootstrap = options.bootstrap_servers or os.environ.get(BOOTSTRAP_ENV)
+        bootstrap = None if options.tls else options.bootstrap_servers or os.environ.get(BOOTSTRAP_ENV)
         if not bootstrap:
-            display.note(f"starting a local Kafka broker in {out / 'broker'} ...")
-            broker = stack.enter_context(LocalBroker(out / "broker", keep=options.keep_broker))
+            display.note(f"starting a local Kafka broker{' (TLS)' if options.tls else ''} in {out / 'broker'} ...")
+            broker = stack.enter_context(LocalBroker(out / "broker", keep=options.keep_broker, tls=options.tls))
             bootstrap = str(broker.bootstrap)
+            if broker.client_config is not None and options.kafka_config_file is None:
+                # Every client, the producers' included, trusts its CA.
+                options = dataclasses.replace(options, kafka_config_file=broker.client_config)
         setup = _prepare(options, bootstrap, display)
         fleet = stack.enter_context(ProducerFleet(_producer_specs(setup), bootstrap))
         display.note(f"started {options.producers} producers (pids {fleet.pids}); training {options.steps} steps")

@@ -16,6 +16,10 @@ Contract (pinned by ``tests/integration/test_broker.py``):
   (SASL/SCRAM-SHA-512) and be authorized (StandardAuthorizer, no ACL = denied); users ``PRINCIPALS``
   (admin is the super user) with generated passwords, and ``client_config_files(data_dir)`` for each.
   A data dir keeps the mode it was formatted with.
+- ``BrokerSpec(tls=True[, mtls=True])`` (pinned by ``tests/integration/test_tls.py``): every listener speaks
+  TLS (``SASL_SSL`` with ``sasl``, else ``SSL``) with certificates of a local CA made at start (openssl),
+  hostname verification on; the client config files trust that CA (``ssl.ca.location``) and, under mTLS,
+  carry each principal's certificate (its CN is the principal). A data dir may change its TLS mode.
 
 Ports: node ``i`` (1-based) serves clients on ``port + i - 1`` and its KRaft controller listens on
 ``controller_port + i - 1`` (``BrokerSpec.controller_port``, ``rollstream broker start --controller-port``;
@@ -30,7 +34,7 @@ combined broker+controller.
 This package's ``__init__`` is the public face; the parts live in private modules: ``_spec`` (the types),
 ``_jars`` (Maven, Java; the pom and log4j2 config stay in ``infra/kafka/``), ``_files`` (the data dir layout,
 ``server.properties``, records, locks), ``_procs`` (format, spawn, signal), ``_probe`` (ports, readiness),
-``_sasl`` (the security mode).
+``_sasl`` (the SASL mode), ``_tls`` (certificates and the TLS mode).
 """
 
 from __future__ import annotations
@@ -55,7 +59,6 @@ from rollstream.infra.broker._procs import format_storage, is_ours, spawn, termi
 from rollstream.infra.broker._sasl import (
     PRINCIPALS,
     client_config_path,
-    client_properties,
     credentials,
     format_args,
     server_properties,
@@ -69,6 +72,8 @@ from rollstream.infra.broker._spec import (
     BrokerStatus,
     default_data_dir,
 )
+from rollstream.infra.broker._tls import client_settings, ensure_certificates, listeners
+from rollstream.infra.broker._tls import server_properties as tls_server_properties
 
 __all__ = ["CONTROLLER_PORT_OFFSET", "PRINCIPALS", "PROBE_TOPIC", "BrokerError", "BrokerSpec", "BrokerStatus",
            "broker_status", "client_config_files", "default_data_dir", "ensure_kafka_jars", "free_port", "free_ports",
@@ -103,11 +108,17 @@ def start_broker(spec: BrokerSpec | None = None, *, timeout: float = 120.0) -> s
         check_ports_free(spec)
         cluster = cluster_id(spec)
         creds = credentials(spec.data_dir) if spec.sasl else None
-        configs = [write_config(spec, node, server_properties(spec, node, creds)) if creds else write_config(spec, node)
-                   for node in range(1, spec.nodes + 1)]
+        if spec.tls:
+            ensure_certificates(spec, PRINCIPALS)
+        configs = [write_config(spec, node, security) if (security := _security(spec, node, creds))
+                   else write_config(spec, node) for node in range(1, spec.nodes + 1)]
         format_storage(java, libs, configs, cluster, deadline, format_args(creds) if creds else ())
-        if creds:
-            write_client_configs(spec.data_dir, creds)
+        if spec.sasl or spec.tls:
+            write_client_configs(spec.data_dir, {name: client_settings(
+                spec.data_dir, name, sasl=spec.sasl, tls=spec.tls, mtls=spec.mtls) for name in PRINCIPALS})
+        else:  # a data dir once started with --tls: its client files would no longer match the listeners
+            for name in PRINCIPALS:
+                client_config_path(spec.data_dir, name).unlink(missing_ok=True)
         started = time.monotonic()
         procs: list[tuple[int, Path]] = []
         try:
@@ -122,6 +133,14 @@ def start_broker(spec: BrokerSpec | None = None, *, timeout: float = 120.0) -> s
     log.info("Kafka serves on %s (%d node(s), data dir %s) after %.1f s of JVM start",
              spec.bootstrap, spec.nodes, spec.data_dir, time.monotonic() - started)
     return spec.bootstrap
+
+
+def _security(spec: BrokerSpec, node: int, creds: dict[str, str] | None) -> dict[str, object] | None:
+    """The ``server.properties`` entries of ``spec``'s security mode for ``node``; None for plaintext."""
+    props: dict[str, object] = dict(server_properties(spec, node, creds)) if creds else {}
+    if spec.tls:
+        props = tls_server_properties(spec, props or listeners(spec, node))
+    return props or None
 
 
 def stop_broker(data_dir: Path | None = None, *, timeout: float = 30.0) -> bool:
@@ -164,7 +183,8 @@ def broker_status(data_dir: Path | None = None) -> BrokerStatus:
     alive = tuple(pid for pid in node_pids if pid is not None)
     running = bool(alive) and len(alive) == len(recorded) == nodes
     return BrokerStatus(running, record.get("bootstrap") if running else None, alive, nodes, directory, log_path,
-                        recorded_controller_ports(record), bool(record.get("sasl")), node_pids)
+                        recorded_controller_ports(record), bool(record.get("sasl")), node_pids,
+                        bool(record.get("tls")), bool(record.get("mtls")))
 
 
 def restart_node(data_dir: Path | None, node: int, *, timeout: float = 60.0) -> float:
@@ -206,7 +226,8 @@ def restart_node(data_dir: Path | None, node: int, *, timeout: float = 60.0) -> 
         pid = spawn(find_java(), ensure_kafka_jars(), heap_mb if isinstance(heap_mb, int) else 512, config)
         recorded[node - 1] = (pid, config)
         rewrite_record(directory, record, recorded)  # at once: a JVM is never left running unrecorded
-        auth = client_properties(credentials(directory), "admin") if record.get("sasl") else {}
+        auth = client_settings(directory, "admin", sasl=bool(record.get("sasl")), tls=bool(record.get("tls")),
+                               mtls=bool(record.get("mtls")))
         try:
             wait_node_serves(node, (pid, config), host, port + node - 1, auth, started + timeout, timeout)
         except BaseException:
@@ -238,9 +259,10 @@ def _adopt_running(spec: BrokerSpec, deadline: float, timeout: float) -> bool:
         controllers = recorded_controller_ports(record)
         # No controller port asked for: whatever the running broker uses is fine.
         wanted = controllers if spec.controller_port is None else spec.controller_ports
-        if ((record.get("nodes"), record.get("port"), record.get("host"), controllers, bool(record.get("sasl")))
-                != (spec.nodes, spec.port, spec.host, wanted, spec.sasl)):
-            mode = " with SASL" if record.get("sasl") else ""
+        modes = tuple(bool(record.get(m)) for m in ("sasl", "tls", "mtls"))
+        if ((record.get("nodes"), record.get("port"), record.get("host"), controllers, modes)
+                != (spec.nodes, spec.port, spec.host, wanted, (spec.sasl, spec.tls, spec.mtls))):
+            mode = "".join(f" with {m.upper()}" for m, on in zip(("sasl", "tls", "mtls"), modes, strict=True) if on)
             raise BrokerError(f"a {record.get('nodes')}-node broker{mode} already runs for {spec.data_dir} on "
                               f"{record.get('bootstrap')} (controller ports {', '.join(map(str, controllers))}); "
                               f"use it, or stop it first (stop_broker / "

@@ -105,7 +105,8 @@ def write_record(spec: BrokerSpec, procs: Sequence[tuple[int, Path]]) -> None:
     """Record the running nodes' pids and configs in ``pids.json`` (what stop and status read)."""
     write_json(spec.data_dir / PIDS_FILE, {
         "bootstrap": spec.bootstrap, "port": spec.port, "nodes": spec.nodes, "host": spec.host,
-        "controller_ports": list(spec.controller_ports), "sasl": spec.sasl, "heap_mb": spec.heap_mb,
+        "controller_ports": list(spec.controller_ports), "sasl": spec.sasl, "tls": spec.tls, "mtls": spec.mtls,
+        "heap_mb": spec.heap_mb,
         "pids": [pid for pid, _ in procs], "configs": [str(config) for _, config in procs]})
 
 

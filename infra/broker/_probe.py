@@ -19,8 +19,8 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from rollstream.infra.broker._files import log_tail
 from rollstream.infra.broker._procs import is_ours
-from rollstream.infra.broker._sasl import client_properties, credentials
 from rollstream.infra.broker._spec import CONTROLLER_PORT_OFFSET, PROBE_TOPIC, BrokerError, BrokerSpec, hostport
+from rollstream.infra.broker._tls import client_settings
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +198,8 @@ def _probe(spec: BrokerSpec, timeout: float) -> str | None:
     timeout_ms = max(1000, int(timeout * 1000))
     common: dict[str, Any] = {"bootstrap.servers": spec.bootstrap, "logger": _DebugLog(),
                               "socket.timeout.ms": timeout_ms}
-    if spec.sasl:  # the probe runs as the super user
-        common.update(client_properties(credentials(spec.data_dir), "admin"))
+    # The probe runs as the super user.
+    common.update(client_settings(spec.data_dir, "admin", sasl=spec.sasl, tls=spec.tls, mtls=spec.mtls))
     try:
         admin = AdminClient(dict(common))
         metadata = admin.list_topics(timeout=_left(end))

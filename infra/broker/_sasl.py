@@ -93,13 +93,13 @@ def client_config_path(data_dir: Path, principal: str) -> Path:
     return data_dir / f"{principal}.properties"
 
 
-def write_client_configs(data_dir: Path, creds: dict[str, str]) -> dict[str, Path]:
-    """Write ``<principal>.properties`` (mode 0600) for each principal; principal -> path."""
+def write_client_configs(data_dir: Path, settings: dict[str, dict[str, str]]) -> dict[str, Path]:
+    """Write ``<principal>.properties`` (mode 0600) with each principal's ``settings``; principal -> path."""
     out = {}
-    for name in PRINCIPALS:
+    for name, props in settings.items():
         path = client_config_path(data_dir, name)
         _write_private(path, f"# librdkafka settings for principal User:{name}; pass with --kafka-config {path}\n"
-                       + "".join(f"{k}={v}\n" for k, v in client_properties(creds, name).items()))
+                       + "".join(f"{k}={v}\n" for k, v in props.items()))
         out[name] = path
     return out
 

@@ -34,6 +34,9 @@ class BrokerSpec:
 
     ``sasl=True`` starts it secured: SASL/SCRAM-SHA-512 for clients, the StandardAuthorizer, SCRAM users
     admin (super user), producer and trainer, and a client config file per user (see ``rollstream.infra.broker._sasl``).
+    ``tls=True`` encrypts every listener with certificates of a local CA (``SASL_SSL`` with ``sasl``, else ``SSL``);
+    ``mtls=True`` (needs ``tls``) also requires a client certificate, whose CN is the principal
+    (see ``rollstream.infra.broker._tls``). Either writes the client config files too.
 
     Node ``i`` (1-based) serves clients on ``port + i - 1`` and runs its KRaft controller on
     ``controller_port + i - 1``; ``controller_port=None`` means ``port + CONTROLLER_PORT_OFFSET``.
@@ -46,13 +49,18 @@ class BrokerSpec:
     host: str = "127.0.0.1"
     controller_port: int | None = None
     sasl: bool = False
+    tls: bool = False
+    mtls: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, bool) or self.nodes not in (1, 3):
             raise ConfigError(f"BrokerSpec.nodes={self.nodes!r}: must be 1 or 3")
         self._check_ports()
-        if not isinstance(self.sasl, bool):
-            raise ConfigError(f"BrokerSpec.sasl={self.sasl!r}: must be True or False")
+        for name in ("sasl", "tls", "mtls"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"BrokerSpec.{name}={getattr(self, name)!r}: must be True or False")
+        if self.mtls and not self.tls:
+            raise ConfigError("BrokerSpec.mtls=True needs tls=True: client certificates are a part of TLS")
         if isinstance(self.heap_mb, bool) or not isinstance(self.heap_mb, int) or self.heap_mb < 128:
             raise ConfigError(f"BrokerSpec.heap_mb={self.heap_mb!r}: must be an int >= 128")
         try:
@@ -118,6 +126,8 @@ class BrokerStatus:
     controller_ports: tuple[int, ...] = ()  # as recorded at start; () when nothing is recorded
     sasl: bool = False  # as recorded at start: SASL/SCRAM and ACLs (client configs in data_dir/<user>.properties)
     node_pids: tuple[int | None, ...] = ()  # node i's JVM at index i - 1; None where that node does not run
+    tls: bool = False  # as recorded at start: every listener TLS (the CA is data_dir/tls/ca.pem)
+    mtls: bool = False  # as recorded at start: client certificates required, their CN the principal
 
 
 def hostport(host: str, port: int) -> str:

@@ -36,6 +36,12 @@ def start(
     sasl: Annotated[bool, typer.Option(
         "--sasl", help="Secure it: SASL/SCRAM-SHA-512, ACLs (StandardAuthorizer), users admin/producer/trainer; "
                        "writes a --kafka-config file per user into the data dir. A data dir keeps its mode.")] = False,
+    tls: Annotated[bool, typer.Option(
+        "--tls", help="Encrypt every listener with certificates of a local CA made at start (SASL_SSL with --sasl, "
+                      "else SSL); the client config files carry ssl.ca.location.")] = False,
+    mtls: Annotated[bool, typer.Option(
+        "--mtls", help="Mutual TLS (implies --tls): clients need a certificate of the local CA, whose CN is their "
+                       "principal (User:admin, User:producer, User:trainer); ACLs apply to it.")] = False,
 ) -> None:
     """Start the broker in the background (fetching its jars with Maven on first use), wait until a
     client can produce and consume, then print the bootstrap address as the last line."""
@@ -43,20 +49,27 @@ def start(
         raise typer.BadParameter("--nodes must be 1 or 3")
     node_count: Literal[1, 3] = 1 if nodes == 1 else 3
     spec = BrokerSpec(port=port, nodes=node_count, data_dir=data_dir or default_data_dir(), heap_mb=heap_mb,
-                      controller_port=controller_port, sasl=sasl)
+                      controller_port=controller_port, sasl=sasl, tls=tls or mtls, mtls=mtls)
     ensure_kafka_jars(progress=lambda message: typer.echo(message, err=True))
     bootstrap = start_broker(spec, timeout=timeout)
-    if sasl:
-        _print_client_configs(spec.data_dir)
+    if spec.sasl or spec.tls:
+        _print_client_configs(spec.data_dir, spec.sasl, spec.tls, spec.mtls)
     typer.echo(bootstrap)
 
 
-def _print_client_configs(data_dir: Path) -> None:
+def _print_client_configs(data_dir: Path, sasl: bool, tls: bool, mtls: bool) -> None:
     files = client_config_files(data_dir)
-    typer.echo("SASL/SCRAM-SHA-512 with ACLs; client configs (pass one with --kafka-config FILE):", err=True)
+    transport = "mutual TLS (a client certificate's CN is its principal)" if mtls else "TLS" if tls else ""
+    mode = " over ".join(m for m in ("SASL/SCRAM-SHA-512" if sasl else "", transport) if m)
+    typer.echo(f"{mode}{' with ACLs' if sasl or mtls else ''}; client configs (pass one with --kafka-config FILE):",
+               err=True)
     for name, path in files.items():
         role = " (super user: topics create, rollstream acls --apply)" if name == "admin" else ""
         typer.echo(f"  {name}: {path}{role}", err=True)
+    if tls:
+        typer.echo(f"  CA certificate: {data_dir / 'tls' / 'ca.pem'}", err=True)
+    if not (sasl or mtls):
+        return
     typer.echo("grant producer and trainer their ACLs: rollstream acls --namespace NS --producer-principal "
                "User:producer --trainer-principal User:trainer --apply --kafka-config "
                f"{files.get('admin', data_dir / 'admin.properties')}", err=True)
@@ -76,8 +89,8 @@ def status(data_dir: DataDirOpt = None) -> None:
     if st.running:
         typer.echo(f"running: {st.bootstrap} (controller ports {', '.join(map(str, st.controller_ports))}; "
                    f"pids {', '.join(map(str, st.pids))}; log {st.log_path})")
-        if st.sasl:
-            _print_client_configs(st.data_dir)
+        if st.sasl or st.tls:
+            _print_client_configs(st.data_dir, st.sasl, st.tls, st.mtls)
     else:
         typer.echo(f"not running (data dir {st.data_dir})")
         raise typer.Exit(1)

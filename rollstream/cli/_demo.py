@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import typer
 
 from rollstream.cli._common import BootstrapOpt, KafkaConfigOpt
 from rollstream.demo import DemoOptions, run_demo
+from rollstream.infra import BOOTSTRAP_ENV
 
 HELP = "\n\n".join([
     "Run the whole system on this machine with a policy that really learns: a Kafka broker (a local one unless "
@@ -41,10 +43,15 @@ def demo(
         min=0, help="Skip groups generated more than this many policy versions ago.")] = 4,
     bootstrap_servers: BootstrapOpt = None,
     kafka_config_file: KafkaConfigOpt = None,
+    tls: Annotated[bool, typer.Option(
+        "--tls", help="Start the local broker with TLS on every listener (broker start --tls); every client "
+                      "trusts its CA. Not with --bootstrap-servers.")] = False,
 ) -> None:
+    if tls and bootstrap_servers == os.environ.get(BOOTSTRAP_ENV):
+        bootstrap_servers = None  # the environment's usual broker; --tls asks for a local TLS one instead
     options = DemoOptions(steps=steps, out=out, producers=producers, seed=seed, keep_broker=keep_broker,
                           groups_per_step=groups_per_step, max_staleness=max_staleness,
-                          bootstrap_servers=bootstrap_servers, kafka_config_file=kafka_config_file)
+                          bootstrap_servers=bootstrap_servers, kafka_config_file=kafka_config_file, tls=tls)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM cleans up like Ctrl-C
     try:
         result = run_demo(options)

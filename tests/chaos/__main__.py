@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "--trainer-arg=--dedupe-window=none)")
     parser.add_argument("--rss-every", type=float, default=5.0, help="seconds between RSS samples (default 5)")
     parser.add_argument("--report", type=Path, default=Path("chaos-report.md"), help="report file")
+    parser.add_argument("--tls", action="store_true",
+                        help="the broker encrypts every listener (broker start --tls); every client trusts its CA")
     parser.add_argument("--keep", action="store_true", help="keep the data dir and logs even on success")
     return parser.parse_args(argv)
 
@@ -128,7 +130,10 @@ class Run:
         self.args, self.seed, self.run_dir, self.say = args, seed, run_dir, say
         port = args.port or free_port(args.nodes)
         self.cluster = Cluster(BrokerSpec(port=port, nodes=args.nodes, data_dir=run_dir / "broker",
-                                          heap_mb=512 if args.nodes == 1 else 384))
+                                          heap_mb=512 if args.nodes == 1 else 384, tls=args.tls))
+        # Against a TLS broker every client, the role processes' too, uses the client file start writes.
+        self.client_file = self.cluster.spec.data_dir / "admin.properties" if args.tls else None
+        self.client_args = ("--kafka-config", str(self.client_file)) if self.client_file else ()
         self.names = TopicNames(f"chaos{seed}")
         self.out = run_dir / "trainer-out.jsonl"
         self.producers: list[Role] = []
@@ -144,15 +149,16 @@ class Run:
     def execute(self) -> Verdict:
         bootstrap = self.cluster.start()
         self.say(f"broker up: {self.args.nodes} node(s) on {bootstrap}, data dir {self.cluster.spec.data_dir}")
-        config = self.config = KafkaConfig(bootstrap_servers=bootstrap)
+        config = self.config = KafkaConfig.load(bootstrap, self.client_file)
         create_topics(TopicPlan(names=self.names, partitions=PARTITIONS, replication_factor=self.args.nodes), config)
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.producers = [producer_role(f"producer-{i}", bootstrap, self.names.namespace, GROUP, logs,
-                                        exit_when_idle_s=8.0, gen_delay_s=self.args.gen_delay)
+                                        exit_when_idle_s=8.0, gen_delay_s=self.args.gen_delay,
+                                        extra=self.client_args)
                           for i in range(1, PRODUCERS + 1)]
         self.trainer = trainer_role(bootstrap, self.names.namespace, GROUP, self.out, logs, n=self.args.take_n,
-                                    extra=tuple(self.args.trainer_arg))
+                                    extra=(*self.args.trainer_arg, *self.client_args))
         self.loader = Loader(config, self.names.namespace, self.args.wave or self.args.take_n,
                              self.run_dir / "prompts", self.say)
         self.loader.load_wave(0)
@@ -243,7 +249,8 @@ class Run:
         if self.trainer is None:
             return
         self.topup = trainer_role(config.bootstrap_servers, self.names.namespace, GROUP, self.out,
-                                  self.trainer.log_path.parent, n=left, steps=1, name="trainer-topup")
+                                  self.trainer.log_path.parent, n=left, steps=1, name="trainer-topup",
+                                  extra=self.client_args)
         self.topup.start()
         code = self.topup.wait(120.0)
         self.say(f"drain: top-up step of {left} group(s) exited with rc {code}")
@@ -271,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     command += "".join([" --no-faults"] * (not args.faults) + [f" --wave {args.wave}"] * bool(args.wave)
                        + [f" --take-n {args.take_n}"] * (args.take_n != 32)
                        + [f" --gen-delay {args.gen_delay}"] * (args.gen_delay != GEN_DELAY_S)
-                       + [f" --trainer-arg={a}" for a in args.trainer_arg])
+                       + [f" --trainer-arg={a}" for a in args.trainer_arg] + [" --tls"] * args.tls)
     print(f"chaos seed {seed}  (repeat: {command})", flush=True)
     say = Say()
     run_dir = Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp"))

@@ -102,13 +102,16 @@ class Role:
 
 
 def producer_role(name: str, bootstrap: str, namespace: str, group: str, log_dir: Path, *,
-                  exit_when_idle_s: float | None = None, gen_delay_s: str = GEN_DELAY_S) -> Role:
-    """`rollstream produce` with the slow test engine, a stable producer id, and generous startup."""
+                  exit_when_idle_s: float | None = None, gen_delay_s: str = GEN_DELAY_S,
+                  extra: tuple[str, ...] = ()) -> Role:
+    """`rollstream produce` with the slow test engine, a stable producer id, and generous startup; `extra`
+    appended (``--kafka-config FILE`` against a TLS broker)."""
     args = ["produce", "-N", namespace, "--generate", "tests.plugins:slow", "--reward", "tests.plugins:reward",
             "--n-samples", "2", "--concurrency", "4", "--max-lag", "400", "--trainer-group", group,
             "--producer-id", name, "--startup-timeout", "60", "--summary-interval", "0"]
     if exit_when_idle_s is not None:
         args += ["--exit-when-idle", f"{exit_when_idle_s:g}"]
+    args += extra
     return Role(name, tuple(args), cli_env(bootstrap, ROLLSTREAM_TEST_GEN_DELAY_S=gen_delay_s),
                 log_dir / f"{name}.log")
 
