@@ -44,6 +44,7 @@ from rollstream.producers.settings import ProducerSettings
 from rollstream.schemas import LifecycleError, RollstreamError
 
 log = logging.getLogger(__name__)
+_IDLE_OVERSHOOT_S = 1.0  # an idle watcher tick this much late: the process was stopped or starved, not idle
 
 
 class RolloutProducer:
@@ -233,30 +234,42 @@ class RolloutProducer:
             log.info("producer %s: %s", self.producer_id, self.stats().summary())
 
     async def _idle_watch(self, parts: Parts, idle_s: float) -> None:
-        """Stop once, for `idle_s`, no prompt arrived while intake was not paused, and all is committed."""
+        """Stop once, for `idle_s`, no prompt arrived while intake was not paused, and all is committed.
+
+        Quiet time counts only while this process runs and its partitions stay the same: a watcher that
+        slept far past its tick (the process was stopped, e.g. SIGSTOP, or starved) or an assignment that
+        changed starts the count again, so a producer that just woke up or just received partitions looks
+        for their prompts before it may call itself idle."""
         intake, gate = parts.intake, parts.gate
-        quiet_since = time.monotonic()
+        tick = min(0.1, idle_s / 4)
+        quiet_since = last_tick = time.monotonic()
+        owned = intake.owned()
         while not self._stopping:
-            await asyncio.sleep(min(0.1, idle_s / 4))
+            await asyncio.sleep(tick)
             now = time.monotonic()
-            if not intake.joined.is_set() or not gate.is_open():
+            woke_late, last_tick = now - last_tick > tick + _IDLE_OVERSHOOT_S, now
+            reassigned, owned = intake.owned() != owned, intake.owned()
+            if woke_late or reassigned or not intake.joined.is_set() or not gate.is_open():
                 quiet_since = now
                 continue
             quiet_since = max(quiet_since, intake.last_message_at)
-            if intake.buffered or self._in_flight or not intake.settled():
+            if intake.buffered or self._in_flight or not intake.settled() or now - quiet_since < idle_s:
                 continue
-            if now - quiet_since >= idle_s:
-                if await parts.threads.infra.run(self._prompts_left, intake.owned()):
-                    quiet_since = time.monotonic()  # prompts wait that intake did not get (yet): not idle
-                    continue
-                log.info("idle for %g s with everything published and committed: exiting", idle_s)
-                self._request_stop(f"idle for {idle_s:g} s")
-                return
+            if await parts.threads.infra.run(self._prompts_left):
+                quiet_since = time.monotonic()  # prompts wait that no producer took (yet): not idle
+                continue
+            if intake.owned() != owned or intake.last_message_at > quiet_since or not intake.settled():
+                continue  # something arrived while the lag was read: look again
+            log.info("idle for %g s with everything published and committed: exiting", idle_s)
+            self._request_stop(f"idle for {idle_s:g} s")
+            return
 
-    def _prompts_left(self, partitions: list[int]) -> bool:
-        """Whether any of `partitions` of NS.prompts holds prompts past the intake group's committed offset,
-        read with a client of its own (intake's may be the one that is stuck). Blocks; off the loop. An
-        unreadable lag counts as prompts left: no exit on a guess."""
+    def _prompts_left(self) -> bool:
+        """Whether any partition of NS.prompts holds prompts past the intake group's committed offset, read
+        with a client of its own (intake's may be the one that is stuck). All partitions, not only this
+        producer's: one that no producer owns right now (its owner died or left, a rebalance is under way)
+        will be assigned to a producer that is still there, so none of them may leave. Blocks; off the
+        loop. An unreadable lag counts as prompts left: no exit on a guess."""
         s = self.settings
         try:
             with LagReader(self.kafka) as reader:
@@ -264,10 +277,10 @@ class RolloutProducer:
         except RollstreamError as exc:
             log.info("idle, but the lag of %s is unreadable (%s): not exiting yet", s.effective_intake_group, exc)
             return True
-        waiting = {p.partition: p.lag for p in lag.partitions if p.partition in partitions and p.lag > 0}
+        waiting = {p.partition: p.lag for p in lag.partitions if p.lag > 0}
         if waiting:
-            log.warning("idle for the exit, but prompts wait on %s %s that intake did not receive: not exiting",
-                        s.topics.prompts, waiting)
+            log.info("idle for the exit, but prompts wait on %s %s that the intake group %s has not committed: "
+                     "not exiting", s.topics.prompts, waiting, s.effective_intake_group)
         return bool(waiting)
 
     # -- stopping --------------------------------------------------------------------------------

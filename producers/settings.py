@@ -35,7 +35,9 @@ class ProducerSettings:
         producer_id: stable identity: stamped on groups, and the static ``group.instance.id`` so a
             restarted producer gets its partitions back at once. None: ``host-pid``, dynamic membership.
         exit_when_idle_s: exit once for this long there was no prompt to take while intake was not
-            paused by backpressure, and everything taken is published and committed.
+            paused by backpressure, everything taken is published and committed, and no partition of
+            NS.prompts holds prompts the intake group has not committed (another producer's unfinished
+            prompts may still come to this one).
         max_new_tokens, temperature, top_p, sampling_extra: sampling parameters (SGLang names).
         generate_attempts: whole-generation tries of a group, within its deadline, when the engine raises a
             retriable error it did not retry itself (a custom generate function raised); the HTTP engines

@@ -129,7 +129,9 @@ def produce(
              "back at once.", rich_help_panel=_LIFE)] = None,
     exit_when_idle: Annotated[float | None, typer.Option(
         help="Exit once, for this many seconds (> 0; 0 is rejected), no prompt came while intake was not "
-             "paused, and everything taken is published and committed. Omit it to run until stopped.",
+             "paused, everything taken is published and committed, and no prompt waits uncommitted on any "
+             "partition of NS.prompts (a peer's unfinished prompts may still come here). Omit it to run until "
+             "stopped.",
         rich_help_panel=_LIFE)] = None,
     drain_timeout: Annotated[float, typer.Option(
         min=0.0, help="On SIGTERM/SIGINT, seconds in-flight groups get to finish (a second signal skips it).",

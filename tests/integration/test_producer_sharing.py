@@ -99,3 +99,38 @@ def test_sigkill_of_a_producer_loses_nothing(kafka_config: KafkaConfig, bootstra
     assert {g.producer_id for g in groups} == {"victim", "survivor"}
     assert all(g.status == "ok" for g in groups)
     assert lag(kafka_config, f"{names.namespace}.producers", names.prompts) == 0
+
+
+def test_an_idle_producer_stays_while_prompts_wait_on_partitions_it_does_not_own(
+        kafka_config: KafkaConfig, namespace_factory) -> None:
+    """The chaos finding of seed 7: a producer that ran out of prompts of its own exited on
+    `exit_when_idle_s` while its peer held prompts it never finished; the peer then left too, and
+    nobody generated them. An idle producer leaves only when no partition of NS.prompts holds prompts."""
+    names = namespace_factory(partitions=2)
+    ids = [f"w{i:02d}" for i in range(12)]
+    write_prompts(kafka_config, names, ids)
+
+    async def never(prompt: dict[str, object], n: int, sampling_params: dict[str, object]) -> list[dict[str, object]]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    holder = RolloutProducer(never, settings(names.namespace, "holder", drain_timeout_s=0.2), kafka=kafka_config)
+    idler = RolloutProducer(plugins.instant, settings(names.namespace, "idler", exit_when_idle_s=1.0),
+                            kafka=kafka_config)
+
+    async def scenario() -> None:
+        run_holder = asyncio.create_task(holder.run())
+        await until(lambda: holder.stats().in_flight > 0, what="the holder to start prompts")
+        run_idler = asyncio.create_task(idler.run())
+        await until(lambda: idler.stats().groups_published > 0, what="the idler to publish its partition's groups")
+        await asyncio.sleep(4.0)  # four idle periods with prompts waiting on the holder's partition
+        assert not run_idler.done(), "the idler exited while the holder's prompts were unfinished"
+        holder.stop(force=True)
+        await run_holder
+        await asyncio.wait_for(run_idler, timeout=60)
+
+    asyncio.run(scenario())
+    groups = read_all(kafka_config, names.rollouts)
+    assert {g.prompt_id for g in groups} == set(ids)
+    assert {g.producer_id for g in groups} == {"idler"}
+    assert lag(kafka_config, f"{names.namespace}.producers", names.prompts) == 0
