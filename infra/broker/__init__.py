@@ -123,7 +123,7 @@ def start_broker(spec: BrokerSpec | None = None, *, timeout: float = 120.0) -> s
         procs: list[tuple[int, Path]] = []
         try:
             for config in configs:
-                procs.append((spawn(java, libs, spec.heap_mb, config), config))
+                procs.append((spawn(java, libs, spec.heap_mb, config, tls=spec.tls), config))
                 write_record(spec, procs)  # at once: a JVM is never left running unrecorded
             wait_ready(spec, procs, deadline, timeout)
         except BaseException:
@@ -223,7 +223,8 @@ def restart_node(data_dir: Path | None, node: int, *, timeout: float = 60.0) -> 
             raise BrokerError(f"Kafka node {node} of {directory} still runs (pid {pid}): kill it before restarting "
                               "it, or keep using it")
         heap_mb = record.get("heap_mb")
-        pid = spawn(find_java(), ensure_kafka_jars(), heap_mb if isinstance(heap_mb, int) else 512, config)
+        pid = spawn(find_java(), ensure_kafka_jars(), heap_mb if isinstance(heap_mb, int) else 512, config,
+                    tls=bool(record.get("tls")))
         recorded[node - 1] = (pid, config)
         rewrite_record(directory, record, recorded)  # at once: a JVM is never left running unrecorded
         auth = client_settings(directory, "admin", sasl=bool(record.get("sasl")), tls=bool(record.get("tls")),

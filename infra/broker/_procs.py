@@ -22,14 +22,19 @@ log = logging.getLogger(__name__)
 
 _LOG4J = Path(__file__).resolve().parent.parent / "kafka" / "log4j2.properties"
 # Serial GC and C1 only: the JVM serves in ~1.5 s on two cores instead of ~2.5 s with G1 + C2.
-_JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:+ExitOnOutOfMemoryError",
-              "-Djava.awt.headless=true")
+_JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true")
+# ...except for TLS: C1 does not compile AES-GCM to the CPU's AES and carry-less multiply instructions, C2 does.
+# C1 alone made a --tls broker move 10 KB groups ~8x slower than plaintext (raw confluent-kafka, `make bench`'s
+# tls part); with C2 TLS costs what it costs on a production broker.
+_C1_ONLY = "-XX:TieredStopAtLevel=1"
 _SPAWN_TIMEOUT = 30.0  # /bin/sh only forks java and prints its pid
 _FIX_JAVA = "check that JAVA_HOME or PATH names a Java 17+ runtime"
 
 
-def _java_cmd(java: str, libs: Path, heap_mb: int, node_dir: Path, main: str, *args: str) -> list[str]:
-    return [java, f"-Xmx{heap_mb}m", *_JVM_FLAGS, f"-Dlog4j2.configurationFile={_LOG4J}",
+def _java_cmd(java: str, libs: Path, heap_mb: int, node_dir: Path, main: str, *args: str,
+              crypto: bool = False) -> list[str]:
+    jit = () if crypto else (_C1_ONLY,)
+    return [java, f"-Xmx{heap_mb}m", *_JVM_FLAGS, *jit, f"-Dlog4j2.configurationFile={_LOG4J}",
             f"-Dkafka.logs.dir={node_dir}", "-cp", f"{libs}/*", main, *args]
 
 
@@ -75,8 +80,9 @@ def format_storage(java: str, libs: Path, configs: Sequence[Path], cluster: str,
                 proc.wait()
 
 
-def spawn(java: str, libs: Path, heap_mb: int, config: Path) -> int:
+def spawn(java: str, libs: Path, heap_mb: int, config: Path, *, tls: bool = False) -> int:
     """Start one detached ``kafka.Kafka`` JVM on ``config`` and return its pid (not our child: no zombie).
+    ``tls``: its listeners encrypt, so it gets the JVM's optimizing compiler too (slower start, fast AES-GCM).
 
     Blocks up to ~35 s (the fork, then until the child has exec'd java). The JVM runs in its own session and
     outlives this process; its stdout and stderr append to ``stdout.log`` next to ``config``.
@@ -85,7 +91,7 @@ def spawn(java: str, libs: Path, heap_mb: int, config: Path) -> int:
         BrokerError: ``/bin/sh`` could not start java (nothing is left running).
     """
     node_dir = config.parent
-    cmd = _java_cmd(java, libs, heap_mb, node_dir, "kafka.Kafka", str(config))
+    cmd = _java_cmd(java, libs, heap_mb, node_dir, "kafka.Kafka", str(config), crypto=tls)
     # sh backgrounds java and exits; java is re-parented, so it outlives us and is reaped by init.
     script = 'out=$1; shift; "$@" </dev/null >>"$out" 2>&1 & echo $!'
     try:

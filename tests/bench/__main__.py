@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rollstream.infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames
 
-from tests.bench import bench_baseline, bench_codec, bench_consumer, bench_pipeline, bench_producer
+from tests.bench import bench_baseline, bench_codec, bench_consumer, bench_pipeline, bench_producer, bench_tls
 from tests.bench._common import NamesFactory, Rows, delete_topics, topic_factory
 from tests.bench._report import Part, machine_facts, render
 
@@ -52,6 +52,13 @@ def _specs() -> list[_Spec]:
               f"{bench_pipeline.REPEATS} alternating runs per side and size on fresh topics; ratios of the **best of** "
               f"each side, and the **median** of the ratios of back-to-back pairs.",
               lambda c, f, p: bench_pipeline.run(c, f, progress=p)),
+        _Spec("tls", "What TLS costs: the pipeline over plaintext vs over --tls, raw confluent-kafka alike",
+              f"The pipeline part's workload ({', '.join(f'{b // 1024} KB x {n}' for b, n in bench_tls.SIZES)}) on "
+              "two private one-node local brokers started alike, one plaintext and one with `broker start --tls` "
+              "(SSL listeners, a local CA, hostname verification on, TLS 1.2+ as librdkafka and the JVM "
+              f"negotiate); {bench_tls.REPEATS} rounds of the four runs alternating, on fresh topics, **best of** "
+              "each. TLS / plaintext is throughput over TLS divided by throughput over plaintext (1.00: free).",
+              lambda c, f, p: bench_tls.run(c, f, progress=p)),
         _Spec("codec", "Codec: packed single-object Avro (schema v4 vs v3) vs Avro arrays vs memory copy",
               "One ScoredGroup of 8 x 4096 tokens + logprobs encoded/decoded by rollstream's codec (packed "
               "little-endian bytes; decode includes building every `Sample`), written with schema v4 and, the "

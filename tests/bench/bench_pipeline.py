@@ -47,7 +47,7 @@ VARIANTS = 16
 TIMEOUT_S = 120.0
 
 
-def _ours(config: KafkaConfig, names: TopicNames, count: int, variants: list[list[dict[str, Any]]]) -> float:
+def run_ours(config: KafkaConfig, names: TopicNames, count: int, variants: list[list[dict[str, Any]]]) -> float:
     """Seconds from the producer's first prompt to the last of `count` groups taken."""
     publish_prompts(config, names, count)
     group = f"bench-pipeline-{uuid.uuid4().hex[:8]}"
@@ -136,7 +136,7 @@ def _raw_apart(config: KafkaConfig, names: TopicNames, count: int, group_bytes: 
     return done - _first_at(child)
 
 
-def _raw(config: KafkaConfig, names: TopicNames, count: int, payloads: list[bytes]) -> float:
+def run_raw(config: KafkaConfig, names: TopicNames, count: int, payloads: list[bytes]) -> float:
     """Seconds from the first produce to the last of `count` records read, raw confluent-kafka."""
     producer = raw_producer(config, names)
     consumer = _raw_consumer(config, names)
@@ -179,15 +179,15 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames], *,
         payloads = encoded_variants(variants)
         mb = sum(len(payloads[i % len(payloads)]) for i in range(count)) / 1e6
         ours, raws = _alternate(repeats, progress, f"{group_bytes // KB} KB groups", names_factory,
-                                functools.partial(_ours, config, count=count, variants=variants),
-                                functools.partial(_raw, config, count=count, payloads=payloads))
+                                functools.partial(run_ours, config, count=count, variants=variants),
+                                functools.partial(run_raw, config, count=count, payloads=payloads))
         best, raw = min(ours), min(raws)
         label = f"{len(payloads[0]) / KB:,.0f} KB"
         rows += [
             (f"{label}: groups per run", f"{count} ({mb:,.0f} MB)"),
             (f"{label}: rollstream produce -> take groups/s", f"{count / best:,.0f} ({mb / best:,.1f} MB/s)"),
             (f"{label}: raw confluent-kafka groups/s", f"{count / raw:,.0f} ({mb / raw:,.1f} MB/s)"),
-            (f"{label}: ratio rollstream / raw: best of each / median of paired runs", _ratios(ours, raws)),
+            (f"{label}: ratio rollstream / raw: best of each / median of paired runs", ratios(ours, raws)),
         ]
     rows += _apart_rows(config, names_factory, sizes[0], repeats, progress)
     return rows
@@ -206,7 +206,7 @@ def _apart_rows(config: KafkaConfig, names_factory: Callable[..., TopicNames], s
     return [
         (f"{label}: rollstream produce -> take groups/s", f"{count / best:,.0f}"),
         (f"{label}: raw confluent-kafka groups/s", f"{count / raw:,.0f}"),
-        (f"{label}: ratio rollstream / raw: best of each / median of paired runs", _ratios(ours, raws)),
+        (f"{label}: ratio rollstream / raw: best of each / median of paired runs", ratios(ours, raws)),
     ]
 
 
@@ -223,7 +223,7 @@ def _alternate(repeats: int, progress: Callable[[str], None] | None, what: str,
     return out
 
 
-def _ratios(ours: list[float], raws: list[float]) -> str:
+def ratios(ours: list[float], raws: list[float]) -> str:
     """rollstream / raw throughput: of the best run of each, and the median of the paired runs."""
     paired = statistics.median(r / o for r, o in zip(raws, ours, strict=True))
     return f"{min(raws) / min(ours):.2f} / {paired:.2f}"
