@@ -14,13 +14,17 @@ import typer
 from confluent_kafka import KafkaException
 
 from rollstream.cli import _acls, _broker, _consume, _demo, _inspect, _produce, _prompts, _status, _topics
-from rollstream.cli._common import setup_logging
+from rollstream.cli._common import examples, setup_logging
 from rollstream.infra import kafka_error
 from rollstream.schemas import RollstreamError
 
 app = typer.Typer(
     name="rollstream",
     help="Kafka-based streaming rollouts for LLM RL: producers publish scored groups, the trainer takes exactly N.",
+    epilog=examples("rollstream broker start", "rollstream topics create --namespace demo",
+                    "rollstream prompts load prompts.jsonl --namespace demo",
+                    "rollstream produce --namespace demo --engine hf --model ./tiny --reward math",
+                    "rollstream take --namespace demo -n 8 --steps 3"),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,

@@ -26,6 +26,14 @@ TrainerGroupOpt = Annotated[str, typer.Option(
 DEFAULT_NAMESPACE = "rollstream"
 
 
+def examples(*commands: str) -> str:
+    """A command's ``--help`` epilog: its example command lines, one a line (rich keeps the line breaks). Each is a
+    whole command line whose flags parse: tests/unit/test_cli_help.py checks every command's."""
+    if len(commands) == 1:
+        return f"Example: {commands[0]}"
+    return "\n  ".join(["Examples:", *commands])
+
+
 def kafka_config(bootstrap_servers: str | None, kafka_config_file: Path | None, client_id: str) -> KafkaConfig:
     """The KafkaConfig every command builds its clients from."""
     return KafkaConfig.load(bootstrap_servers, kafka_config_file, client_id=client_id)

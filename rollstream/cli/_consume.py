@@ -22,6 +22,7 @@ from rollstream.cli._common import (
     KafkaConfigOpt,
     NamespaceOpt,
     TrainerGroupOpt,
+    examples,
     kafka_config,
     require_reachable,
     topic_names,
@@ -309,8 +310,21 @@ def _help(fn: Any) -> str:
     return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
+EXAMPLES = {
+    "take": examples("rollstream take --namespace demo -n 8 --steps 3",
+                     "rollstream take --namespace demo -n 8 --steps 0 --group my-trainer --timeout 60 "
+                     "--out steps.jsonl"),
+    "lag": examples("rollstream lag --namespace demo --group my-trainer"),
+    "replay": examples("rollstream replay --namespace demo --step 12 --out step12.jsonl",
+                       "rollstream replay --namespace demo --from 0:1200 --to 0:1300",
+                       "rollstream replay --namespace demo --since 10m"),
+    "audit": examples("rollstream audit --namespace demo --group my-trainer",
+                      "rollstream audit --namespace demo --epochs --json"),
+}
+
+
 def register(app: typer.Typer) -> None:
     """Add take, lag, replay and audit to the root `rollstream` app."""
     for name, fn in (("take", take), ("lag", lag), ("replay", replay), ("audit", audit_command)):
-        app.command(name, help=_help(fn))(fn)
+        app.command(name, help=_help(fn), epilog=EXAMPLES[name])(fn)
 

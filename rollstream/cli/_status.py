@@ -14,6 +14,7 @@ from rollstream.cli._common import (
     KafkaConfigOpt,
     NamespaceOpt,
     TrainerGroupOpt,
+    examples,
     kafka_config,
 )
 from rollstream.consumers import StatusReport, status
@@ -160,4 +161,6 @@ def _trainer_lines(t: TrainerReport) -> list[str]:
 
 def register(app: typer.Typer) -> None:
     """Add `status` to the root `rollstream` app."""
-    app.command("status", help=HELP)(status_command)
+    app.command("status", help=HELP, epilog=examples(
+        "rollstream status --namespace demo", "rollstream status --namespace demo --group my-trainer --json"))(
+        status_command)
