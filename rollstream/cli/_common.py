@@ -51,7 +51,7 @@ def setup_logging(verbose: int) -> None:
     logging.getLogger("librdkafka").setLevel(logging.DEBUG if verbose >= 2 else logging.CRITICAL + 1)
 
 
-def require_reachable(config: KafkaConfig, topics: list[str], namespace: str) -> None:
-    """Fail fast and in one line when the cluster does not answer or a topic is missing (see
-    `rollstream.infra.require_topics`), before a command's own, longer timeouts."""
-    require_topics(config, topics, namespace=namespace, timeout=REACH_TIMEOUT_S)
+def require_reachable(config: KafkaConfig, topics: list[str], namespace: str, timeout: float = REACH_TIMEOUT_S) -> None:
+    """Fail fast and in one line when the cluster does not answer, the namespace has no topics or a topic is missing
+    (see `rollstream.infra.require_topics`), before a command's own, longer timeouts."""
+    require_topics(config, topics, namespace=namespace, timeout=min(timeout, REACH_TIMEOUT_S))
