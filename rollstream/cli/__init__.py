@@ -2,19 +2,18 @@
 
 Each group of commands lives in its own module and registers itself on the root app here.
 Errors derived from `RollstreamError` (and librdkafka's own, mapped by `rollstream.infra.kafka_error`) are printed
-as one clear line and exit with status 2.
+as one clear line (`_common.fail`: never a traceback) and exit with status 2.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
 from confluent_kafka import KafkaException
 
 from rollstream.cli import _acls, _broker, _consume, _demo, _inspect, _produce, _prompts, _status, _topics
-from rollstream.cli._common import examples, setup_logging
+from rollstream.cli._common import examples, fail, setup_logging
 from rollstream.infra import kafka_error
 from rollstream.schemas import RollstreamError
 
@@ -52,10 +51,7 @@ def main() -> None:
     try:
         app()
     except RollstreamError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        sys.exit(2)
+        fail(str(exc))
     except KafkaException as exc:  # raised by librdkafka itself, e.g. a client refusing a setting
         error = kafka_error("Kafka client", exc)
-        hint = " (check the --kafka-config file)" if error.code == "_INVALID_ARG" else ""
-        typer.secho(f"error: {error}{hint}", fg=typer.colors.RED, err=True)
-        sys.exit(2)
+        fail(f"{error}{' (check the --kafka-config file)' if error.code == '_INVALID_ARG' else ''}")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -32,6 +33,16 @@ def examples(*commands: str) -> str:
     if len(commands) == 1:
         return f"Example: {commands[0]}"
     return "\n  ".join(["Examples:", *commands])
+
+
+EXIT_ERROR = 2  # a usage, configuration or cluster error: what `fail` exits with
+
+
+def fail(message: str) -> NoReturn:
+    """End the command with `message` as one red line on stderr (its own line breaks joined) and exit 2."""
+    line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    typer.secho(f"error: {line}", fg=typer.colors.RED, err=True)
+    sys.exit(EXIT_ERROR)
 
 
 def kafka_config(bootstrap_servers: str | None, kafka_config_file: Path | None, client_id: str) -> KafkaConfig:
