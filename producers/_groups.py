@@ -120,8 +120,10 @@ def encode_within(taken: TakenPrompt, outcome: Outcome, limit: int, *, producer_
     """The first of `shapes` of `taken`'s record that builds, encodes and fits `limit` bytes, with its bytes.
 
     Each fallback carries why the shape before it could not be used. The last shape is returned whatever
-    its size (a broker that refuses the bare record stops the producer: nothing smaller exists).
+    its size (a broker that refuses the bare record stops the producer: nothing smaller exists). An oversize
+    group is logged once, with the size of its first shape (the group as generated).
     """
+    oversized = False
     for shape in shapes:
         try:
             group = record_of(taken, outcome, shape, producer_id=producer_id, prompts_topic=prompts_topic,
@@ -138,10 +140,11 @@ def encode_within(taken: TakenPrompt, outcome: Outcome, limit: int, *, producer_
             continue
         if value and (len(value) <= limit or last):
             return group, value
-        size = len(value) or group.nbytes
-        error = oversize_error(size, limit, prompts_topic.removesuffix(".prompts"))
-        log.warning("group of %s published as failed: %s", _where(taken, prompts_topic), error)
-        outcome = replace(outcome, error=error, retriable=False)
+        if not oversized:
+            oversized = True
+            error = oversize_error(len(value) or group.nbytes, limit, prompts_topic.removesuffix(".prompts"))
+            log.warning("group of %s published as failed: %s", _where(taken, prompts_topic), error)
+            outcome = replace(outcome, error=error, retriable=False)
     raise InvalidRecordError(f"no record of {_where(taken, prompts_topic)} could be encoded: {outcome.error}")
 
 
