@@ -136,7 +136,7 @@ class RolloutConsumer:
         self._positions = PositionPublisher(self.names, group_id)
         self._closed = False
         self._fetched = Fetched(self._client, self._committer)
-        self._timeouts = TakeTimeouts(self.names)
+        self._timeouts = TakeTimeouts(self.names, group_id)
 
     # -- lifecycle -------------------------------------------------------------------------------
 

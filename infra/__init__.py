@@ -17,7 +17,9 @@ from rollstream.infra.control import ControlWatcher, position_key, publish_posit
 from rollstream.infra.kafka_errors import (
     CommitFailed,
     KafkaIOError,
+    MissingNamespaceError,
     kafka_error,
+    missing_namespace_error,
     missing_topic_error,
     not_authorized_error,
 )
@@ -51,12 +53,14 @@ from rollstream.infra.topics import (
 __all__ = [
     "AclRule", "BOOTSTRAP_ENV", "BoundedCaller", "ClientReplacement", "CommitFailed", "ControlWatcher",
     "DEFAULT_BOOTSTRAP", "DEFAULT_TRAINER_GROUP",
-    "GroupLag", "KafkaConfig", "KafkaIOError", "LagReader", "PartitionLag", "PolicyAnnouncer", "ProducerState",
+    "GroupLag", "KafkaConfig", "KafkaIOError", "LagReader", "MissingNamespaceError",
+    "PartitionLag", "PolicyAnnouncer", "ProducerState",
     "REACH_TIMEOUT_S", "RunSupersededError",
     "TopicNames", "TopicPlan", "TopicSpec", "WorkerThread", "announce_policy_version", "apply_acls", "call_within",
     "close_quietly",
     "commit_offsets", "committed_offsets", "committed_with_metadata", "create_topics", "default_bootstrap",
-    "describe_topic_configs", "is_record", "kafka_error", "missing_topic_error", "not_authorized_error", "open_admin",
+    "describe_topic_configs", "is_record", "kafka_error", "missing_namespace_error", "missing_topic_error",
+    "not_authorized_error", "open_admin",
     "open_consumer",
     "open_producer", "partitions_of", "plan_acls", "position_key", "position_of", "produce_and_wait",
     "publish_position", "read_assigned", "read_ranges", "reader",

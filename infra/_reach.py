@@ -20,13 +20,16 @@ from rollstream.infra.kafka_errors import (
     authentication_error,
     error_text,
     kafka_error,
+    missing_namespace_error,
     missing_topic_error,
+    namespaces_in,
     not_authorized_error,
     plaintext_on_tls_error,
     tls_error,
 )
 
 _AUTH_ATTEMPT_S = 1.0  # one metadata attempt of require_topics (a SCRAM login is refused after ~0.3 s)
+_KINDS = ("prompts", "rollouts", "steps", "control")  # a namespace's topics (rollstream.infra.TopicNames)
 REACH_TIMEOUT_S = 15.0  # how long a command waits for an unreachable cluster before its one-line error
 
 
@@ -35,6 +38,8 @@ def require_topics(config: KafkaConfig, topics: Sequence[str], *, namespace: str
 
     Raises:
         KafkaIOError (retriable): the broker did not answer; the message names the address and the fix.
+        MissingNamespaceError: no topic of `namespace` exists (`missing_namespace_error`: a misspelt namespace
+            or topics never created); the message lists the namespaces that do exist.
         KafkaIOError: a topic is missing (`missing_topic_error`); the message says to run
             ``rollstream topics create --namespace NS``.
     """
@@ -53,6 +58,8 @@ def require_topics(config: KafkaConfig, topics: Sequence[str], *, namespace: str
     missing = [t for t in topics if t not in metadata.topics]
     for topic in missing:  # a topic this principal may not Describe is left out of the listing
         _check_authorized(admin, topic, namespace, timeout)
+    if missing and not any(f"{namespace}.{kind}" in metadata.topics for kind in _KINDS):
+        raise missing_namespace_error(namespace, config.bootstrap_servers, namespaces_in(metadata.topics))
     if len(missing) == 1:
         raise missing_topic_error(missing[0], namespace)
     if missing:

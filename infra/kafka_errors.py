@@ -7,7 +7,8 @@ error, all brokers down). Every librdkafka failure in infra, producers and consu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Collection, Mapping
 
 from confluent_kafka import KafkaError, KafkaException
 from rollstream.schemas import RollstreamError
@@ -137,6 +138,41 @@ def missing_topic_error(topic: str, namespace: str | None = None) -> KafkaIOErro
     command = "rollstream topics create" + (f" --namespace {namespace}" if namespace else "")
     return KafkaIOError(f"topic {topic} does not exist: run '{command}' first", topic=topic,
                         code="UNKNOWN_TOPIC_OR_PART")
+
+
+class MissingNamespaceError(KafkaIOError):
+    """No topic of a namespace exists: a misspelt ``--namespace``, or topics never created there.
+
+    Attributes:
+        namespace: the namespace asked for.
+        existing: the namespaces the cluster has (those with an NS.rollouts topic), sorted.
+    """
+
+    def __init__(self, message: str, *, namespace: str, existing: list[str]) -> None:
+        super().__init__(message, code="UNKNOWN_TOPIC_OR_PART")
+        self.namespace = namespace
+        self.existing = existing
+
+
+_NAMESPACES_SHOWN = 5  # a shared cluster can hold hundreds; the closest names come first
+
+
+def namespaces_in(topics: Collection[str]) -> list[str]:
+    """The namespaces among `topics`: every NS with an NS.rollouts topic, sorted."""
+    return sorted(t.removesuffix(".rollouts") for t in topics if t.endswith(".rollouts"))
+
+
+def missing_namespace_error(namespace: str, bootstrap: str, existing: list[str]) -> MissingNamespaceError:
+    """The one "this namespace has no topics" error: the namespaces that exist (closest first) and both fixes."""
+    close = difflib.get_close_matches(namespace, existing, n=3, cutoff=0.6)
+    shown = close + [ns for ns in existing if ns not in close][:max(0, _NAMESPACES_SHOWN - len(close))]
+    more = f" and {len(existing) - len(shown)} more" if len(existing) > len(shown) else ""
+    there = f"namespaces there: {', '.join(shown)}{more}" if existing else "no namespace has topics there yet"
+    hint = f"did you mean --namespace {close[0]}? Else " if close else ""
+    return MissingNamespaceError(
+        f"namespace {namespace} has no topics on {bootstrap} ({there}): {hint}run 'rollstream topics create "
+        f"--namespace {namespace}' first, or pass the --namespace (ROLLSTREAM_NAMESPACE) of one that exists",
+        namespace=namespace, existing=existing)
 
 
 def error_text(exc: KafkaException) -> str:

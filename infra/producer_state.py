@@ -29,6 +29,7 @@ class ProducerState:
         since_ms: when `paused` last changed (wall clock, ms).
         max_lag: the lag above which it pauses.
         updated_at_ms: when it committed this state.
+        trainer_group: the trainer group whose lag it gates on (None: written by a producer before it said).
     """
 
     producer_id: str
@@ -36,11 +37,15 @@ class ProducerState:
     since_ms: int
     max_lag: int
     updated_at_ms: int
+    trainer_group: str | None = None
 
     def to_metadata(self) -> str:
         """The commit metadata string for this state (compact JSON behind a version prefix)."""
-        return _PREFIX + json.dumps({"id": self.producer_id, "paused": self.paused, "since_ms": self.since_ms,
-                                     "max_lag": self.max_lag, "at_ms": self.updated_at_ms}, separators=(",", ":"))
+        fields = {"id": self.producer_id, "paused": self.paused, "since_ms": self.since_ms, "max_lag": self.max_lag,
+                  "at_ms": self.updated_at_ms}
+        if self.trainer_group is not None:
+            fields["tg"] = self.trainer_group
+        return _PREFIX + json.dumps(fields, separators=(",", ":"))
 
     @classmethod
     def from_metadata(cls, text: str | None) -> ProducerState | None:
@@ -50,6 +55,7 @@ class ProducerState:
         try:
             d = json.loads(text[len(_PREFIX):])
             return cls(producer_id=str(d["id"]), paused=bool(d["paused"]), since_ms=int(d["since_ms"]),
-                       max_lag=int(d["max_lag"]), updated_at_ms=int(d["at_ms"]))
+                       max_lag=int(d["max_lag"]), updated_at_ms=int(d["at_ms"]),
+                       trainer_group=str(d["tg"]) if "tg" in d else None)
         except (ValueError, KeyError, TypeError):
             return None

@@ -120,8 +120,10 @@ def encode_within(taken: TakenPrompt, outcome: Outcome, limit: int, *, producer_
     """The first of `shapes` of `taken`'s record that builds, encodes and fits `limit` bytes, with its bytes.
 
     Each fallback carries why the shape before it could not be used. The last shape is returned whatever
-    its size (a broker that refuses the bare record stops the producer: nothing smaller exists).
+    its size (a broker that refuses the bare record stops the producer: nothing smaller exists). An oversize
+    group is logged once, with the size of its first shape (the group as generated).
     """
+    oversized = False
     for shape in shapes:
         try:
             group = record_of(taken, outcome, shape, producer_id=producer_id, prompts_topic=prompts_topic,
@@ -138,16 +140,23 @@ def encode_within(taken: TakenPrompt, outcome: Outcome, limit: int, *, producer_
             continue
         if value and (len(value) <= limit or last):
             return group, value
-        size = len(value) or group.nbytes
-        log.warning("group of %s is %d bytes > max_message_bytes %d: published as failed",
-                    _where(taken, prompts_topic), size, limit)
-        outcome = replace(outcome, error=oversize_error(size, limit), retriable=False)
+        if not oversized:
+            oversized = True
+            error = oversize_error(len(value) or group.nbytes, limit, prompts_topic.removesuffix(".prompts"))
+            log.warning("group of %s published as failed: %s", _where(taken, prompts_topic), error)
+            outcome = replace(outcome, error=error, retriable=False)
     raise InvalidRecordError(f"no record of {_where(taken, prompts_topic)} could be encoded: {outcome.error}")
 
 
-def oversize_error(size: int, limit: int) -> str:
-    return (f"group record of {size} bytes exceeds max_message_bytes={limit}; reduce --n-samples or "
-            "--max-new-tokens, or create topics with a larger --max-message-mib")
+def oversize_error(size: int, limit: int, namespace: str) -> str:
+    """Why a group did not fit its topic, and both fixes: a larger topic limit (which the producers read at start)
+    or a smaller group."""
+    mib = -(-size * 5 // 4 // (1 << 20))  # a quarter to spare, whole MiB
+    return (f"group record of {size} bytes exceeds max_message_bytes={limit} (max.message.bytes of "
+            f"{namespace}.rollouts): raise it to {mib} MiB (kafka-configs.sh --alter --entity-type topics "
+            f"--entity-name {namespace}.rollouts --add-config max.message.bytes={mib << 20}, or 'rollstream topics "
+            f"create --max-message-mib {mib}' for a new namespace) and restart the producers, or make groups "
+            "smaller (--n-samples, --max-new-tokens)")
 
 
 def _samples(generation: Generation, outcome: Outcome) -> Samples:

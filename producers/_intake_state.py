@@ -41,7 +41,8 @@ class StateCommits:
     def state(self) -> ProducerState:
         """This producer's state as the intake thread last saw the gate (what the next commit carries)."""
         return ProducerState(producer_id=self.producer_id, paused=bool(self._paused),
-                             since_ms=self._since_ms, max_lag=self._gate.max_lag, updated_at_ms=now_ms())
+                             since_ms=self._since_ms, max_lag=self._gate.max_lag, updated_at_ms=now_ms(),
+                             trainer_group=self._gate.trainer_group)
 
     def metadata(self) -> str:
         """`state` as a commit's metadata."""

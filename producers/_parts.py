@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rollstream.infra import KafkaConfig, require_topics, sized_to_topic
+from rollstream.infra import KafkaConfig, LagReader, require_topics, sized_to_topic
 from rollstream.producers._pipeline import GroupPipeline, GroupSettings
 from rollstream.producers._threads import ProducerThreads, in_thread
 from rollstream.producers.engines.base import Engine
@@ -28,9 +28,11 @@ from rollstream.producers.policy import PolicyFollower
 from rollstream.producers.publisher import Publisher
 from rollstream.producers.rewards import Reward
 from rollstream.producers.settings import ProducerSettings
+from rollstream.schemas import RollstreamError
 
 log = logging.getLogger(__name__)
 _JOIN_TIMEOUT_S = 5.0
+_PROMPTS_CHECK_S = 5.0  # reading NS.prompts' offsets at startup (advice only: a slow answer is skipped)
 
 
 @dataclass(frozen=True)
@@ -118,11 +120,31 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
             engine=engine, reward=reward, policy=policy, publisher=publisher, gate=gate, metrics=metrics,
             threads=threads)
         undo.pop_all()  # everything started: from here on `Parts.close` owns it
+    await in_thread(lambda: _warn_if_no_prompts(kafka, names.prompts, s.effective_intake_group, s.namespace),
+                    name="rollstream-startup")
     log.info("producer %s: %s -> %s, group %s, n=%d, concurrency=%d, max_lag=%d (trainer group %s)",
              producer_id, names.prompts, names.rollouts, s.effective_intake_group, s.n_samples,
              s.concurrency, s.effective_max_lag, s.trainer_group)
     return Parts(engine=engine, publisher=publisher, gate=gate, policy=policy, intake=intake, pipeline=pipeline,
                  threads=threads)
+
+
+def _warn_if_no_prompts(kafka: KafkaConfig, topic: str, group: str, namespace: str) -> None:
+    """Say at startup, once, when NS.prompts holds nothing (or nothing `group` has not consumed): the producer
+    waits for prompts, which is right when they come later and a first-day puzzle when nobody loads any.
+    A failed read is logged at DEBUG: this is advice, never a reason not to start."""
+    try:
+        with LagReader(kafka) as reader:
+            lag = reader.group_lag(group, topic, timeout=_PROMPTS_CHECK_S)
+    except RollstreamError as exc:
+        log.debug("could not read %s at startup: %s", topic, exc)
+        return
+    load = f"rollstream prompts load FILE.jsonl --namespace {namespace}"
+    if all(p.end == p.start for p in lag.partitions):
+        log.warning("%s is empty: this producer waits for prompts; load them with '%s'", topic, load)
+    elif lag.total == 0:
+        log.info("%s holds no prompt %s has not consumed: this producer waits for more ('%s --start-epoch N')",
+                 topic, group, load)
 
 
 async def _join(joins: dict[str, Callable[[float], bool]]) -> None:

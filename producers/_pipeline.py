@@ -213,8 +213,8 @@ class GroupPipeline:
                     raise
             log.warning("broker refused group %s (%d bytes) as too large: publishing a smaller failed record",
                         group.group_id, len(value))
-            refused = Outcome(error=f"{oversize_error(len(value), self.settings.max_message_bytes)} (refused by "
-                                    "the broker)")
+            limit, namespace = self.settings.max_message_bytes, self.settings.prompts_topic.removesuffix(".prompts")
+            refused = Outcome(error=f"{oversize_error(len(value), limit, namespace)} (refused by the broker)")
             group, value = await self._encode(taken, refused, smaller.pop(0))
 
     async def _encode(self, taken: TakenPrompt, outcome: Outcome,

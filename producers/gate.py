@@ -89,6 +89,9 @@ class LagGate(WorkerThread):
         self._settled = 0  # records acknowledged or refused by the broker: written on the loop only
         self._history: deque[tuple[int, int]] = deque()  # (wall ms, _settled) at each note_settled
         self._opened = asyncio.Event()
+        # Whether the trainer group was ever seen committing (plain flags, any thread: at worst a second warning).
+        self._trainer_seen = False
+        self._mismatch_warned = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: LagReader | None = None  # the gate thread's reader (that thread only)
         self._readers = ClientReplacement[LagReader](
@@ -123,6 +126,7 @@ class LagGate(WorkerThread):
 
     def _first_reading(self, reader: LagReader, timeout: float) -> tuple[GroupLag, int]:
         lag = reader.group_lag(self.trainer_group, self.topic, timeout=timeout)
+        self._trainer_seen = any(p.committed is not None for p in lag.partitions)
         partitions = len(reader.partitions(self.prompts_topic, timeout=timeout)) if self.prompts_topic else 0
         return lag, partitions
 
@@ -168,12 +172,26 @@ class LagGate(WorkerThread):
     def follow(self, position: TrainerPosition) -> None:
         """A trainer position from NS.control (any thread): applied on the loop if it is this gate's trainer
         group and topic and newer than what the gate knows. Never blocks."""
-        if position.consumer_group != self.trainer_group or position.topic != self.topic or self._loop is None:
+        if position.topic == self.topic and position.consumer_group != self.trainer_group:
+            self._other_group(position.consumer_group)
+            return
+        if position.topic != self.topic or self._loop is None:
             return
         try:
             self._loop.call_soon_threadsafe(self._apply_position, position)
         except RuntimeError:
             pass  # the loop is closed: the producer is stopping
+
+    def _other_group(self, group: str) -> None:
+        """Another trainer group commits on the topic: warn once when this gate's own never did (a mismatch pauses
+        the producers for good once their max lag is reached)."""
+        if self._trainer_seen or self._mismatch_warned:
+            return
+        self._mismatch_warned = True
+        log.warning("trainer group mismatch: this producer gates on trainer group %s, which never committed on %s, "
+                    "while trainer group %s commits there: start the producers with --trainer-group %s (or "
+                    "ROLLSTREAM_TRAINER_GROUP), or the trainer with --group %s", self.trainer_group, self.topic, group,
+                    group, self.trainer_group)
 
     def set_owned(self, partitions: int) -> None:
         """How many NS.prompts partitions this producer owns now (intake's rebalance callbacks, any thread):
@@ -192,6 +210,7 @@ class LagGate(WorkerThread):
 
     def _apply_position(self, position: TrainerPosition) -> None:
         self._pushed_at = time.monotonic()
+        self._trainer_seen = True
         if position.observed_at_ms > self._position_at_ms:
             # Every position, also one older than a read the estimate applied since: all producers must apply the
             # same positions for their consumption parts to add up.
@@ -251,6 +270,7 @@ class LagGate(WorkerThread):
                 reader = self._readers.failed(exc) or reader  # every _FRESH_CLIENT_AFTER-th in a row: a new one
                 continue
             failures = self._readers.succeeded()
+            self._trainer_seen = self._trainer_seen or any(p.committed is not None for p in read.partitions)
             if failures >= _FRESH_CLIENT_AFTER:
                 log.info("lag of %s on %s readable again after %d failed reads", self.trainer_group, self.topic,
                          failures)

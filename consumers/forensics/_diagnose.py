@@ -34,8 +34,9 @@ class TimeoutDiagnoser:
     """
 
     def __init__(self, config: KafkaConfig, names: TopicNames, *, producer_group: str | None = None,
-                 refresh_s: float = 30.0, read_timeout_s: float = 5.0, max_prompts: int = 20_000) -> None:
-        self._config, self._names = config, names
+                 refresh_s: float = 30.0, read_timeout_s: float = 5.0, max_prompts: int = 20_000,
+                 trainer_group: str | None = None) -> None:
+        self._config, self._names, self._trainer_group = config, names, trainer_group
         self._producer_group = producer_group or names.producer_group
         self._refresh_s, self._read_timeout_s, self._max_prompts = refresh_s, read_timeout_s, max_prompts
         self._lock = threading.Lock()
@@ -61,7 +62,8 @@ class TimeoutDiagnoser:
                 note = ("producers and prompts are being read (the next TakeTimeout carries them; or run "
                         f"'rollstream status --namespace {self._names.namespace}')")
                 return Diagnosis(tuple(c for c in [first] if c), line, note)
-            causes = causes_of(self._names, self._producer_group, report.producers, report.prompts, None, first)
+            causes = causes_of(self._names, self._producer_group, report.producers, report.prompts, None, first,
+                               trainer_group=self._trainer_group)
             notes = [n for n in [unavailable_note(report.unavailable)] if n]
             if now_ms() - report.read_at_ms > 1000:
                 notes.append(f"producers and prompts as read {age(report.read_at_ms)} ago")
@@ -105,8 +107,8 @@ class TakeTimeouts:
     or a take ran out (a `TimeoutDiagnoser`, created at the first timeout). Not thread-safe (the consumer's
     thread). `error` and `last_poll` never raise; `close` is idempotent and never blocks."""
 
-    def __init__(self, names: TopicNames) -> None:
-        self._names = names
+    def __init__(self, names: TopicNames, trainer_group: str | None = None) -> None:
+        self._names, self._trainer_group = names, trainer_group
         self._diagnoser: TimeoutDiagnoser | None = None
         self._last_poll: tuple[tuple[OffsetDisposition, ...], int] = ((), 0)
 
@@ -122,7 +124,7 @@ class TakeTimeouts:
         try:
             diagnoser = self._diagnoser
             if diagnoser is None:
-                diagnoser = self._diagnoser = TimeoutDiagnoser(config, self._names)
+                diagnoser = self._diagnoser = TimeoutDiagnoser(config, self._names, trainer_group=self._trainer_group)
             why: Diagnosis | str = diagnoser.diagnose(seen, wait_s=min(5.0, (timeout or 0.0) / 4),
                                                       max_staleness=max_staleness, policy_version=policy_version)
         except Exception as exc:  # noqa: BLE001 - the timeout must be raised, whatever the diagnosis does

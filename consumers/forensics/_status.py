@@ -93,7 +93,7 @@ def status(config: KafkaConfig, namespace: str, *, trainer_group: str = DEFAULT_
     producers = _typed(results.get("producers"), ProducersReport)
     prompts = _typed(results.get("prompts"), PromptsReport)
     trainer = _typed(results.get("trainer"), TrainerReport)
-    diagnosis = Diagnosis(causes=causes_of(names, pgroup, producers, prompts, trainer),
+    diagnosis = Diagnosis(causes=causes_of(names, pgroup, producers, prompts, trainer, trainer_group=trainer_group),
                           note=unavailable_note(unavailable), read_at_ms=now_ms())
     return StatusReport(namespace, pgroup, trainer_group, now_ms(), producers, prompts, trainer, unavailable,
                         diagnosis)

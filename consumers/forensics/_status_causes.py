@@ -52,12 +52,14 @@ def _labels(labels: Mapping[str, int]) -> str:
 
 
 def skipped_cause(labels: Mapping[str, int], total: int, *, what: str, filtered_only: bool,
-                  max_staleness: int | None, policy_version: int | None) -> Cause:
-    """The all-skipped cause; `what` names the groups, ``{}`` where "filtered" or "skipped" goes."""
+                  max_staleness: int | None, policy_version: int | None, failure: str | None = None) -> Cause:
+    """The all-skipped cause; `what` names the groups, ``{}`` where "filtered" or "skipped" goes; `failure` is the
+    first failed group's reason (the producer's error says what to change: the reason is worth reading whole)."""
     word = "filtered" if filtered_only else "skipped"
     stale = (f" (max_staleness={max_staleness}, policy version {policy_version})"
              if "stale" in labels and max_staleness is not None else "")
-    return Cause("all_skipped", True, f"{what.format(word)}: {_labels(labels)}{stale}")
+    first = f"; the first {failure}" if failure else ""
+    return Cause("all_skipped", True, f"{what.format(word)}: {_labels(labels)}{stale}{first}")
 
 
 def take_cause(dispositions: Sequence[OffsetDisposition], max_staleness: int | None,
@@ -69,22 +71,39 @@ def take_cause(dispositions: Sequence[OffsetDisposition], max_staleness: int | N
     for kind_labels in by_kind(dispositions).values():
         labels.update(kind_labels)
     n = len(dispositions)
+    failure = next((d.reason for d in dispositions if reason_label(d.reason or "") == "failed"), None)
     return skipped_cause(labels, n, what=f"the last {n} group{'s' if n != 1 else ''} looked at "
                          f"{'were all' if n != 1 else 'was'} {{}}", filtered_only=all(d.kind in _REASON_KINDS
                                                                                 for d in dispositions),
-                         max_staleness=max_staleness, policy_version=policy_version)
+                         max_staleness=max_staleness, policy_version=policy_version, failure=failure)
 
 
 def causes_of(names: TopicNames, producer_group: str, producers: ProducersReport | None,
               prompts: PromptsReport | None, trainer: TrainerReport | None,
-              first: Cause | None = None) -> tuple[Cause, ...]:
-    """Every cause the parts show (None: not read), blocking ones first; `first` (a take's own) leads."""
+              first: Cause | None = None, *, trainer_group: str | None = None) -> tuple[Cause, ...]:
+    """Every cause the parts show (None: not read), blocking ones first; `first` (a take's own) leads, then a
+    trainer group the producers do not follow (`trainer_group`: the one waiting; None: not checked)."""
     out: list[Cause] = [first] if first else []
+    if trainer_group is not None and (mismatch := _group_mismatch(producer_group, producers, trainer_group)):
+        out.append(mismatch)
     if first is None and trainer is not None and (cause := _waiting_cause(trainer)) is not None:
         out.append(cause)
     out += _prompt_causes(names.namespace, producer_group, prompts)
     out += _producer_causes(names.namespace, producer_group, producers, prompts.left if prompts else None)
-    return tuple(sorted(out, key=lambda c: (c is not first, not c.blocking)))
+    return tuple(sorted(out, key=lambda c: (c is not first, c.code != "trainer_group_mismatch", not c.blocking)))
+
+
+def _group_mismatch(producer_group: str, producers: ProducersReport | None, trainer_group: str) -> Cause | None:
+    """Producers whose backpressure follows another trainer group than the one waiting: they never see its
+    commits, so once their max lag is reached they pause for good."""
+    followed = sorted({m.state.trainer_group for m in (producers.members if producers else ())
+                       if m.state is not None and m.state.trainer_group not in (None, trainer_group)})
+    if not followed:
+        return None
+    return Cause("trainer_group_mismatch", True, f"trainer group mismatch: the producers in {producer_group} gate on "
+                 f"trainer group {', '.join(followed)}, but this trainer commits as {trainer_group}, so their "
+                 f"backpressure never sees its commits: start the producers with --trainer-group {trainer_group} "
+                 f"(or ROLLSTREAM_TRAINER_GROUP), or the trainer with --group {followed[0]}")
 
 
 def _waiting_cause(trainer: TrainerReport) -> Cause | None:

@@ -136,7 +136,8 @@ class TrainerReport:
 @dataclass(frozen=True)
 class Cause:
     """One finding. `code`: no_prompts | prompts_exhausted | no_producer | producers_paused | all_skipped |
-    flowing. `blocking`: work is left that cannot reach a waiting trainer until someone acts."""
+    trainer_group_mismatch | flowing. `blocking`: work is left that cannot reach a waiting trainer until someone
+    acts."""
 
     code: str
     blocking: bool

@@ -2,25 +2,28 @@
 
 Each group of commands lives in its own module and registers itself on the root app here.
 Errors derived from `RollstreamError` (and librdkafka's own, mapped by `rollstream.infra.kafka_error`) are printed
-as one clear line and exit with status 2.
+as one clear line (`_common.fail`: never a traceback) and exit with status 2.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
 from confluent_kafka import KafkaException
 
 from rollstream.cli import _acls, _broker, _consume, _demo, _inspect, _produce, _prompts, _status, _topics
-from rollstream.cli._common import setup_logging
+from rollstream.cli._common import examples, fail, setup_logging
 from rollstream.infra import kafka_error
 from rollstream.schemas import RollstreamError
 
 app = typer.Typer(
     name="rollstream",
     help="Kafka-based streaming rollouts for LLM RL: producers publish scored groups, the trainer takes exactly N.",
+    epilog=examples("rollstream broker start", "rollstream topics create --namespace demo",
+                    "rollstream prompts load prompts.jsonl --namespace demo",
+                    "rollstream produce --namespace demo --engine hf --model ./tiny --reward math",
+                    "rollstream take --namespace demo -n 8 --steps 3"),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -48,10 +51,7 @@ def main() -> None:
     try:
         app()
     except RollstreamError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        sys.exit(2)
+        fail(str(exc))
     except KafkaException as exc:  # raised by librdkafka itself, e.g. a client refusing a setting
         error = kafka_error("Kafka client", exc)
-        hint = " (check the --kafka-config file)" if error.code == "_INVALID_ARG" else ""
-        typer.secho(f"error: {error}{hint}", fg=typer.colors.RED, err=True)
-        sys.exit(2)
+        fail(f"{error}{' (check the --kafka-config file)' if error.code == '_INVALID_ARG' else ''}")

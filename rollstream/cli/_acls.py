@@ -12,6 +12,7 @@ from rollstream.cli._common import (
     BootstrapOpt,
     KafkaConfigOpt,
     NamespaceOpt,
+    examples,
     kafka_config,
 )
 from rollstream.infra import apply_acls, plan_acls
@@ -48,4 +49,7 @@ def acls(
 
 def register(root: typer.Typer) -> None:
     """Add the `acls` command to the root app."""
-    root.command("acls", help=HELP)(acls)
+    root.command("acls", help=HELP, epilog=examples(
+        "rollstream acls --namespace demo --producer-principal User:producer --trainer-principal User:trainer",
+        "rollstream acls --namespace demo --producer-principal User:producer --trainer-principal User:trainer "
+        "--apply --kafka-config admin.properties"))(acls)

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 import typer
 
+from rollstream.cli._common import examples
 from rollstream.infra.broker import (
     BrokerSpec,
     broker_status,
@@ -17,13 +18,16 @@ from rollstream.infra.broker import (
     stop_broker,
 )
 
-app = typer.Typer(help="Run a local Apache Kafka broker (KRaft mode, loopback only).", no_args_is_help=True)
+app = typer.Typer(help="Run a local Apache Kafka broker (KRaft mode, loopback only).", no_args_is_help=True,
+                  epilog=examples("rollstream broker start", "rollstream broker status", "rollstream broker stop"))
 
 DataDirOpt = Annotated[Path | None, typer.Option(
     "--data-dir", help="Where the broker keeps its logs, config and pids (default ~/.rollstream/broker).")]
 
 
-@app.command("start")
+@app.command("start", epilog=examples("rollstream broker start",
+                                             "rollstream broker start --port 19092 --nodes 3",
+                                             "rollstream broker start --sasl --tls"))
 def start(
     port: Annotated[int, typer.Option(help="Client port of the first node (node i listens on port+i-1).")] = 9092,
     controller_port: Annotated[int | None, typer.Option(
@@ -75,14 +79,14 @@ def _print_client_configs(data_dir: Path, sasl: bool, tls: bool, mtls: bool) -> 
                f"{files.get('admin', data_dir / 'admin.properties')}", err=True)
 
 
-@app.command("stop")
+@app.command("stop", epilog=examples("rollstream broker stop --data-dir ~/.rollstream/broker"))
 def stop(data_dir: DataDirOpt = None) -> None:
     """Stop exactly the broker processes started with this data dir."""
     stopped = stop_broker(data_dir or default_data_dir())
     typer.echo("stopped" if stopped else "no broker was running")
 
 
-@app.command("status")
+@app.command("status", epilog=examples("rollstream broker status"))
 def status(data_dir: DataDirOpt = None) -> None:
     """Say whether the broker of this data dir runs, and where."""
     st = broker_status(data_dir or default_data_dir())

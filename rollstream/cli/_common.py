@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -26,6 +27,24 @@ TrainerGroupOpt = Annotated[str, typer.Option(
 DEFAULT_NAMESPACE = "rollstream"
 
 
+def examples(*commands: str) -> str:
+    """A command's ``--help`` epilog: its example command lines, one a line (rich keeps the line breaks). Each is a
+    whole command line whose flags parse: tests/unit/test_cli_help.py checks every command's."""
+    if len(commands) == 1:
+        return f"Example: {commands[0]}"
+    return "\n  ".join(["Examples:", *commands])
+
+
+EXIT_ERROR = 2  # a usage, configuration or cluster error: what `fail` exits with
+
+
+def fail(message: str) -> NoReturn:
+    """End the command with `message` as one red line on stderr (its own line breaks joined) and exit 2."""
+    line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    typer.secho(f"error: {line}", fg=typer.colors.RED, err=True)
+    sys.exit(EXIT_ERROR)
+
+
 def kafka_config(bootstrap_servers: str | None, kafka_config_file: Path | None, client_id: str) -> KafkaConfig:
     """The KafkaConfig every command builds its clients from."""
     return KafkaConfig.load(bootstrap_servers, kafka_config_file, client_id=client_id)
@@ -43,7 +62,7 @@ def setup_logging(verbose: int) -> None:
     logging.getLogger("librdkafka").setLevel(logging.DEBUG if verbose >= 2 else logging.CRITICAL + 1)
 
 
-def require_reachable(config: KafkaConfig, topics: list[str], namespace: str) -> None:
-    """Fail fast and in one line when the cluster does not answer or a topic is missing (see
-    `rollstream.infra.require_topics`), before a command's own, longer timeouts."""
-    require_topics(config, topics, namespace=namespace, timeout=REACH_TIMEOUT_S)
+def require_reachable(config: KafkaConfig, topics: list[str], namespace: str, timeout: float = REACH_TIMEOUT_S) -> None:
+    """Fail fast and in one line when the cluster does not answer, the namespace has no topics or a topic is missing
+    (see `rollstream.infra.require_topics`), before a command's own, longer timeouts."""
+    require_topics(config, topics, namespace=namespace, timeout=min(timeout, REACH_TIMEOUT_S))

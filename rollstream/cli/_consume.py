@@ -22,6 +22,8 @@ from rollstream.cli._common import (
     KafkaConfigOpt,
     NamespaceOpt,
     TrainerGroupOpt,
+    examples,
+    fail,
     kafka_config,
     require_reachable,
     topic_names,
@@ -30,8 +32,10 @@ from rollstream.cli._stopping import StopSignals
 from rollstream.consumers import (
     Batch,
     DedupeWindow,
+    Diagnosis,
     ReplayedRecord,
     RolloutConsumer,
+    TakeTimeout,
     audit,
     audit_epochs,
     default_filters,
@@ -151,7 +155,10 @@ def take(
     try:
         with stop, consumer, _appending(out) as (sink, durable):
             while steps == 0 or taken < steps:
-                batch = consumer.take(n, timeout=timeout, commit=False)
+                try:
+                    batch = consumer.take(n, timeout=timeout, commit=False)
+                except TakeTimeout as exc:
+                    fail(_timed_out(exc, taken))
                 _write_step(sink, batch, durable)
                 consumer.commit(batch)  # only now: a kill before this leaves the step to be taken again
                 taken += 1
@@ -163,6 +170,16 @@ def take(
             raise
         how = "" if isinstance(exc, KeyboardInterrupt) else f"; on the way out: {type(exc).__name__}: {exc}"
         stop.exit_now(f"interrupted ({signal.Signals(stop.signalled).name}) after {taken} committed step(s){how}")
+
+
+def _timed_out(exc: TakeTimeout, committed: int) -> str:
+    """A timed-out take in one line: what came, the likely causes with their fixes, what the take looked at."""
+    head = (f"take timed out after {exc.timeout:g} s with {exc.gathered} of {exc.wanted} groups (this step not "
+            f"committed; {committed} step{'s' if committed != 1 else ''} committed before)")
+    d = exc.diagnosis
+    if not isinstance(d, Diagnosis):
+        return f"{head}: {d or 'are producers running? check rollstream status'}"
+    return f"{head}: {d.why()}" + (f" (this take {d.seen})" if d.seen else "")
 
 
 def lag(
@@ -309,8 +326,21 @@ def _help(fn: Any) -> str:
     return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
+EXAMPLES = {
+    "take": examples("rollstream take --namespace demo -n 8 --steps 3",
+                     "rollstream take --namespace demo -n 8 --steps 0 --group my-trainer --timeout 60 "
+                     "--out steps.jsonl"),
+    "lag": examples("rollstream lag --namespace demo --group my-trainer"),
+    "replay": examples("rollstream replay --namespace demo --step 12 --out step12.jsonl",
+                       "rollstream replay --namespace demo --from 0:1200 --to 0:1300",
+                       "rollstream replay --namespace demo --since 10m"),
+    "audit": examples("rollstream audit --namespace demo --group my-trainer",
+                      "rollstream audit --namespace demo --epochs --json"),
+}
+
+
 def register(app: typer.Typer) -> None:
     """Add take, lag, replay and audit to the root `rollstream` app."""
     for name, fn in (("take", take), ("lag", lag), ("replay", replay), ("audit", audit_command)):
-        app.command(name, help=_help(fn))(fn)
+        app.command(name, help=_help(fn), epilog=EXAMPLES[name])(fn)
 

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from rollstream.cli._common import BootstrapOpt, KafkaConfigOpt
+from rollstream.cli._common import BootstrapOpt, KafkaConfigOpt, examples
 from rollstream.demo import DemoOptions, run_demo
 from rollstream.infra import BOOTSTRAP_ENV
 
@@ -74,4 +74,5 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add `demo` to the root app."""
-    app.command("demo", help=HELP)(demo)
+    app.command("demo", help=HELP, epilog=examples("rollstream demo", "rollstream demo --steps 40 --out demo-out",
+                                                   "rollstream demo --bootstrap-servers 127.0.0.1:9092"))(demo)

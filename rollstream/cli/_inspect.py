@@ -16,6 +16,7 @@ from rollstream.cli._common import (
     KafkaConfigOpt,
     NamespaceOpt,
     TrainerGroupOpt,
+    examples,
     kafka_config,
     require_reachable,
     topic_names,
@@ -142,7 +143,16 @@ def _token_text(path: Path):  # noqa: ANN202 - a TokenText
     return pieces
 
 
+EXAMPLES = {
+    "export": examples("rollstream export --namespace demo --steps 100:200 --out steps.parquet",
+                       "rollstream export --namespace demo --since 2h --out last2h.parquet"),
+    "report": examples("rollstream report --namespace demo --out report.html",
+                       "rollstream report --namespace demo --steps 100:200 --detail-step 150 --tokenizer ./model "
+                       "--out report.html"),
+}
+
+
 def register(app: typer.Typer) -> None:
     """Add export and report to the root `rollstream` app."""
     for name, fn in (("export", export), ("report", report)):
-        app.command(name, help=_help(fn))(fn)
+        app.command(name, help=_help(fn), epilog=EXAMPLES[name])(fn)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from rollstream.cli._common import DEFAULT_NAMESPACE, BootstrapOpt, KafkaConfigOpt, NamespaceOpt, kafka_config
+from rollstream.cli._common import DEFAULT_NAMESPACE, BootstrapOpt, KafkaConfigOpt, NamespaceOpt, examples, kafka_config
 from rollstream.producers import DEFAULT_REQUEST_TIMEOUT_S, ProducerSettings, RolloutProducer, make_engine
 
 
@@ -185,13 +185,16 @@ HELP = "\n\n".join([
     "Intake pauses while the trainer group's lag on NS.rollouts exceeds --max-lag (one number for the whole "
     "fleet: each producer also waits while its own uncommitted groups exceed its share of it). SIGTERM/SIGINT: "
     "stop taking prompts, finish in-flight groups, flush, commit, exit 0.",
-    "Examples: rollstream produce --engine sglang --sglang-url http://gpu1:30000 --tokenizer ./model --reward "
-    "math;  rollstream produce --engine vllm --vllm-url http://gpu1:8000 --tokenizer ./model;  "
-    "rollstream produce --engine hf --model ./tiny --n-samples 4;  rollstream produce --generate "
-    "mypkg.agent:generate --reward mypkg.agent:score",
 ])
+EXAMPLES = examples(
+    "rollstream produce --namespace demo --engine sglang --sglang-url http://gpu1:30000 --tokenizer ./model "
+    "--reward math",
+    "rollstream produce --namespace demo --engine vllm --vllm-url http://gpu1:8000 --tokenizer ./model",
+    "rollstream produce --namespace demo --engine hf --model ./tiny --n-samples 4 --trainer-group my-trainer",
+    "rollstream produce --namespace demo --generate mypkg.agent:generate --reward mypkg.agent:score",
+)
 
 
 def register(app: typer.Typer) -> None:
     """Add `produce` to the root app."""
-    app.command("produce", help=HELP)(produce)
+    app.command("produce", help=HELP, epilog=EXAMPLES)(produce)

@@ -7,10 +7,11 @@ from typing import Annotated
 
 import typer
 
-from rollstream.cli._common import DEFAULT_NAMESPACE, BootstrapOpt, KafkaConfigOpt, NamespaceOpt, kafka_config
+from rollstream.cli._common import DEFAULT_NAMESPACE, BootstrapOpt, KafkaConfigOpt, NamespaceOpt, examples, kafka_config
 from rollstream.producers import load_prompts
 
-app = typer.Typer(help="Put prompts on NS.prompts for the producers.", no_args_is_help=True)
+app = typer.Typer(help="Put prompts on NS.prompts for the producers.", no_args_is_help=True,
+                  epilog=examples("rollstream prompts load prompts.jsonl --namespace demo"))
 
 
 LOAD_HELP = "\n\n".join([
@@ -21,7 +22,9 @@ LOAD_HELP = "\n\n".join([
 ])
 
 
-@app.command("load", help=LOAD_HELP)
+@app.command("load", help=LOAD_HELP, epilog=examples(
+    "rollstream prompts load prompts.jsonl --namespace demo",
+    "rollstream prompts load prompts.jsonl --namespace demo --epochs 3 --start-epoch 1"))
 def load(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL: one prompt per line.")],
     epochs: Annotated[int, typer.Option(min=1, help="Publish every prompt once per epoch.")] = 1,

@@ -14,7 +14,10 @@ from rollstream.cli._common import (
     KafkaConfigOpt,
     NamespaceOpt,
     TrainerGroupOpt,
+    examples,
     kafka_config,
+    require_reachable,
+    topic_names,
 )
 from rollstream.consumers import StatusReport, status
 from rollstream.consumers.forensics._status_causes import age
@@ -45,7 +48,8 @@ HELP = "\n\n".join([
     "what could not be read and why.",
     "Exit status: 0 healthy or idle (nothing blocks, or no work is left); 1 blocked (work is left that "
     "cannot reach a waiting trainer until someone acts); 3 partial (part of the report could not be read "
-    "and nothing blocking was found); 2 a usage or configuration error.",
+    "and nothing blocking was found); 2 a usage or configuration error (no broker answers, the namespace has "
+    "no topics).",
 ])
 
 
@@ -69,6 +73,8 @@ def status_command(
     kafka_config_file: KafkaConfigOpt = None,
 ) -> None:
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-status")
+    names = topic_names(namespace)  # a wrong namespace or no broker: one line, not a report of what is unreadable
+    require_reachable(config, [names.prompts, names.rollouts], namespace, timeout)
     report = status(config, namespace, trainer_group=group, producer_group=producer_group,
                     recent_steps=recent_steps, max_prompts=max_prompts, peek=peek, max_staleness=max_staleness,
                     policy_version=policy_version, dynamic_sampling=dynamic_sampling, timeout=timeout)
@@ -160,4 +166,6 @@ def _trainer_lines(t: TrainerReport) -> list[str]:
 
 def register(app: typer.Typer) -> None:
     """Add `status` to the root `rollstream` app."""
-    app.command("status", help=HELP)(status_command)
+    app.command("status", help=HELP, epilog=examples(
+        "rollstream status --namespace demo", "rollstream status --namespace demo --group my-trainer --json"))(
+        status_command)

@@ -11,16 +11,21 @@ from rollstream.cli._common import (
     BootstrapOpt,
     KafkaConfigOpt,
     NamespaceOpt,
+    examples,
     kafka_config,
     require_reachable,
     topic_names,
 )
 from rollstream.infra import TopicPlan, create_topics, describe_topic_configs
 
-app = typer.Typer(help="Create and inspect the topics of a namespace.", no_args_is_help=True)
+app = typer.Typer(help="Create and inspect the topics of a namespace.", no_args_is_help=True,
+                  epilog=examples("rollstream topics create --namespace demo",
+                                  "rollstream topics describe --namespace demo"))
 
 
-@app.command("create")
+@app.command("create", epilog=examples(
+    "rollstream topics create --namespace demo",
+    "rollstream topics create --namespace prod --partitions 12 --replication-factor 3 --max-message-mib 128"))
 def create(
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     partitions: Annotated[int, typer.Option(help="Partitions of the prompts and rollouts topics.")] = 3,
@@ -42,7 +47,7 @@ def create(
         typer.echo(f"{name}: {outcome}")
 
 
-@app.command("describe")
+@app.command("describe", epilog=examples("rollstream topics describe --namespace demo"))
 def describe(namespace: NamespaceOpt = DEFAULT_NAMESPACE, bootstrap_servers: BootstrapOpt = None,
              kafka_config_file: KafkaConfigOpt = None) -> None:
     """Print the configs the broker holds for the namespace's topics."""
