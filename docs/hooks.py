@@ -26,6 +26,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
 
@@ -38,6 +39,7 @@ _LINK = re.compile(r"(?P<text>!?\[(?:[^\[\]]|\[[^\]]*\])*\])\((?P<target><[^>]*>
 _FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,}).*?^(?P=indent)(?P=fence)[ \t]*$", re.M | re.S)
 
 
+@event_priority(100)  # before mkdocstrings' on_config, which looks for its `paths` (a fresh checkout has none)
 def on_config(config: MkDocsConfig) -> MkDocsConfig:
     """Lay the installed package tree out as links, before mkdocstrings first reads it."""
     root = Path(config.config_file_path).parent
