@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,7 +97,7 @@ print(json.dumps(report))
 
 
 @pytest.fixture(scope="module")
-def import_report() -> dict[str, list[list]]:
+def import_report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[list]]:
     """Every checked block's imports run once, together, in one fresh interpreter."""
     statements = {}
     for block in CHECKED:
@@ -107,8 +106,10 @@ def import_report() -> dict[str, list[list]]:
         except SyntaxError:
             continue  # test_snippet reports it
         statements[block.where] = _imports(tree)
-    result = subprocess.run([sys.executable, "-c", _IMPORT_RUNNER], input=json.dumps(statements), cwd=ROOT,
-                            capture_output=True, text=True, timeout=IMPORTS_TIMEOUT_S, check=False)
+    # not run from the checkout: its rollstream/ folder would shadow the installed package (which maps schemas/ ...)
+    result = subprocess.run([sys.executable, "-c", _IMPORT_RUNNER], input=json.dumps(statements),
+                            cwd=tmp_path_factory.mktemp("imports"), capture_output=True, text=True,
+                            timeout=IMPORTS_TIMEOUT_S, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"the import runner failed:\n{result.stderr}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -140,9 +141,8 @@ def test_snippet(block: Block, import_report: dict[str, list[list]], tmp_path: P
 def _run(block: Block, tmp_path: Path) -> None:
     script = tmp_path / "snippet.py"
     script.write_text(block.source, encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    try:
-        result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
+    try:  # in a temporary folder, importing rollstream as installed, as a reader's script would
+        result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
                                 text=True, timeout=RUN_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{block.where}: ran past {RUN_TIMEOUT_S:.0f} s", pytrace=False)
