@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench chaos fleet install install-verl jars upstream lint broker-start broker-stop clean
+.PHONY: demo test bench chaos fleet install install-verl jars upstream lint docs broker-start broker-stop clean
 
 demo: install jars
 	$(VENV)/bin/rollstream demo
@@ -63,15 +63,24 @@ jars: install
 upstream: install
 	$(PY) -m tests.upstream.install
 
-# ruff over everything; mypy over the rollstream namespace (settings in pyproject.toml). mypy cannot follow the
-# install-time folder mapping (rollstream.schemas is schemas/, ...), so it reads a tree of links laid out as installed.
+# ruff over everything; mypy over the rollstream namespace (settings in pyproject.toml); the docs site, strictly.
+# mypy cannot follow the install-time folder mapping (rollstream.schemas is schemas/, ...), so it reads a tree of
+# links laid out as installed (the docs build lays out its own the same way: docs/hooks.py).
 TYPECHECK := build/typecheck
 lint: install
-	$(VENV)/bin/ruff check schemas infra producers consumers rollstream tests
+	$(VENV)/bin/ruff check schemas infra producers consumers rollstream tests docs
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/rollstream
 	find $(CURDIR)/rollstream -mindepth 1 -maxdepth 1 ! -name __pycache__ -exec ln -s {} $(TYPECHECK)/rollstream/ \;
 	ln -s $(CURDIR)/schemas $(CURDIR)/infra $(CURDIR)/producers $(CURDIR)/consumers $(TYPECHECK)/rollstream/
 	cd $(TYPECHECK) && $(CURDIR)/$(VENV)/bin/mypy --config-file $(CURDIR)/pyproject.toml
+	$(MKDOCS)
+
+# The documentation site (mkdocs.yml: the README, docs/ and the API reference from the docstrings) into build/site.
+# Strict: a broken link, anchor or API reference, or a docstring griffe cannot parse, fails. Needs no network.
+# Open build/site/index.html, or serve it with search: `python -m http.server -d build/site`.
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+docs: install
+	$(MKDOCS)
 
 broker-start: install
 	$(VENV)/bin/rollstream broker start

@@ -244,8 +244,8 @@ class RolloutConsumer:
         thread-safe.
 
         Raises:
-            What `take` raises, except TakeTimeout; ConfigError also when `timeout` is None or negative
-            (wait without a limit with `take`).
+            RollstreamError: what `take` raises, except TakeTimeout.
+            ConfigError: also when `timeout` is None or negative (wait without a limit with `take`).
         """
         if timeout is None:
             raise ConfigError("poll_batch(timeout=None): give a timeout in seconds; take(n) waits without limit")

@@ -170,8 +170,9 @@ class VerlTrainerQueue:
         Blocks (off the loop) until a whole step is there, at most ``take_timeout_s``.
 
         Raises:
-            TakeTimeout: ``take_timeout_s`` passed; RollstreamError: a new step was asked for before the last
-            one was committed (the trainer's commit hook is missing).
+            TakeTimeout: ``take_timeout_s`` passed.
+            RollstreamError: a new step was asked for before the last one was committed (the trainer's commit
+                hook is missing).
         """
         import ray
 
@@ -213,8 +214,9 @@ class VerlTrainerQueue:
         """Commit the step handed over: verl trained on it. Blocks until committed; returns its step.
 
         Raises:
-            RollstreamError: nothing handed over, or not all of it was read; RunSupersededError: a newer
-            trainer run began; CommitError.
+            RollstreamError: nothing handed over, or not all of it was read.
+            RunSupersededError: a newer trainer run began.
+            CommitError: the commit failed.
         """
         if self._handed is None or self._ready:
             raise RollstreamError(f"commit_trained: {'no step was handed over' if self._handed is None else ''}"
