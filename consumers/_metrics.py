@@ -4,7 +4,7 @@ Names follow Prometheus' conventions (https://prometheus.io/docs/practices/namin
 (seconds, bytes) last, counters end in ``_total``. No sentinel values: ``rollstream_consumer_step`` is
 absent until the first step is taken (step numbers start at 0, so a 0 before it would read as a step).
 ``filtered`` and ``requeued`` reasons are an open set (custom filters add their own), so their series
-appear with the first such group. The README's "Metrics" section lists every name and the renames.
+appear with the first such group. docs/metrics.md lists every name and the renames.
 """
 
 from __future__ import annotations

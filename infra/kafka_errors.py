@@ -129,7 +129,7 @@ def not_authorized_error(code: str, name: str | None, namespace: str | None = No
     ns = namespace or "NS"
     return KafkaIOError(f"not authorized for {kind}{f' {name}' if name else ''}: grant this principal its ACLs "
                         f"(as an admin: rollstream acls --namespace {ns} --producer-principal P --trainer-principal T "
-                        "--apply; see the README's Security section)",
+                        "--apply; see docs/security.md)",
                         topic=name if kind == "topic" else None, code=code)
 
 

@@ -8,8 +8,8 @@ Names follow Prometheus' conventions (https://prometheus.io/docs/practices/namin
 (seconds, bytes) last, counters end in ``_total``, a gauge of a count names what it counts (groups,
 prompts, records). No sentinel values: ``rollstream_producer_weight_version`` is absent from the
 scrape until the engine reports a version. Label values from a closed set (``status``, ``source``) are
-initialised at zero, so a rate over them exists before the first event. The README's "Metrics"
-section lists every name and the renames; ``infra/grafana/rollstream.json`` is the dashboard.
+initialised at zero, so a rate over them exists before the first event. docs/metrics.md
+lists every name and the renames; ``infra/grafana/rollstream.json`` is the dashboard.
 """
 
 from __future__ import annotations

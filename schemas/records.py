@@ -90,8 +90,8 @@ class Prompt:
         return make_group_id(self.id, self.epoch)
 
     def plugin_dict(self) -> dict[str, Any]:
-        """The prompt dict plug-in generate and reward functions receive (the public contract, README
-        "Custom generate and reward functions"): exactly the keys `PLUGIN_KEYS`, ``id``, ``prompt`` (text,
+        """The prompt dict plug-in generate and reward functions receive (the public contract, docs/engines.md
+        "Custom generate"): exactly the keys `PLUGIN_KEYS`, ``id``, ``prompt`` (text,
         or a list of ``{"role", "content"}`` dicts), ``label`` (None when absent), ``metadata`` (a fresh
         dict of strings), ``epoch`` and ``attempt`` (0, or k for the k-th requeue). Not the wire datum:
         a schema change leaves it as it is. A fresh dict each call: a plug-in may change its copy."""

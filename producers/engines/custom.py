@@ -1,7 +1,7 @@
 """A user's generate function as an engine (``--generate MODULE:FUNC``).
 
 The function is ``async def f(prompt: dict, n: int, sampling_params: dict) -> list[dict]`` returning `n`
-completion dicts. Each dict has (README, "Plug-ins"):
+completion dicts. Each dict has (docs/engines.md, "Custom generate"):
 
 - ``text`` (str) and ``tokens`` (list[int]): the response, without the prompt;
 - ``logprobs`` (list[float], optional): one per response token under the generating policy; it may hold

@@ -1,4 +1,4 @@
-"""Export of a long range against replay of the same offsets: time and peak memory (README's figures).
+"""Export of a long range against replay of the same offsets: time and peak memory (docs/benchmarks.md).
 
 ``python -m tests.bench.export_vs_replay BOOTSTRAP GROUPS [OUT_DIR]``: publishes GROUPS small groups (4 samples
 of 16 tokens) to a fresh one-partition namespace, takes them in steps of 1,000 with a trainer group, then

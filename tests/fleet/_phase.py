@@ -69,7 +69,7 @@ class PhaseSpec:
 
     @property
     def in_flight_bound(self) -> int:
-        """max_lag + every producer's concurrency: the most the lag can reach (README, guarantee 3)."""
+        """max_lag + every producer's concurrency: the most the lag can reach (the README's guarantees)."""
         return self.max_lag + self.producers * self.concurrency
 
 

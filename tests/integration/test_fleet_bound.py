@@ -1,13 +1,12 @@
 """One max_lag for the whole fleet: 16 in-process producers share it against a real broker.
 
-Pinned here (README, "--max-lag"; `rollstream.producers._share`): with pushed backpressure, 16 producers
-whose generation is instant, each owning one of 16 prompt partitions, and a trainer that takes 16 groups a
-step, the trainer group's committed lag, sampled every 50 ms over a window of the run (between commits),
-stays within max_lag + every producer's concurrency. Under the old rule each producer would admit up to the
-whole max_lag on every commit, and the lag would reach up to 16 x max_lag (seen: 122 and 175 against 48).
-The shares the producers report sum to max_lag, within a group. It asserts the bound, not a speed (it only
-checks that the trainer made steps).
-"""
+Pinned here (docs/operations.md, "Running a producer fleet"; `rollstream.producers._share`): with pushed
+backpressure, 16 producers whose generation is instant, each owning one of 16 prompt partitions, and a trainer
+that takes 16 groups a step, the trainer group's committed lag, sampled every 50 ms over a window of the run
+(between commits), stays within max_lag + every producer's concurrency. Under the old rule each producer would
+admit up to the whole max_lag on every commit, and the lag would reach up to 16 x max_lag (seen: 122 and 175
+against 48). The shares the producers report sum to max_lag, within a group. It asserts the bound, not a speed
+(it only checks that the trainer made steps). """
 
 from __future__ import annotations
 
