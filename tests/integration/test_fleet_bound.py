@@ -6,7 +6,8 @@ that takes 16 groups a step, the trainer group's committed lag, sampled every 50
 (between commits), stays within max_lag + every producer's concurrency. Under the old rule each producer would
 admit up to the whole max_lag on every commit, and the lag would reach up to 16 x max_lag (seen: 122 and 175
 against 48). The shares the producers report sum to max_lag, within a group. It asserts the bound, not a speed
-(it only checks that the trainer made steps). """
+(it only checks that the trainer made steps).
+"""
 
 from __future__ import annotations
 
