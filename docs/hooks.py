@@ -13,6 +13,10 @@ works from a checkout, with nothing to prepare first:
    mkdocs' strict validation fails on it. One that exists goes to the repository browser when mkdocs.yml sets
    `repo_url`; without one (the site must work offline), a file is copied into the site under `repo/` and
    the link points at the copy, and a folder (or a Markdown file that is no page) is reduced to its text.
+4. **The CLI reference is generated at every build**, never written by hand: a page's
+   `<!-- cli-reference: MODULE:APP -->` line (docs/reference/cli.md has one) becomes the reference of every
+   command of that typer app, written by docs/cli_reference.py from the command objects in a fresh
+   interpreter (so `mkdocs serve` shows a changed command), before the page's links are checked.
 """
 
 from __future__ import annotations
@@ -21,11 +25,14 @@ import os
 import posixpath
 import re
 import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 from mkdocs.structure.pages import Page
@@ -33,6 +40,10 @@ from mkdocs.structure.pages import Page
 LAYOUT = Path("build", "docs-layout")  # relative to mkdocs.yml; mkdocstrings' `paths` names it too
 COPIES = "repo"  # where, in the site, copies of repository files live (no repo_url)
 README_PAGE = "readme.md"  # the README, as a page of the site (its links rewritten from docs/)
+CLI_REFERENCE = Path(__file__).with_name("cli_reference.py")  # run as a script: the Markdown on stdout
+CLI_TIMEOUT_S = 60.0
+
+_CLI_MARKER = re.compile(r"^<!--\s*cli-reference:\s*(?P<app>[\w.]+:\w+)\s*-->[ \t]*$", re.M)
 
 # A Markdown inline link or image: [text](target "title"). Fenced code is cut out before matching (_prose).
 _LINK = re.compile(r"(?P<text>!?\[(?:[^\[\]]|\[[^\]]*\])*\])\((?P<target><[^>]*>|[^)\s]+)(?P<title>\s+\"[^\"]*\")?\)")
@@ -68,6 +79,7 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
 def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
     """Point each link to an existing repository file outside docs/ at the repository browser or at its copy."""
     root = Path(config.config_file_path).parent
+    markdown = _CLI_MARKER.sub(lambda marker: _cli_reference(marker.group("app"), root), markdown)
     here = posixpath.dirname(page.file.src_uri) or "."
     replacements: list[tuple[re.Match[str], str]] = []
     for match, rel, anchor in _outside_links(markdown, page.file.src_uri, root, config.docs_dir):
@@ -86,6 +98,19 @@ def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Fil
             continue
         replacements.append((match, f"{match.group('text')}({url}{match.group('title') or ''})"))
     return _replace(markdown, replacements)
+
+
+def _cli_reference(app: str, root: Path) -> str:
+    """The Markdown reference of the typer app MODULE:APP, from docs/cli_reference.py; its failure fails the build."""
+    env = {**os.environ, "PYTHONUTF8": "1"}
+    try:
+        done = subprocess.run([sys.executable, str(CLI_REFERENCE), app], cwd=root, env=env, capture_output=True,
+                              text=True, encoding="utf-8", timeout=CLI_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise PluginError(f"{CLI_REFERENCE.name} {app}: no output within {CLI_TIMEOUT_S:.0f} s") from exc
+    if done.returncode != 0 or not done.stdout.strip():
+        raise PluginError(f"{CLI_REFERENCE.name} {app} failed (exit {done.returncode}):\n{done.stderr.strip()}")
+    return done.stdout
 
 
 def _copied(target: Path) -> bool:
