@@ -3,18 +3,22 @@ line that names the fix, exit status 2 (a producer, which waits by design, logs 
 bound. No traceback.
 
 a. no broker at the bootstrap address; b. a misspelt namespace; c. no prompts loaded; d. producers gating on
-another trainer group than the trainer's; e. a topic too small for a group.
+another trainer group than the trainer's; e. a topic too small for a group. And f.: a take without --timeout that
+waits on an empty namespace is not silent: its waiting lines name the cause, and Ctrl-C stops it (130).
 """
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
 
 from rollstream.infra import KafkaConfig, TopicNames
 
+from rollstream.cli._waiting import NOTICES_ENV
 from tests.conftest import NamespaceFactory, free_port
 from tests.integration._kafka import count, run_cli, start_cli, until, write_prompts
 
@@ -108,3 +112,35 @@ def test_e_topic_too_small_for_a_group_says_size_limit_and_both_fixes(
         assert "group record of" in text and f"max.message.bytes of {names.rollouts}" in text
         assert "--add-config max.message.bytes=" in text and "--n-samples" in text
     assert took < 6 + _BOUND_S
+
+
+def test_f_a_take_that_waits_says_how_long_how_many_and_why(bootstrap_servers: str, namespace: TopicNames) -> None:
+    ns = namespace.namespace
+    take = start_cli(bootstrap_servers, "take", "-n", "2", "--namespace", ns, **{NOTICES_ENV: "1,2"})
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in take.stderr or ():
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        first = until(lambda: next((x for x in list(lines) if x.startswith("take waiting for")), None), 60,
+                      "the first waiting line")
+        shown = time.monotonic()
+        why = until(lambda: next((x for x in list(lines) if f"{ns}.prompts is empty" in x), None), 30,
+                    "a waiting line naming the cause")
+        assert time.monotonic() - shown < 15, lines
+    finally:
+        sent = time.monotonic()
+        take.send_signal(signal.SIGINT)
+        code = take.wait(timeout=30)
+        reader.join(timeout=10)
+    assert code == 130 and time.monotonic() - sent < _BOUND_S, (code, lines[-5:])
+    assert "0 of 2 groups so far (step not taken yet; 0 committed before; Ctrl-C stops" in first, first
+    assert why.startswith("take waiting for") and "0 of 2 groups so far" in why
+    assert f"load prompts with 'rollstream prompts load FILE.jsonl --namespace {ns}'" in why
+    assert f"0 producers in {ns}.producers" in why and "this take looked at no group (none arrived)" in why, why
+    assert lines[-1] == "interrupted (SIGINT) after 0 committed step(s)", lines
+    assert not any("Traceback" in x for x in lines), lines
