@@ -9,6 +9,8 @@ waits on an empty namespace is not silent: its waiting lines name the cause, and
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import subprocess
 import threading
@@ -57,7 +59,7 @@ def test_a_no_broker_names_the_address_and_how_to_start_or_point_at_one() -> Non
 
 def test_b_wrong_namespace_lists_the_namespaces_that_exist(bootstrap_servers: str, namespace: TopicNames) -> None:
     typo = namespace.namespace[:-1] + "x"
-    for command in (("take", "-n", "1"), ("status",)):
+    for command in (("take", "-n", "1"), ("status",), ("topics", "alter", "--max-message-mib", "2")):
         line, took = timed(bootstrap_servers, *command, "--namespace", typo)
         assert f"namespace {typo} has no topics" in line and f"did you mean --namespace {namespace.namespace}" in line
         assert f"rollstream topics create --namespace {typo}" in line and took < _BOUND_S
@@ -110,8 +112,29 @@ def test_e_topic_too_small_for_a_group_says_size_limit_and_both_fixes(
     assert "the last 2 groups looked at were all filtered: failed 2" in line, line
     for text in (warned[0], line):
         assert "group record of" in text and f"max.message.bytes of {names.rollouts}" in text
-        assert "--add-config max.message.bytes=" in text and "--n-samples" in text
+        assert f"'rollstream topics alter --namespace {names.namespace} --max-message-mib " in text
+        assert "--n-samples" in text
     assert took < 6 + _BOUND_S
+    # The fix it names works: alter the topics (idempotent), restart the producer, and a group as big is published.
+    found = re.search(r"--max-message-mib (\d+)'", warned[0])
+    assert found is not None, warned[0]
+    mib = found.group(1)
+    for i, expected in enumerate((f"{names.rollouts}: max.message.bytes 8192 -> {int(mib) << 20}",
+                                  f"{names.namespace}: unchanged (every value already set)")):
+        altered = run_cli(bootstrap_servers, "topics", "alter", "--namespace", names.namespace, "--max-message-mib",
+                          mib, timeout_s=60)
+        assert altered.returncode == 0 and expected in altered.stdout.splitlines(), (i, altered.stdout, altered.stderr)
+    described = run_cli(bootstrap_servers, "topics", "describe", "--namespace", names.namespace, timeout_s=60)
+    row = next(x for x in described.stdout.splitlines() if x.startswith(names.rollouts + " "))
+    assert f"max.message.bytes={int(mib) << 20}" in row, described.stdout
+    write_prompts(kafka_config, names, ["p2", "p3"])
+    producer = run_cli(bootstrap_servers, *_PRODUCE, "--n-samples", "512", "--max-lag", "100",
+                       "--namespace", names.namespace, "--exit-when-idle", "2", timeout_s=60)
+    assert producer.returncode == 0 and "exceeds max_message_bytes" not in producer.stderr, producer.stderr[-2000:]
+    taken = run_cli(bootstrap_servers, "take", "-n", "2", "--timeout", "20", "--namespace", names.namespace,
+                    timeout_s=60)
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert sorted(json.loads(x)["prompt_id"] for x in taken.stdout.splitlines()) == ["p2", "p3"]
 
 
 def test_f_a_take_that_waits_says_how_long_how_many_and_why(bootstrap_servers: str, namespace: TopicNames) -> None:

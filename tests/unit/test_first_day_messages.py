@@ -50,4 +50,5 @@ def test_an_oversize_group_names_size_limit_and_both_fixes() -> None:
     text = oversize_error(3 << 20, 1 << 20, "ns")
     assert text.startswith(f"group record of {3 << 20} bytes exceeds max_message_bytes={1 << 20} (max.message.bytes "
                            "of ns.rollouts): raise it to 4 MiB")
-    assert f"--entity-name ns.rollouts --add-config max.message.bytes={4 << 20}" in text and "--n-samples" in text
+    assert "'rollstream topics alter --namespace ns --max-message-mib 4' and restart the producers" in text
+    assert "--n-samples" in text
