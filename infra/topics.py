@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from rollstream.infra.clients import open_admin
 from rollstream.infra.config import DEFAULT_MAX_MESSAGE_BYTES, KafkaConfig
-from rollstream.infra.kafka_errors import UNREACHABLE, KafkaIOError, kafka_error
+from rollstream.infra.kafka_errors import NOT_AUTHORIZED, UNREACHABLE, KafkaIOError, kafka_error
 from rollstream.schemas import ConfigError, RollstreamError
 
 log = logging.getLogger(__name__)
@@ -192,6 +192,52 @@ def describe_topic_configs(names: list[str], config: KafkaConfig, *, timeout: fl
                                           topic=resource.name)
         out[resource.name] = {k: v.value for k, v in entries.items()}
     return out
+
+
+def alter_topics(names: TopicNames, config: KafkaConfig, *, max_message_bytes: int | None = None,
+                 retention_days: float | None = None, timeout: float = 30.0) -> dict[str, dict[str, tuple[str, str]]]:
+    """Change the limits of a namespace's existing topics the way `TopicPlan` sets them at creation:
+    ``max.message.bytes`` on all four, ``retention.ms`` on the time-retained three (NS.control is compacted and
+    keeps its own). Idempotent: a value already set is left alone. Blocks up to about 2 x `timeout` s.
+
+    Producers and trainers read ``max.message.bytes`` at start (`sized_to_topic`): restart them to use a new one.
+
+    Returns:
+        topic -> config key -> (old value, new value), for the values it changed (empty: nothing to change).
+    Raises:
+        ConfigError: neither value given, or one out of range.
+        KafkaIOError: a topic does not exist, this principal may not alter topic configs, or the broker did
+            not answer within `timeout` (retriable).
+    """
+    if max_message_bytes is None and retention_days is None:
+        raise ConfigError("alter_topics: give max_message_bytes or retention_days (or both)")
+    if max_message_bytes is not None and max_message_bytes < 1:
+        raise ConfigError(f"max_message_bytes={max_message_bytes} must be positive")
+    plan = TopicPlan(names, retention_days=retention_days or 1.0, max_message_bytes=max_message_bytes or 1)
+    keys = [k for k, given in (("max.message.bytes", max_message_bytes), ("retention.ms", retention_days))
+            if given is not None]
+    current = describe_topic_configs([t.name for t in plan.topics()], config, timeout=timeout)
+    changes = {t.name: {k: (current[t.name].get(k) or "", t.config[k]) for k in keys
+                        if current[t.name].get(k) != t.config[k]
+                        and not (k == "retention.ms" and t.config["cleanup.policy"] == "compact")}
+               for t in plan.topics()}
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, name, incremental_configs=[
+        ConfigEntry(k, new, incremental_operation=AlterConfigOpType.SET) for k, (_, new) in changed.items()])
+        for name, changed in changes.items() if changed]
+    if resources:
+        admin = open_admin(config.admin())
+        for resource, future in admin.incremental_alter_configs(resources, request_timeout=timeout).items():
+            try:
+                _answer(future, f"cannot alter topic {resource.name}", config, timeout, topic=resource.name)
+            except KafkaIOError as exc:
+                if exc.code not in NOT_AUTHORIZED:
+                    raise
+                raise KafkaIOError(f"not authorized to alter topic {resource.name} on {config.bootstrap_servers}: "
+                                   "altering topic configs is an admin's operation; run it with an admin "
+                                   "principal's --kafka-config (the SASL broker's admin.properties)",
+                                   topic=resource.name, code=exc.code) from exc
+            log.info("altered topic %s: %s", resource.name, changes[resource.name])
+    return {name: changed for name, changed in changes.items() if changed}
 
 
 def sized_to_topic(config: KafkaConfig, topic: str, *, timeout: float = 10.0) -> KafkaConfig:

@@ -153,10 +153,9 @@ def oversize_error(size: int, limit: int, namespace: str) -> str:
     or a smaller group."""
     mib = -(-size * 5 // 4 // (1 << 20))  # a quarter to spare, whole MiB
     return (f"group record of {size} bytes exceeds max_message_bytes={limit} (max.message.bytes of "
-            f"{namespace}.rollouts): raise it to {mib} MiB (kafka-configs.sh --alter --entity-type topics "
-            f"--entity-name {namespace}.rollouts --add-config max.message.bytes={mib << 20}, or 'rollstream topics "
-            f"create --max-message-mib {mib}' for a new namespace) and restart the producers, or make groups "
-            "smaller (--n-samples, --max-new-tokens)")
+            f"{namespace}.rollouts): raise it to {mib} MiB with 'rollstream topics alter --namespace {namespace} "
+            f"--max-message-mib {mib}' and restart the producers, or make groups smaller (--n-samples, "
+            "--max-new-tokens)")
 
 
 def _samples(generation: Generation, outcome: Outcome) -> Samples:

@@ -29,6 +29,7 @@ from rollstream.cli._common import (
     topic_names,
 )
 from rollstream.cli._stopping import StopSignals
+from rollstream.cli._waiting import WaitNotices, take_saying_why
 from rollstream.consumers import (
     Batch,
     DedupeWindow,
@@ -141,8 +142,12 @@ def take(
     Ctrl-C (SIGINT) or SIGTERM stops it: the step in hand is left uncommitted (taken again next run), the
     clients are closed (each close bounded), and it exits 130 (SIGINT) or 143 (SIGTERM) within 15 s, whatever
     the broker does; a second signal exits at once.
+
+    While it waits for a step it says so on stderr, first after 30 s and then less often (every 5 min at most):
+    how long, how many of the N groups it has, and the likely cause with its fix (as `rollstream status`).
     """
     config = kafka_config(bootstrap_servers, kafka_config_file, f"rollstream-take-{group}")
+    notices = WaitNotices.from_env()
     consumer = RolloutConsumer(config=config, group_id=group, namespace=namespace, max_staleness=max_staleness,
                                policy_version=policy_version, dedupe_window=_dedupe_window(dedupe_window),
                                filters=default_filters(dynamic_sampling=dynamic_sampling))
@@ -156,7 +161,8 @@ def take(
         with stop, consumer, _appending(out) as (sink, durable):
             while steps == 0 or taken < steps:
                 try:
-                    batch = consumer.take(n, timeout=timeout, commit=False)
+                    batch = take_saying_why(consumer, n, timeout, notices, lambda line: typer.echo(line, err=True),
+                                            committed=taken)
                 except TakeTimeout as exc:
                     fail(_timed_out(exc, taken))
                 _write_step(sink, batch, durable)

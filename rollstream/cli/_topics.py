@@ -1,4 +1,4 @@
-"""`rollstream topics ...`: create the namespace's topics from an explicit plan, and show them."""
+"""`rollstream topics ...`: create the namespace's topics from an explicit plan, raise their limits, and show them."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from rollstream.cli._common import (
     require_reachable,
     topic_names,
 )
-from rollstream.infra import TopicPlan, create_topics, describe_topic_configs
+from rollstream.infra import TopicPlan, alter_topics, create_topics, describe_topic_configs
 
-app = typer.Typer(help="Create and inspect the topics of a namespace.", no_args_is_help=True,
+app = typer.Typer(help="Create, alter and inspect the topics of a namespace.", no_args_is_help=True,
                   epilog=examples("rollstream topics create --namespace demo",
+                                  "rollstream topics alter --namespace demo --max-message-mib 128",
                                   "rollstream topics describe --namespace demo"))
 
 
@@ -45,6 +46,35 @@ def create(
     require_reachable(config, [], namespace)
     for name, outcome in create_topics(plan, config).items():
         typer.echo(f"{name}: {outcome}")
+
+
+@app.command("alter", epilog=examples(
+    "rollstream topics alter --namespace demo --max-message-mib 128",
+    "rollstream topics alter --namespace prod --retention-days 14"))
+def alter(
+    namespace: NamespaceOpt = DEFAULT_NAMESPACE,
+    max_message_mib: Annotated[int | None, typer.Option(
+        min=1, help="Largest record (one scored group) in MiB, on every topic of the namespace.")] = None,
+    retention_days: Annotated[float | None, typer.Option(
+        help="Time retention of NS.prompts, NS.rollouts and NS.steps (NS.control is compacted).")] = None,
+    bootstrap_servers: BootstrapOpt = None,
+    kafka_config_file: KafkaConfigOpt = None,
+) -> None:
+    """Change the limits of a namespace's existing topics (idempotent: a value already set is left alone).
+
+    Producers and trainers read max.message.bytes when they start: restart them afterwards to use a new one.
+    """
+    if max_message_mib is None and retention_days is None:
+        raise typer.BadParameter("give --max-message-mib M, --retention-days D, or both")
+    names = topic_names(namespace)
+    config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-topics")
+    require_reachable(config, [names.prompts, names.rollouts, names.steps, names.control], namespace)
+    changes = alter_topics(names, config, retention_days=retention_days,
+                           max_message_bytes=None if max_message_mib is None else max_message_mib * 1024 * 1024)
+    for topic, changed in changes.items():
+        typer.echo(f"{topic}: " + "  ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items()))
+    if not changes:
+        typer.echo(f"{namespace}: unchanged (every value already set)")
 
 
 @app.command("describe", epilog=examples("rollstream topics describe --namespace demo"))

@@ -3,18 +3,24 @@ line that names the fix, exit status 2 (a producer, which waits by design, logs 
 bound. No traceback.
 
 a. no broker at the bootstrap address; b. a misspelt namespace; c. no prompts loaded; d. producers gating on
-another trainer group than the trainer's; e. a topic too small for a group.
+another trainer group than the trainer's; e. a topic too small for a group. And f.: a take without --timeout that
+waits on an empty namespace is not silent: its waiting lines name the cause, and Ctrl-C stops it (130).
 """
 
 from __future__ import annotations
 
+import json
+import re
+import signal
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
 
 from rollstream.infra import KafkaConfig, TopicNames
 
+from rollstream.cli._waiting import NOTICES_ENV
 from tests.conftest import NamespaceFactory, free_port
 from tests.integration._kafka import count, run_cli, start_cli, until, write_prompts
 
@@ -53,7 +59,7 @@ def test_a_no_broker_names_the_address_and_how_to_start_or_point_at_one() -> Non
 
 def test_b_wrong_namespace_lists_the_namespaces_that_exist(bootstrap_servers: str, namespace: TopicNames) -> None:
     typo = namespace.namespace[:-1] + "x"
-    for command in (("take", "-n", "1"), ("status",)):
+    for command in (("take", "-n", "1"), ("status",), ("topics", "alter", "--max-message-mib", "2")):
         line, took = timed(bootstrap_servers, *command, "--namespace", typo)
         assert f"namespace {typo} has no topics" in line and f"did you mean --namespace {namespace.namespace}" in line
         assert f"rollstream topics create --namespace {typo}" in line and took < _BOUND_S
@@ -106,5 +112,58 @@ def test_e_topic_too_small_for_a_group_says_size_limit_and_both_fixes(
     assert "the last 2 groups looked at were all filtered: failed 2" in line, line
     for text in (warned[0], line):
         assert "group record of" in text and f"max.message.bytes of {names.rollouts}" in text
-        assert "--add-config max.message.bytes=" in text and "--n-samples" in text
+        assert f"'rollstream topics alter --namespace {names.namespace} --max-message-mib " in text
+        assert "--n-samples" in text
     assert took < 6 + _BOUND_S
+    # The fix it names works: alter the topics (idempotent), restart the producer, and a group as big is published.
+    found = re.search(r"--max-message-mib (\d+)'", warned[0])
+    assert found is not None, warned[0]
+    mib = found.group(1)
+    for i, expected in enumerate((f"{names.rollouts}: max.message.bytes 8192 -> {int(mib) << 20}",
+                                  f"{names.namespace}: unchanged (every value already set)")):
+        altered = run_cli(bootstrap_servers, "topics", "alter", "--namespace", names.namespace, "--max-message-mib",
+                          mib, timeout_s=60)
+        assert altered.returncode == 0 and expected in altered.stdout.splitlines(), (i, altered.stdout, altered.stderr)
+    described = run_cli(bootstrap_servers, "topics", "describe", "--namespace", names.namespace, timeout_s=60)
+    row = next(x for x in described.stdout.splitlines() if x.startswith(names.rollouts + " "))
+    assert f"max.message.bytes={int(mib) << 20}" in row, described.stdout
+    write_prompts(kafka_config, names, ["p2", "p3"])
+    producer = run_cli(bootstrap_servers, *_PRODUCE, "--n-samples", "512", "--max-lag", "100",
+                       "--namespace", names.namespace, "--exit-when-idle", "2", timeout_s=60)
+    assert producer.returncode == 0 and "exceeds max_message_bytes" not in producer.stderr, producer.stderr[-2000:]
+    taken = run_cli(bootstrap_servers, "take", "-n", "2", "--timeout", "20", "--namespace", names.namespace,
+                    timeout_s=60)
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert sorted(json.loads(x)["prompt_id"] for x in taken.stdout.splitlines()) == ["p2", "p3"]
+
+
+def test_f_a_take_that_waits_says_how_long_how_many_and_why(bootstrap_servers: str, namespace: TopicNames) -> None:
+    ns = namespace.namespace
+    take = start_cli(bootstrap_servers, "take", "-n", "2", "--namespace", ns, **{NOTICES_ENV: "1,2"})
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in take.stderr or ():
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        first = until(lambda: next((x for x in list(lines) if x.startswith("take waiting for")), None), 60,
+                      "the first waiting line")
+        shown = time.monotonic()
+        why = until(lambda: next((x for x in list(lines) if f"{ns}.prompts is empty" in x), None), 30,
+                    "a waiting line naming the cause")
+        assert time.monotonic() - shown < 15, lines
+    finally:
+        sent = time.monotonic()
+        take.send_signal(signal.SIGINT)
+        code = take.wait(timeout=30)
+        reader.join(timeout=10)
+    assert code == 130 and time.monotonic() - sent < _BOUND_S, (code, lines[-5:])
+    assert "0 of 2 groups so far (step not taken yet; 0 committed before; Ctrl-C stops" in first, first
+    assert why.startswith("take waiting for") and "0 of 2 groups so far" in why
+    assert f"load prompts with 'rollstream prompts load FILE.jsonl --namespace {ns}'" in why
+    assert f"0 producers in {ns}.producers" in why and "this take looked at no group (none arrived)" in why, why
+    assert lines[-1] == "interrupted (SIGINT) after 0 committed step(s)", lines
+    assert not any("Traceback" in x for x in lines), lines

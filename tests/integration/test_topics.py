@@ -1,11 +1,22 @@
-"""The topic plan against a real broker: configs read back, idempotent creation, a 20 MiB group end to end."""
+"""The topic plan against a real broker: configs read back, idempotent creation and alteration, a 20 MiB group end to
+end."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from rollstream.infra import KafkaConfig, LagReader, TopicNames, TopicPlan, create_topics, describe_topic_configs
-from rollstream.schemas import Sample, ScoredGroup, decode, encode
+from rollstream.infra import (
+    KafkaConfig,
+    KafkaIOError,
+    LagReader,
+    TopicNames,
+    TopicPlan,
+    alter_topics,
+    create_topics,
+    describe_topic_configs,
+)
+from rollstream.schemas import ConfigError, Sample, ScoredGroup, decode, encode
 
 
 def test_topics_are_created_with_the_planned_configs(kafka_config: KafkaConfig, namespace_factory) -> None:
@@ -20,6 +31,27 @@ def test_topics_are_created_with_the_planned_configs(kafka_config: KafkaConfig, 
     assert configs[names.control]["cleanup.policy"] == "compact"
     with LagReader(kafka_config) as lag:
         assert lag.partitions(names.rollouts) == [0, 1]
+
+
+def test_alter_sets_limits_as_the_plan_would_and_only_once(kafka_config: KafkaConfig, namespace_factory) -> None:
+    names = namespace_factory(partitions=1, retention_days=3)
+    day, mib = 24 * 3600 * 1000, 1 << 20
+    changes = alter_topics(names, kafka_config, max_message_bytes=5 * mib, retention_days=2)
+    timed = [names.prompts, names.rollouts, names.steps]
+    assert set(changes) == {*timed, names.control}
+    assert changes[names.rollouts] == {"max.message.bytes": (str(TopicPlan().max_message_bytes), str(5 * mib)),
+                                       "retention.ms": (str(3 * day), str(2 * day))}
+    assert changes[names.control] == {"max.message.bytes": (str(TopicPlan().max_message_bytes), str(5 * mib))}
+    configs = describe_topic_configs([*timed, names.control], kafka_config)
+    assert all(configs[t]["retention.ms"] == str(2 * day) for t in timed)
+    assert configs[names.control]["retention.ms"] == "-1"
+    assert {c["max.message.bytes"] for c in configs.values()} == {str(5 * mib)}
+    assert alter_topics(names, kafka_config, max_message_bytes=5 * mib, retention_days=2) == {}  # idempotent
+    assert set(alter_topics(names, kafka_config, retention_days=4)) == set(timed)  # only what is given
+    with pytest.raises(ConfigError, match="give max_message_bytes or retention_days"):
+        alter_topics(names, kafka_config)
+    with pytest.raises(KafkaIOError):
+        alter_topics(TopicNames(names.namespace + "-none"), kafka_config, retention_days=1)
 
 
 def test_a_20_mib_group_crosses_the_broker(kafka_config: KafkaConfig, namespace_factory) -> None:

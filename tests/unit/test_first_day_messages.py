@@ -1,13 +1,28 @@
 """The words of the first-day errors, without a broker: a namespace without topics lists the closest namespaces
 first and caps the list; a producer's committed state carries the trainer group it gates on (and reads an older
 state without one); a trainer group the producers do not follow is the first cause; an oversize group names its
-size, the limit and both fixes. The broker-side paths: tests/integration/test_first_day_errors.py."""
+size, the limit and both fixes; `topics alter` without the right to alter says who may. The broker-side paths:
+tests/integration/test_first_day_errors.py."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
 from rollstream.consumers.forensics._status_causes import causes_of
 from rollstream.consumers.forensics._status_report import ProducerInfo, ProducersReport
-from rollstream.infra import MissingNamespaceError, ProducerState, TopicNames, missing_namespace_error
+from rollstream.infra import (
+    KafkaConfig,
+    KafkaIOError,
+    MissingNamespaceError,
+    ProducerState,
+    TopicNames,
+    alter_topics,
+    missing_namespace_error,
+)
+from rollstream.infra import topics as topics_module
 from rollstream.producers._groups import oversize_error
 from rollstream.schemas import now_ms
 
@@ -50,4 +65,28 @@ def test_an_oversize_group_names_size_limit_and_both_fixes() -> None:
     text = oversize_error(3 << 20, 1 << 20, "ns")
     assert text.startswith(f"group record of {3 << 20} bytes exceeds max_message_bytes={1 << 20} (max.message.bytes "
                            "of ns.rollouts): raise it to 4 MiB")
-    assert f"--entity-name ns.rollouts --add-config max.message.bytes={4 << 20}" in text and "--n-samples" in text
+    assert "'rollstream topics alter --namespace ns --max-message-mib 4' and restart the producers" in text
+    assert "--n-samples" in text
+
+
+class _RefusingAdmin:
+    """An admin client whose every alteration is refused as not authorized."""
+
+    def incremental_alter_configs(self, resources: list[Any], **_: Any) -> dict[Any, Future[None]]:
+        out = {}
+        for resource in resources:
+            future: Future[None] = Future()
+            future.set_exception(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))
+            out[resource] = future
+        return out
+
+
+def test_alter_without_the_right_to_says_it_takes_an_admin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(topics_module, "describe_topic_configs",
+                        lambda names, *_, **__: {n: {"max.message.bytes": "8192"} for n in names})
+    monkeypatch.setattr(topics_module, "open_admin", lambda _conf: _RefusingAdmin())
+    with pytest.raises(KafkaIOError) as caught:
+        alter_topics(TopicNames("ns"), KafkaConfig(bootstrap_servers="b:1"), max_message_bytes=1 << 20)
+    assert caught.value.code == "TOPIC_AUTHORIZATION_FAILED" and "\n" not in str(caught.value)
+    assert str(caught.value).startswith("not authorized to alter topic ns.") and "on b:1" in str(caught.value)
+    assert "an admin principal's --kafka-config" in str(caught.value)

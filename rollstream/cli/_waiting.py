@@ -1,0 +1,109 @@
+"""A `rollstream take` that waits says so: a line on stderr now and then, with how long, how many groups, and why.
+
+A take without ``--timeout`` waits for ever, and a newcomer whose producers are not running (or whose namespace
+has no prompts) would see a silent terminal. So the take waits in slices (`RolloutConsumer.poll_batch`, which
+commits nothing and puts back everything it looked at) and, between slices, prints one line with the diagnosis a
+timed-out take carries (`RolloutConsumer.timeout_error`: the take's own view and the cluster's, producers and
+prompts, read by `rollstream.consumers.forensics` in the background at most every 30 s).
+
+When: first after 30 s (a healthy step takes seconds; by 30 s something is likely wrong, and the diagnosis
+reads the cluster at most every 30 s anyway), then with the gap doubling from 60 s up to 5 min (lines at 30 s,
+1.5, 3.5, 7.5 min, then every 5 min): a first hint soon, and a take left waiting overnight writes a line every
+5 min, not a screenful. ``ROLLSTREAM_TAKE_WAIT_NOTICES=FIRST,LONGEST`` (seconds) changes both, for tests.
+
+The cluster read is started a few seconds before each line is due (it then waits for nothing), so a line holds
+the take back at most `TimeoutDiagnoser`'s bound (5 s) when the broker is slow, and usually not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from rollstream.consumers import Batch, Diagnosis, RolloutConsumer, TakeTimeout
+from rollstream.schemas import ConfigError
+
+NOTICES_ENV = "ROLLSTREAM_TAKE_WAIT_NOTICES"
+_READ_AHEAD_S = 5.0  # the cluster read's own bound: started this long before a line is due, it is done by then
+
+
+@dataclass(frozen=True)
+class WaitNotices:
+    """When a waiting take prints: after `first_s`, then with the gap doubling from ``2 * first_s`` to `longest_s`."""
+
+    first_s: float = 30.0
+    longest_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.first_s <= self.longest_s:
+            raise ConfigError(f"wait notices first={self.first_s:g} s, longest={self.longest_s:g} s: "
+                              "need 0 < first <= longest")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> WaitNotices:
+        """The defaults, or ``ROLLSTREAM_TAKE_WAIT_NOTICES=FIRST,LONGEST`` (seconds). Raises ConfigError."""
+        text = env.get(NOTICES_ENV, "").strip()
+        if not text:
+            return cls()
+        try:
+            first, longest = (float(part) for part in text.split(","))
+        except ValueError:
+            raise ConfigError(f"{NOTICES_ENV}={text!r}: give FIRST,LONGEST in seconds, e.g. 30,300") from None
+        return cls(first, longest)
+
+    def times(self) -> Iterator[float]:
+        """Seconds into the wait at which a line is due: 30, 90, 210, 450, 750, 1050, ... by default."""
+        at, gap = self.first_s, 2 * self.first_s
+        while True:
+            yield at
+            at, gap = at + min(gap, self.longest_s), min(2 * gap, self.longest_s)
+
+
+def take_saying_why(consumer: RolloutConsumer, n: int, timeout: float | None, notices: WaitNotices,
+                    say: Callable[[str], None], committed: int = 0) -> Batch:
+    """``consumer.take(n, timeout, commit=False)``, calling `say` with a `waiting_line` whenever a line is due.
+
+    Blocks until n groups are there or `timeout` s (None: no limit) have passed, plus at most about 5 s per line
+    (the cluster read, when the broker is slow). Commits nothing; every slice puts back what it looked at.
+
+    Raises:
+        TakeTimeout: `timeout` passed, diagnosed as a timed-out `take` is.
+        RollstreamError: what `RolloutConsumer.poll_batch` raises.
+    """
+    started = time.monotonic()
+    due = notices.times()
+    notice, read = next(due), False
+    while True:
+        waited = time.monotonic() - started
+        if not read and waited >= notice - _READ_AHEAD_S:
+            consumer.timeout_error(n, 0.0)  # starts the cluster read in the background; waits for nothing
+            read = True
+        until = notice if read else notice - _READ_AHEAD_S
+        if timeout is not None:
+            until = min(until, timeout)
+        batch = consumer.poll_batch(n, max(0.0, until - waited), commit=False)
+        if batch is not None:
+            return batch
+        waited = time.monotonic() - started
+        if timeout is not None and waited >= timeout:
+            raise consumer.timeout_error(n, timeout)
+        if waited >= notice:
+            say(waiting_line(consumer.timeout_error(n, waited), waited, committed))
+            notice, read = next(due), False
+
+
+def waiting_line(exc: TakeTimeout, waited: float, committed: int) -> str:
+    """One line: how long the take has waited, the groups it has of those it wants, and why (the likely cause and
+    its fix), e.g. ``take waiting for 30 s: 0 of 8 groups so far (...); why: 0 producers in demo.producers: ...``."""
+    head = (f"take waiting for {_duration(waited)}: {exc.gathered} of {exc.wanted} groups so far (step not taken "
+            f"yet; {committed} committed before; Ctrl-C stops, losing nothing)")
+    d = exc.diagnosis
+    if not isinstance(d, Diagnosis):
+        return f"{head}; why: {d or 'are producers running? check rollstream status'}"
+    return f"{head}; why: {d.why()}" + (f" (this take {d.seen})" if d.seen else "")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
