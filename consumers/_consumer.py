@@ -33,11 +33,10 @@ import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 
-from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
 from rollstream.consumers._batch import Batch
 from rollstream.consumers._client import CLOSE_TIMEOUT_S, TrainerClient
-from rollstream.consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
+from rollstream.consumers._commit import StepCommitter
 from rollstream.consumers._errors import TakeTimeout
 from rollstream.consumers._fetched import Fetched, unpublished
 from rollstream.consumers._gather import Gathering
@@ -51,7 +50,6 @@ from rollstream.consumers.forensics._diagnose import TakeTimeouts
 from rollstream.infra import (
     DEFAULT_TRAINER_GROUP,
     REACH_TIMEOUT_S,
-    ClientReplacement,
     GroupLag,
     KafkaConfig,
     LagReader,
@@ -61,7 +59,7 @@ from rollstream.infra import (
     require_topics,
     sized_to_topic,
 )
-from rollstream.schemas import ConfigError, LifecycleError, RollstreamError, now_ms
+from rollstream.schemas import ConfigError, LifecycleError, RollstreamError
 
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`rollstream.consumers.DEFAULT_GROUP`)
@@ -129,13 +127,12 @@ class RolloutConsumer:
         self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout, run=announcer)
         self._restart = Restart(self.names, group_id, manifests=manifests, dedupe_epochs=dedupe_epochs,
                                 dedupe_window=dedupe_window, timeout=timeout)
-        # A client that lost its coordinator for good (librdkafka#5511) is replaced after failed commits.
-        self._replacement = ClientReplacement[Consumer](
-            "trainer", open_client=lambda: self._client.open(self.config), swap=self._swap_client,
-            close_client=Consumer.close, after_failures=FRESH_CLIENT_AFTER, on_replace=self._client_replaced)
         self._positions = PositionPublisher(self.names, group_id)
         self._closed = False
         self._fetched = Fetched(self._client, self._committer)
+        # A client that lost its coordinator for good (librdkafka#5511) is replaced after failed commits.
+        self._replacement = self._fetched.replacement(lambda: self._client.open(self.config),
+                                                      lambda: self._progress.position, self.metrics.client_replacements)
         self._timeouts = TakeTimeouts(self.names, group_id)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -277,15 +274,15 @@ class RolloutConsumer:
             gathering = self._gather(n, started, timeout, raising=raising)
             if gathering is None:
                 return None
-            batch = self._finish(gathering)
-            self._observe(batch, gathering.taken_bytes, time.monotonic() - started)
+            batch = gathering.batch(self._progress.next_step, self._progress.position,
+                                    unpublished(gathering))  # the rest went out while it waited
+            self._hand_over(batch, gathering.taken_bytes, started)
         self._timeouts.polled()
         if commit:
             self.commit(batch)
         elif self.manifests:
             self._committer.retrying(lambda t: self._committer.record(batch, timeout=t), replacement=self._replacement)
-            for r in batch.requeues:  # published: the same attempt is not requeued again
-                self._progress.ledger.note_requeued(r.group_id, r.attempt, r.partition, r.offset)
+            self._progress.requeued(batch)
         return batch
 
     def _gather(self, n: int, started: float, timeout: float | None, *, raising: bool) -> Gathering | None:
@@ -302,17 +299,6 @@ class RolloutConsumer:
         self._timeouts.polled(gathering.dispositions, gathering.accepted)
         return None
 
-    def _finish(self, gathering: Gathering) -> Batch:
-        offsets = dict(self._progress.position)
-        offsets.update({e.partition: e.offset + 1 for e in gathering.entries})
-        batch = Batch(step=self._progress.next_step, groups=tuple(gathering.groups),
-                      positions=tuple(gathering.positions), ranges=gathering.ranges(),
-                      dispositions=tuple(gathering.dispositions), offsets=offsets, consumer_group=self.group_id,
-                      topic=self.names.rollouts, policy_version=self.policy_version, created_at_ms=now_ms(),
-                      requeues=tuple(unpublished(gathering)))  # the rest went out while it waited
-        self._progress.hand_over(batch)  # its group ids stay held in the ledger until it is committed
-        return batch
-
     def _take_recorded(self, n: int) -> Batch | None:
         """The next recorded step again, as the same batch (`Restart.take_again`); None (and no more redo) when
         it took other than `n` groups or its records cannot be read back."""
@@ -322,13 +308,14 @@ class RolloutConsumer:
             return None
         batch, taken_bytes = again
         self._progress.ledger.hold(batch.group_ids)
-        self._progress.hand_over(batch)
-        self._fetched.clear()
-        self._client.use(self._client.current(), self._progress.position)
-        self._observe(batch, taken_bytes, time.monotonic() - started)
+        self._hand_over(batch, taken_bytes, started)
+        self._fetched.reassign(self._progress.position)
         return batch
 
-    def _observe(self, batch: Batch, taken_bytes: int, seconds: float) -> None:
+    def _hand_over(self, batch: Batch, taken_bytes: int, started: float) -> None:
+        """`batch` was taken (its group ids stay held in the ledger until it is committed): count it, log it."""
+        self._progress.hand_over(batch)
+        seconds = time.monotonic() - started
         self.metrics.observe_step(batch, seconds, taken_bytes, self.policy_version, self.estimated_lag())
         counts = batch.counts()
         log.info("step %d: took %d groups in %.3f s (filtered %d, requeued %d, duplicate %d, undecodable %d) "
@@ -372,29 +359,9 @@ class RolloutConsumer:
         self._progress.committed(batches, manifests)
         self.metrics.steps_committed.inc(len(batches))
         self.metrics.dedupe_ids.set(self._progress.ledger.remembered)
-        self._publish_position(batch.step)
+        committed = self._committer.committed  # the producers' backpressure learns where the group is (never blocks)
+        self._positions.publish(batch.step, committed, self._client.end_offsets(list(committed)))
         log.info("step %d committed: group %s offsets %s", batch.step, self.group_id, offsets)
-
-    def _publish_position(self, step: int) -> None:
-        """Tell the producers' backpressure where the group is now (see `rollstream.consumers._position`).
-
-        Never blocks."""
-        committed = self._committer.committed
-        self._positions.publish(step, committed, self._client.end_offsets(list(committed)))
-
-    def _swap_client(self, fresh: Consumer) -> Consumer | None:
-        """Install `fresh` at this consumer's position and return the client it replaces (`self._replacement`).
-        Records fetched and not looked at are dropped from the buffer and fetched again, in order: none
-        skipped, none twice."""
-        stale = self._client.swap(fresh, self._progress.position)
-        self._committer.use(fresh)
-        self._fetched.clear()
-        return stale
-
-    def _client_replaced(self, cause: object) -> None:
-        self.metrics.client_replacements.inc()
-        log.warning("group %s: replaced the Kafka client after %d failed commit attempts in a row (last: %s); "
-                    "continuing at offsets %s", self.group_id, FRESH_CLIENT_AFTER, cause, self._progress.position)
 
     # -- position, checkpoints, lag --------------------------------------------------------------
 
@@ -437,16 +404,12 @@ class RolloutConsumer:
         """
         self._start()
         progress = self._progress
-        for p, o in offsets.items():
-            if p not in progress.position or o < 0:
-                raise RollstreamError(f"cannot seek {self.names.rollouts} partition {p} to offset {o}: the topic "
-                                      f"has partitions {sorted(progress.position)} and offsets are >= 0")
+        forgot, dropped = progress.seek(offsets, next_step, topic=self.names.rollouts)  # checks them first
         self._forget_uncommitted()
-        forgot, dropped = progress.seek(offsets, next_step)
         if forgot and self.manifests:  # back further than the dedupe window: what it forgot counts again
             progress.ledger = self._restart.ledger_at(self.config, progress.position, self._committer.committed,
                                                       self._committer.index)
-        self._client.use(self._client.current(), progress.position)
+        self._fetched.reassign(progress.position)
         log.info("group %s moved to offsets %s (next step %d; forgot steps %s)", self.group_id, progress.position,
                  progress.next_step, dropped)
 
@@ -487,7 +450,7 @@ class RolloutConsumer:
         self._progress.drop_uncommitted()
         self._stand(standing)
         self._progress.last_committed_step = step
-        self._client.use(self._client.current(), self._progress.position)
+        self._fetched.reassign(self._progress.position)
         log.info("group %s resumed after step %d at offsets %s; taking steps %s again first, as recorded",
                  self.group_id, step, self._progress.position, [m.step for m in standing.redo])
 

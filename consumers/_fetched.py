@@ -14,6 +14,10 @@ Contract (pinned by tests/integration/test_consumer_take.py and test_poll_batch.
   ledger remembers each (the step's manifest records it ``requeued`` and it is not published again).
 - Every reassignment of the client (start, seek, a recorded step taken again, a replaced client) drops the
   buffer: those records are fetched again from the new position, none skipped, none twice.
+- A client that lost its group coordinator for good (confluentinc/librdkafka#5511) is replaced after
+  `FRESH_CLIENT_AFTER` failed commit attempts in a row (`replacement`, the one policy of
+  `rollstream.infra.ClientReplacement`): the fresh client goes on at the consumer's position for the fetches
+  and the commits alike (`swap`).
 """
 
 from __future__ import annotations
@@ -21,11 +25,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 
+from confluent_kafka import Consumer
+from prometheus_client import Counter
 from rollstream.consumers._client import TrainerClient
-from rollstream.consumers._commit import StepCommitter
+from rollstream.consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
 from rollstream.consumers._gather import Entry, Gathering
 from rollstream.consumers._requeue import Requeue
+from rollstream.infra import ClientReplacement
 from rollstream.schemas import RollstreamError
 
 log = logging.getLogger(__name__)
@@ -50,6 +58,33 @@ class Fetched:
     def clear(self) -> None:
         """Drop every record fetched and not looked at: the client is being assigned elsewhere."""
         self._buffer.clear()
+
+    def reassign(self, position: Mapping[int, int]) -> None:
+        """Fetch from `position` on (partition -> next offset) with the current client; the buffer is dropped."""
+        self.clear()
+        self._client.use(self._client.current(), position)
+
+    def swap(self, fresh: Consumer, position: Mapping[int, int]) -> Consumer | None:
+        """Install `fresh` at `position` for the fetches and the commits and return the client it replaces.
+        Records fetched and not looked at are dropped from the buffer and fetched again, in order: none
+        skipped, none twice."""
+        stale = self._client.swap(fresh, position)
+        self._committer.use(fresh)
+        self.clear()
+        return stale
+
+    def replacement(self, open_client: Callable[[], Consumer], position: Callable[[], Mapping[int, int]],
+                    counter: Counter) -> ClientReplacement[Consumer]:
+        """The trainer's client replacement (see the module docstring): a client from `open_client` goes on at
+        `position()`; each replacement is counted in `counter` and logged."""
+        def replaced(cause: object) -> None:
+            counter.inc()
+            log.warning("group %s: replaced the Kafka client after %d failed commit attempts in a row (last: %s); "
+                        "continuing at offsets %s", self._client.group_id, FRESH_CLIENT_AFTER, cause, position())
+
+        return ClientReplacement[Consumer](
+            "trainer", open_client=open_client, swap=lambda fresh: self.swap(fresh, position()),
+            close_client=Consumer.close, after_failures=FRESH_CLIENT_AFTER, on_replace=replaced)
 
     def gather(self, gathering: Gathering, n: int, deadline: float | None) -> bool:
         """Feed records to `gathering` until it accepted `n` groups (True), or `deadline` (a `time.monotonic`

@@ -10,15 +10,16 @@ requeued already (then it is a ``duplicate`` of that requeue).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rollstream.consumers._batch import Batch
 from rollstream.consumers._errors import FilterError
 from rollstream.consumers._ledger import StepLedger
 from rollstream.consumers._requeue import Requeue, requeue_of, terminal_reason
 from rollstream.consumers.filters import FilterContext, GroupFilter, filter_name
-from rollstream.schemas import OffsetDisposition, PartitionRange, SchemaError, ScoredGroup, decode
+from rollstream.schemas import OffsetDisposition, PartitionRange, SchemaError, ScoredGroup, decode, now_ms
 
 _MAX_REASON = 500
 
@@ -160,3 +161,13 @@ class Gathering:
             b = bounds.setdefault(e.partition, [e.offset, e.offset + 1])
             b[0], b[1] = min(b[0], e.offset), max(b[1], e.offset + 1)
         return tuple(PartitionRange(p, start, end) for p, (start, end) in sorted(bounds.items()))
+
+    def batch(self, step: int, position: Mapping[int, int], requeues: Sequence[Requeue]) -> Batch:
+        """The step these records make, numbered `step`: its offsets are `position` moved one past the last record
+        looked at on each partition; `requeues` are those of its requeues still to publish with it."""
+        offsets = dict(position)
+        offsets.update({e.partition: e.offset + 1 for e in self.entries})
+        return Batch(step=step, groups=tuple(self.groups), positions=tuple(self.positions), ranges=self.ranges(),
+                     dispositions=tuple(self.dispositions), offsets=offsets, consumer_group=self.consumer_group,
+                     topic=self.topic, policy_version=self.policy_version, created_at_ms=now_ms(),
+                     requeues=tuple(requeues))

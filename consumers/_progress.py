@@ -48,6 +48,11 @@ class Progress:
         self.next_step = max(self.next_step, batch.step + 1)
         self.pending.append(batch)
 
+    def requeued(self, batch: Batch) -> None:
+        """`batch`'s requeues were published: the same attempt is not requeued again."""
+        for r in batch.requeues:
+            self.ledger.note_requeued(r.group_id, r.attempt, r.partition, r.offset)
+
     def through(self, batch: Batch, group_id: str) -> list[Batch]:
         """The uncommitted batches up to `batch`, oldest first: committing `batch` commits them all (offsets
         are a prefix). [] when `batch` is committed already.
@@ -79,10 +84,18 @@ class Progress:
         self.ledger.release()
         return first
 
-    def seek(self, offsets: Mapping[int, int], next_step: int | None) -> tuple[bool, list[int]]:
-        """Move to `offsets` (checked by the caller), dropping the uncommitted batches; the next step is
-        `next_step`, else the first dropped one, else unchanged. Returns whether the ledger forgot ids that
-        count again from there (beyond its dedupe window: it must be read again) and the steps it dropped."""
+    def seek(self, offsets: Mapping[int, int], next_step: int | None, *, topic: str) -> tuple[bool, list[int]]:
+        """Move to `offsets` (partitions of `topic`, the rollouts), dropping the uncommitted batches; the next step
+        is `next_step`, else the first dropped one, else unchanged. Returns whether the ledger forgot ids that
+        count again from there (beyond its dedupe window: it must be read again) and the steps it dropped.
+
+        Raises:
+            RollstreamError: a partition that `topic` does not have, or a negative offset (nothing changed).
+        """
+        for p, o in offsets.items():
+            if p not in self.position or o < 0:
+                raise RollstreamError(f"cannot seek {topic} partition {p} to offset {o}: the topic "
+                                      f"has partitions {sorted(self.position)} and offsets are >= 0")
         first = self.drop_uncommitted()
         self.position.update({int(p): int(o) for p, o in offsets.items()})
         forgot = self.ledger.forgot_within(self.position)

@@ -44,9 +44,11 @@ def require_topics(config: KafkaConfig, topics: Sequence[str], *, namespace: str
             ``rollstream topics create --namespace NS``.
     """
     # librdkafka's own lines go to `seen`, not stderr: they would repeat what the error below says, and
-    # they are where a refused login shows (an authentication failure is no "cannot reach").
+    # they are where a refused login shows (an authentication failure is no "cannot reach"). All of them, at
+    # librdkafka's default level (6), whatever the `librdkafka` logger shows (`KafkaConfig.common`'s log_level).
     seen = _SeenLog()
-    admin = open_admin(config.admin({"logger": seen, "error_cb": seen.error, "log.connection.close": True}))
+    admin = open_admin(config.admin({"logger": seen, "log_level": 6, "error_cb": seen.error,
+                                     "log.connection.close": True}))
     try:
         metadata = _list_or_refused(admin, seen, config, timeout)
     except KafkaException as exc:

@@ -24,6 +24,10 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 # The trainer's consumer group when none is given (the trainer, `rollstream take`, and producers' lag gate).
 DEFAULT_TRAINER_GROUP = "rollstream-trainer"
 LIBRDKAFKA_LOGGER = logging.getLogger("librdkafka")  # where every client's librdkafka log lines go
+# The Python level confluent-kafka logs each librdkafka (syslog) level at: 0 emerg, 1 alert, 2 crit, 3 err,
+# 4 warning, 5 notice, 6 info, 7 debug.
+_PYTHON_LEVEL_OF_SYSLOG = (logging.CRITICAL,) * 3 + (logging.ERROR, logging.WARNING, logging.INFO, logging.INFO,
+                                                     logging.DEBUG)
 MiB = 1024 * 1024
 DEFAULT_MAX_MESSAGE_BYTES = 64 * MiB
 _FETCH_CHUNK_BYTES = 16 * MiB  # per fetch response; a larger record still comes whole
@@ -47,6 +51,19 @@ _PER_CLIENT = {
 def default_bootstrap() -> str:
     """The bootstrap address from ``ROLLSTREAM_BOOTSTRAP_SERVERS``, else ``127.0.0.1:9092``."""
     return os.environ.get(BOOTSTRAP_ENV) or DEFAULT_BOOTSTRAP
+
+
+def librdkafka_log_level(logger: logging.Logger = LIBRDKAFKA_LOGGER) -> int:
+    """librdkafka's ``log_level`` (syslog, 0-7) for `logger` as it is now: the most detailed level whose lines it
+    would emit, so that librdkafka hands over no line it would drop; 0 (emergencies only) when it emits none.
+
+    Why: every line handed over is a Python call made from inside a blocking ``consume()`` or ``flush()``, and a
+    KeyboardInterrupt that arrives during it is lost by confluent-kafka 2.16 (the call raises ``SystemError:
+    ... returned NULL without setting an exception``). The logger is still passed at level 0, so that no line
+    goes to stderr past it. A ``debug`` property makes librdkafka log at 7 whatever this says.
+    """
+    wanted = [syslog for syslog, level in enumerate(_PYTHON_LEVEL_OF_SYSLOG) if logger.isEnabledFor(level)]
+    return max(wanted, default=0)
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -116,10 +133,14 @@ class KafkaConfig:
 
         librdkafka's own log lines go to the Python logger ``librdkafka`` (not straight to stderr), so an
         application decides what it shows: against an unreachable broker librdkafka logs every failed
-        connection, hundreds of lines, while rollstream raises one `KafkaIOError` that says it all."""
+        connection, hundreds of lines, while rollstream raises one `KafkaIOError` that says it all. Only the
+        levels that logger emits when the client is created are handed over (``log_level``, see
+        `librdkafka_log_level`): each line handed over runs Python code inside ``consume()``/``flush()``, where
+        confluent-kafka 2.16 turns a Ctrl-C into a ``SystemError``."""
         # Idle connections closed by the broker are normal; librdkafka logs each one otherwise.
         return {"bootstrap.servers": self.bootstrap_servers, "client.id": self.client_id,
-                "log.connection.close": False, "logger": LIBRDKAFKA_LOGGER, **self.extra}
+                "log.connection.close": False, "log_level": librdkafka_log_level(), "logger": LIBRDKAFKA_LOGGER,
+                **self.extra}
 
     def producer(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """An idempotent, acks=all producer config sized for `max_message_bytes`."""

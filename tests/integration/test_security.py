@@ -25,7 +25,6 @@ import pytest
 from confluent_kafka import Consumer
 from rollstream.consumers import RolloutConsumer, default_filters
 from rollstream.infra import (
-    KafkaConfig,
     KafkaIOError,
     PolicyAnnouncer,
     TopicNames,
@@ -39,6 +38,7 @@ from rollstream.infra.config import read_properties
 from rollstream.schemas import PolicyVersion
 
 from tests.integration._kafka import run_cli
+from tests.integration._secure import grant_and_fill, one_line_error, secured_config
 
 pytestmark = pytest.mark.integration
 
@@ -53,17 +53,6 @@ def sasl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str,
         yield bootstrap, client_config_files(data_dir)
     finally:
         stop_broker(data_dir)
-
-
-def _config(bootstrap: str, path: Path) -> KafkaConfig:
-    return KafkaConfig(bootstrap_servers=bootstrap, extra=read_properties(path))
-
-
-def _one_line_error(result: object) -> str:
-    stderr = getattr(result, "stderr", "")
-    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
-    assert getattr(result, "returncode", 0) == 2 and len(lines) == 1, stderr
-    return lines[0]
 
 
 def test_client_files_and_modes(sasl_broker: tuple[str, dict[str, Path]]) -> None:
@@ -82,43 +71,33 @@ def test_unauthenticated_and_wrong_password_refused(sasl_broker: tuple[str, dict
     props = read_properties(files["trainer"])
     wrong = tmp_path / "wrong.properties"
     wrong.write_text("".join(f"{k}={'not-the-password' if k == 'sasl.password' else v}\n" for k, v in props.items()))
-    line = _one_line_error(run_cli(bootstrap, "topics", "describe", "--namespace", "sec-x", "--kafka-config",
-                                   str(wrong), timeout_s=40))
+    line = one_line_error(run_cli(bootstrap, "topics", "describe", "--namespace", "sec-x", "--kafka-config",
+                                  str(wrong), timeout_s=40))
     assert "authentication to Kafka" in line and "sasl.password" in line and "cannot reach" not in line
 
     plain = tmp_path / "plain.properties"
     plain.write_text("client.rack=none\n")
-    line = _one_line_error(run_cli(bootstrap, "lag", "--namespace", "sec-x", "--kafka-config", str(plain),
-                                   timeout_s=40))
+    line = one_line_error(run_cli(bootstrap, "lag", "--namespace", "sec-x", "--kafka-config", str(plain),
+                                  timeout_s=40))
     assert "requires authentication" in line and "cannot reach" not in line
 
 
 def test_least_privilege_roles_end_to_end(sasl_broker: tuple[str, dict[str, Path]], tmp_path: Path) -> None:
     bootstrap, files = sasl_broker
     ns, group = f"sec-{uuid.uuid4().hex[:6]}", f"trainer-{uuid.uuid4().hex[:6]}"
-    admin, producer, trainer = (str(files[n]) for n in ("admin", "producer", "trainer"))
+    admin, trainer = str(files["admin"]), str(files["trainer"])
     names = TopicNames(ns)
 
     created = run_cli(bootstrap, "topics", "create", "--namespace", ns, "--partitions", "2", "--kafka-config", admin)
     assert created.returncode == 0, created.stderr
     # Before any ACL: the trainer is told it is not authorized, not that the topic is missing.
-    line = _one_line_error(run_cli(bootstrap, "lag", "--namespace", ns, "--group", group, "--kafka-config", trainer))
+    line = one_line_error(run_cli(bootstrap, "lag", "--namespace", ns, "--group", group, "--kafka-config", trainer))
     assert "not authorized for topic" in line and names.rollouts in line and "does not exist" not in line
 
-    applied = run_cli(bootstrap, "acls", "--namespace", ns, "--producer-principal", "producer",
-                      "--trainer-principal", "User:trainer", "--trainer-group", group, "--apply",
-                      "--kafka-config", admin)
-    assert applied.returncode == 0 and "applied" in applied.stdout, applied.stderr
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"q {i}", "label": "4"}) + "\n" for i in range(6)))
-    loaded = run_cli(bootstrap, "prompts", "load", str(prompts), "--namespace", ns, "--kafka-config", admin)
-    assert loaded.returncode == 0, loaded.stderr
-    produced = run_cli(bootstrap, "produce", "--namespace", ns, "--generate", "tests.plugins:instant",
-                       "--reward", "tests.plugins:reward", "--trainer-group", group, "--exit-when-idle", "1",
-                       "--kafka-config", producer, timeout_s=60)
-    assert produced.returncode == 0, produced.stderr
+    # A bare principal name ("producer") is taken as User:producer.
+    grant_and_fill(bootstrap, files, ns, group, tmp_path, producer_principal="producer", prompts=6)
 
-    config = _config(bootstrap, files["trainer"])
+    config = secured_config(bootstrap, files["trainer"])
     filters = default_filters(dynamic_sampling=False)
     with RolloutConsumer(config=config, group_id=group, namespace=ns, filters=filters) as consumer:
         first = consumer.take(2, timeout=20)
@@ -148,7 +127,7 @@ def test_least_privilege_roles_end_to_end(sasl_broker: tuple[str, dict[str, Path
 
 
 def _producer_is_denied(bootstrap: str, files: dict[str, Path], ns: str, group: str) -> None:
-    names, config = TopicNames(ns), _config(bootstrap, files["producer"])
+    names, config = TopicNames(ns), secured_config(bootstrap, files["producer"])
     with pytest.raises(KafkaIOError, match="not authorized") as denied:
         list(read_ranges(config, names.rollouts, {0: (0, 1)}, timeout=10))
     assert names.rollouts in str(denied.value)
@@ -166,6 +145,6 @@ def _producer_is_denied(bootstrap: str, files: dict[str, Path], ns: str, group: 
     # The producer may read the trainer's lag (the lag gate) but not its manifests.
     assert run_cli(bootstrap, "lag", "--namespace", ns, "--group", group, "--kafka-config",
                    str(files["producer"])).returncode == 0
-    line = _one_line_error(run_cli(bootstrap, "audit", "--namespace", ns, "--group", group, "--kafka-config",
-                                   str(files["producer"])))
+    line = one_line_error(run_cli(bootstrap, "audit", "--namespace", ns, "--group", group, "--kafka-config",
+                                  str(files["producer"])))
     assert f"not authorized for topic {names.steps}" in line

@@ -13,7 +13,6 @@ Each test module's brokers are private (free ports, a temp data dir) and stopped
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import uuid
@@ -34,7 +33,7 @@ from rollstream.infra.broker import (
 from rollstream.infra.config import read_properties
 
 from tests.integration._kafka import REPO_ROOT, run_cli
-from tests.integration.test_security import _config, _one_line_error
+from tests.integration._secure import grant_and_fill, one_line_error, secured_config
 
 pytestmark = pytest.mark.integration
 
@@ -58,21 +57,10 @@ def sasl_ssl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
 
 def _setup_namespace(bootstrap: str, files: dict[str, Path], ns: str, group: str, tmp_path: Path) -> None:
     """topics (admin), the least-privilege ACLs (admin), prompts (admin), rollouts (producer principal)."""
-    admin, producer = str(files["admin"]), str(files["producer"])
-    created = run_cli(bootstrap, "topics", "create", "--namespace", ns, "--partitions", "2", "--kafka-config", admin)
+    created = run_cli(bootstrap, "topics", "create", "--namespace", ns, "--partitions", "2", "--kafka-config",
+                      str(files["admin"]))
     assert created.returncode == 0, created.stderr
-    applied = run_cli(bootstrap, "acls", "--namespace", ns, "--producer-principal", "User:producer",
-                      "--trainer-principal", "User:trainer", "--trainer-group", group, "--apply",
-                      "--kafka-config", admin)
-    assert applied.returncode == 0 and "applied" in applied.stdout, applied.stderr
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"q {i}", "label": "4"}) + "\n" for i in range(4)))
-    loaded = run_cli(bootstrap, "prompts", "load", str(prompts), "--namespace", ns, "--kafka-config", admin)
-    assert loaded.returncode == 0, loaded.stderr
-    produced = run_cli(bootstrap, "produce", "--namespace", ns, "--generate", "tests.plugins:instant",
-                       "--reward", "tests.plugins:reward", "--trainer-group", group, "--exit-when-idle", "1",
-                       "--kafka-config", producer, timeout_s=60)
-    assert produced.returncode == 0, produced.stderr
+    grant_and_fill(bootstrap, files, ns, group, tmp_path, producer_principal="User:producer", prompts=4)
 
 
 def test_sasl_ssl_files_and_least_privilege_end_to_end(sasl_ssl_broker: tuple[str, dict[str, Path]],
@@ -88,7 +76,7 @@ def test_sasl_ssl_files_and_least_privilege_end_to_end(sasl_ssl_broker: tuple[st
 
     ns, group = f"tls-{uuid.uuid4().hex[:6]}", f"trainer-{uuid.uuid4().hex[:6]}"
     _setup_namespace(bootstrap, files, ns, group, tmp_path)
-    config = _config(bootstrap, files["trainer"])
+    config = secured_config(bootstrap, files["trainer"])
     with RolloutConsumer(config=config, group_id=group, namespace=ns,
                          filters=default_filters(dynamic_sampling=False)) as consumer:
         batch = consumer.take(2, timeout=20)
@@ -106,15 +94,15 @@ def test_wrong_ca_and_plaintext_client_say_so(sasl_ssl_broker: tuple[str, dict[s
                     "-subj", "/CN=another CA"], check=True, capture_output=True)
     wrong = tmp_path / "wrong-ca.properties"
     wrong.write_text("".join(f"{k}={other_ca if k == 'ssl.ca.location' else v}\n" for k, v in props.items()))
-    line = _one_line_error(run_cli(bootstrap, "lag", "--namespace", "tls-x", "--kafka-config", str(wrong),
-                                   timeout_s=40))
+    line = one_line_error(run_cli(bootstrap, "lag", "--namespace", "tls-x", "--kafka-config", str(wrong),
+                                  timeout_s=40))
     assert "not signed by a CA this client trusts" in line and "ssl.ca.location" in line and "cannot reach" not in line
 
     plain = tmp_path / "plain.properties"
     plain.write_text("".join(f"{k}={'SASL_PLAINTEXT' if k == 'security.protocol' else v}\n"
                              for k, v in props.items() if not k.startswith("ssl.")))
-    line = _one_line_error(run_cli(bootstrap, "lag", "--namespace", "tls-x", "--kafka-config", str(plain),
-                                   timeout_s=40))
+    line = one_line_error(run_cli(bootstrap, "lag", "--namespace", "tls-x", "--kafka-config", str(plain),
+                                  timeout_s=40))
     assert "speaks TLS but this client does not" in line and "security.protocol=SASL_SSL" in line
     assert "cannot reach" not in line
 
@@ -133,13 +121,14 @@ def test_mutual_tls_principal_from_certificate(tmp_path_factory: pytest.TempPath
                           str(files["trainer"]))
         assert audited.returncode == 0, audited.stderr
         with pytest.raises(KafkaIOError, match="not authorized"):  # User:producer, from its certificate
-            list(read_ranges(_config(bootstrap, files["producer"]), TopicNames(ns).rollouts, {0: (0, 1)}, timeout=10))
+            list(read_ranges(secured_config(bootstrap, files["producer"]), TopicNames(ns).rollouts, {0: (0, 1)},
+                             timeout=10))
 
         no_cert = tmp_path / "no-cert.properties"
         no_cert.write_text("".join(f"{k}={v}\n" for k, v in props.items() if k not in (
             "ssl.certificate.location", "ssl.key.location")))
-        line = _one_line_error(run_cli(bootstrap, "lag", "--namespace", ns, "--kafka-config", str(no_cert),
-                                       timeout_s=40))
+        line = one_line_error(run_cli(bootstrap, "lag", "--namespace", ns, "--kafka-config", str(no_cert),
+                                      timeout_s=40))
         assert "requires a client certificate" in line and "ssl.certificate.location" in line
     finally:
         stop_broker(data_dir)

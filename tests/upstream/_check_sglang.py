@@ -11,13 +11,10 @@ manager makes them; unknown keys a TypeError there). Control bodies are parsed i
 
 from __future__ import annotations
 
-import ast
-import json
 import sys
-import traceback
-from importlib import metadata
-from pathlib import Path
 from typing import Any
+
+from tests.upstream._checking import declared_routes, run_checks
 
 CONTROL = {"/pause_generation": "PauseGenerationReqInput", "/continue_generation": "ContinueGenerationReqInput",
            "/update_weights_from_disk": "UpdateWeightFromDiskReqInput",
@@ -95,40 +92,13 @@ def responses() -> dict[str, Any]:
             "sampling_fields": list(t.SamplingParams.__struct_fields__)}
 
 
-def routes() -> list[list[str]]:
-    """(method, path) of every route ``http_server.py`` declares, read from its source (importing it needs a GPU)."""
-    source = Path(str(metadata.distribution("sglang").locate_file("sglang/srt/entrypoints/http_server.py")))
-    out = []
-    for node in ast.walk(ast.parse(source.read_text())):
-        if not isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef):
-            continue
-        for deco in node.decorator_list:
-            if not (isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute) and deco.args
-                    and isinstance(deco.args[0], ast.Constant) and isinstance(deco.args[0].value, str)):
-                continue
-            verb, path = deco.func.attr, deco.args[0].value
-            if verb == "api_route":
-                methods = next((kw.value for kw in deco.keywords if kw.arg == "methods"), None)
-                out += [[m.value, path] for m in getattr(methods, "elts", []) if isinstance(m, ast.Constant)]
-            elif verb in ("get", "post", "put", "delete"):
-                out.append([verb.upper(), path])
-    return out
-
-
-def main(folder: str, inp: str, outp: str) -> None:
-    sys.path.append(folder)  # after the environment's own packages: its torch and pydantic are the ones used
-    todo = json.loads(Path(inp).read_text())
-    result: dict[str, Any] = {"version": metadata.version("sglang")}
-    try:
-        result["generate"] = [check_generate(b) for b in todo["generate"]]
-        result["control"] = [check_control(p, b) for p, b in todo["control"]]
-        result["in_process"] = [check_in_process(c) for c in todo["in_process"]]
-        result["responses"] = responses()
-        result["routes"] = routes()
-    except Exception:
-        result["crashed"] = traceback.format_exc()[-3000:]
-    Path(outp).write_text(json.dumps(result))
+def checks(todo: dict[str, Any], result: dict[str, Any]) -> None:
+    result["generate"] = [check_generate(b) for b in todo["generate"]]
+    result["control"] = [check_control(p, b) for p, b in todo["control"]]
+    result["in_process"] = [check_in_process(c) for c in todo["in_process"]]
+    result["responses"] = responses()
+    result["routes"] = declared_routes("sglang", ["sglang/srt/entrypoints/http_server.py"])
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    run_checks("sglang", sys.argv[1:4], checks)

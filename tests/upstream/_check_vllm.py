@@ -8,14 +8,13 @@ every key must also be one of its fields), then ``to_sampling_params`` makes vLL
 
 from __future__ import annotations
 
-import ast
-import json
 import re
 import sys
-import traceback
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from tests.upstream._checking import declared_routes, run_checks
 
 ROUTER_FILES = ("vllm/entrypoints/openai/completion/api_router.py", "vllm/entrypoints/openai/models/api_router.py",
                 "vllm/entrypoints/serve/instrumentator/health.py", "vllm/entrypoints/rl/online/api_router.py")
@@ -67,34 +66,11 @@ def responses() -> dict[str, Any]:
             "fields": sorted(CompletionRequest.model_fields)}
 
 
-def routes() -> list[list[str]]:
-    """(method, path) of the routes in `ROUTER_FILES`, read from their source (the server needs a GPU)."""
-    out = []
-    dist = metadata.distribution("vllm")
-    for name in ROUTER_FILES:
-        tree = ast.parse(Path(str(dist.locate_file(name))).read_text())
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef):
-                continue
-            for deco in node.decorator_list:
-                if (isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute) and deco.args
-                        and isinstance(deco.args[0], ast.Constant) and deco.func.attr in ("get", "post", "put")):
-                    out.append([deco.func.attr.upper(), str(deco.args[0].value)])
-    return out
-
-
-def main(folder: str, inp: str, outp: str) -> None:
-    sys.path.append(folder)  # after the environment's own packages: its torch and pydantic are the ones used
-    todo = json.loads(Path(inp).read_text())
-    result: dict[str, Any] = {"version": metadata.version("vllm")}
-    try:
-        result["completions"] = [check_completion(b) for b in todo["completions"]]
-        result["responses"] = responses()
-        result["routes"] = routes()
-    except Exception:
-        result["crashed"] = traceback.format_exc()[-3000:]
-    Path(outp).write_text(json.dumps(result))
+def checks(todo: dict[str, Any], result: dict[str, Any]) -> None:
+    result["completions"] = [check_completion(b) for b in todo["completions"]]
+    result["responses"] = responses()
+    result["routes"] = declared_routes("vllm", ROUTER_FILES)  # the server needs a GPU: read from the source
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    run_checks("vllm", sys.argv[1:4], checks)
