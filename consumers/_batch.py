@@ -67,6 +67,13 @@ class Batch:
             out[d.kind] += 1
         return out
 
+    def summary(self, seconds: float) -> str:
+        """One log line about this step, taken in `seconds`: its counts, ranges and next offsets."""
+        c = self.counts()
+        return (f"step {self.step}: took {c['taken']} groups in {seconds:.3f} s (filtered {c['filtered']}, requeued "
+                f"{c['requeued']}, duplicate {c['duplicate']}, undecodable {c['undecodable']}) from {self.topic} "
+                f"ranges { {r.partition: (r.start, r.end) for r in self.ranges} }; next offsets {self.offsets}")
+
     def manifest(self) -> StepManifest:
         """The StepManifest this step is committed with."""
         return StepManifest(step=self.step, consumer_group=self.consumer_group, topic=self.topic,

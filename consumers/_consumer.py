@@ -15,12 +15,10 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
   and the recorded steps taken again, are `rollstream.consumers._resume`'s.
 - Partitions are assigned explicitly (no group membership, no session timeout): a trainer that does
   not call in for hours keeps its position and commits fine, under the group id.
-- A group id already taken (in an earlier step of this consumer group, also before a restart, or earlier in this step)
-  is skipped as ``duplicate``, within the `DedupeWindow` (a duplicate at most ``offsets`` records after its original
-  on their partition, or taken within ``seconds`` of it). Across restarts the taken ids are rebuilt from the group's
-  manifests (see `rollstream.consumers._ledger` for which manifests count); the ledger is the one owner of taken ids,
-  also of those in uncommitted steps. The consumer owns its position, ledger, step numbers and uncommitted batches;
-  `_resume.Restart` only says what they are after a start or a seek.
+- A group id already taken by this consumer group (also before a restart, or earlier in this step) is skipped as
+  ``duplicate`` within the `DedupeWindow`; across restarts the taken ids are rebuilt from the group's manifests
+  (`rollstream.consumers._ledger`). The consumer owns its `Progress` (position, ledger, step numbers, uncommitted
+  batches); `_resume.Restart` only says what it is after a start or a seek.
 - One consumer per group at a time: two trainers sharing a group id would both read everything.
   Kafka does not keep them apart (no membership), so every commit first checks that the group's
   committed offsets are still the ones this consumer left; if not, `GroupConflictError`.
@@ -59,7 +57,7 @@ from rollstream.infra import (
     require_topics,
     sized_to_topic,
 )
-from rollstream.schemas import ConfigError, LifecycleError, RollstreamError
+from rollstream.schemas import ConfigError, LifecycleError
 
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`rollstream.consumers.DEFAULT_GROUP`)
@@ -84,9 +82,8 @@ class RolloutConsumer:
         manifests: write step manifests to NS.steps and rebuild dedupe and step numbers from them.
             Without manifests, dedupe only covers this process and audit/replay have nothing to read.
         dedupe_epochs: remember taken ids only for the newest this-many epochs (None: all).
-        dedupe_window: how far back dedupe remembers taken ids (`DedupeWindow`: a duplicate at most
-            ``offsets`` records after its original on their partition, or taken less than ``seconds`` after
-            it, is always skipped); None: every id of the run, memory growing ~120 bytes per group taken.
+        dedupe_window: how far back dedupe remembers taken ids (`DedupeWindow` says what it always catches);
+            None: every id of the run, memory growing ~120 bytes per group taken.
         requeue: publish again to NS.prompts the prompt of a group skipped for a passing reason (stale, a
             retriable failure) while its attempts last (`rollstream.consumers._requeue`); False: every filter is final.
         metrics: a `ConsumerMetrics`, or a registry to create them in (default: a registry of its own).
@@ -121,7 +118,6 @@ class RolloutConsumer:
         self.requeue = requeue
         self.metrics = metrics if isinstance(metrics, ConsumerMetrics) else ConsumerMetrics(metrics)
         self._timeout = timeout
-        # Position, step numbers, uncommitted batches; its ledger is replaced by the one a start or seek_to_step reads.
         self._progress = Progress(StepLedger(dedupe_epochs=dedupe_epochs, window=dedupe_window))
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
         self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout, run=announcer)
@@ -152,9 +148,7 @@ class RolloutConsumer:
         if self._closed:
             return
         self._closed = True
-        if pending := self._progress.pending:
-            log.warning("closing %s with %d uncommitted step(s) %s: their groups will be taken again",
-                        self.group_id, len(pending), [b.step for b in pending])
+        self._progress.warn_uncommitted(self.group_id)
         self._client.close()
         self._committer.close()
         self._positions.close()
@@ -317,11 +311,7 @@ class RolloutConsumer:
         self._progress.hand_over(batch)
         seconds = time.monotonic() - started
         self.metrics.observe_step(batch, seconds, taken_bytes, self.policy_version, self.estimated_lag())
-        counts = batch.counts()
-        log.info("step %d: took %d groups in %.3f s (filtered %d, requeued %d, duplicate %d, undecodable %d) "
-                 "from %s ranges %s; next offsets %s", batch.step, counts["taken"], seconds, counts["filtered"],
-                 counts["requeued"], counts["duplicate"], counts["undecodable"], batch.topic,
-                 {r.partition: (r.start, r.end) for r in batch.ranges}, batch.offsets)
+        log.info("%s", batch.summary(seconds))
 
     def estimated_lag(self) -> int:
         """Records on NS.rollouts after this consumer's position (uncommitted batches count as taken),
@@ -357,8 +347,7 @@ class RolloutConsumer:
             return  # committed already
         offsets, manifests = self._committer.commit_retrying(batches, replacement=self._replacement)
         self._progress.committed(batches, manifests)
-        self.metrics.steps_committed.inc(len(batches))
-        self.metrics.dedupe_ids.set(self._progress.ledger.remembered)
+        self.metrics.observe_commit(len(batches), self._progress.ledger.remembered)
         committed = self._committer.committed  # the producers' backpressure learns where the group is (never blocks)
         self._positions.publish(batch.step, committed, self._client.end_offsets(list(committed)))
         log.info("step %d committed: group %s offsets %s", batch.step, self.group_id, offsets)
@@ -439,9 +428,6 @@ class RolloutConsumer:
             RunSupersededError: a newer trainer run began (with ``announcer``); nothing was committed.
         """
         self._start()
-        if not self.manifests:
-            raise RollstreamError(f"seek_to_step({step}) needs the step manifests: create the consumer of group "
-                                  f"{self.group_id} with manifests=True")
         standing = self._restart.after_step(self.config, step, self._progress.position, self._committer.index)
         self._committer.use_index(standing.index)
         self._committer.retrying(lambda t: self._committer.rewind(standing.position, timeout=t),

@@ -64,6 +64,11 @@ class ConsumerMetrics:
                                            "Kafka clients replaced after repeated failed commits (a client that "
                                            "lost its group coordinator).", registry=r)
 
+    def observe_commit(self, steps: int, remembered_ids: int) -> None:
+        """Record `steps` steps committed, after which dedupe remembers `remembered_ids` group ids."""
+        self.steps_committed.inc(steps)
+        self.dedupe_ids.set(remembered_ids)
+
     def observe_step(self, batch: Batch, seconds: float, taken_bytes: int, policy_version: int | None,
                      lag: int) -> None:
         """Record one take: its latency, what happened to each offset, staleness of each taken group."""

@@ -8,6 +8,7 @@ does the I/O around it: a take hands a batch over (`hand_over`), a commit moves 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -15,6 +16,8 @@ from rollstream.consumers._batch import Batch
 from rollstream.consumers._ledger import StepLedger
 from rollstream.consumers._resume import Standing
 from rollstream.schemas import RollstreamError, StepManifest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +43,12 @@ class Progress:
         self.position.update(standing.position)
         self.ledger = standing.ledger
         self.next_step = standing.next_step
+
+    def warn_uncommitted(self, group_id: str) -> None:
+        """Log the uncommitted steps a closing consumer leaves (their groups will be taken again), if any."""
+        if self.pending:
+            log.warning("closing %s with %d uncommitted step(s) %s: their groups will be taken again",
+                        group_id, len(self.pending), [b.step for b in self.pending])
 
     def hand_over(self, batch: Batch) -> None:
         """`batch` was taken and not committed: the position moves past it, its step number is used, and

@@ -162,8 +162,12 @@ class Restart:
         are read (where `index` says; None: all of NS.steps).
 
         Raises:
-            RollstreamError: the group has no step `step` (the message names the steps it has), or a read failed.
+            RollstreamError: the consumer keeps no manifests, the group has no step `step` (the message names the
+                steps it has), or a read failed.
         """
+        if not self._manifests:
+            raise RollstreamError(f"seek_to_step({step}) needs the step manifests: create the consumer of group "
+                                  f"{self.group_id} with manifests=True")
         history = StepLedger(keep_manifests=True)
         read = self._read(config, index)
         for m in read.manifests:
