@@ -150,8 +150,10 @@ def test_demo_over_tls(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_chaos_nemesis_over_tls(tmp_path: Path) -> None:
     report = tmp_path / "chaos-tls.md"
-    done = subprocess.run([sys.executable, "-m", "tests.chaos", "--tls", "--seconds", "20", "--seed", "7",
+    done = subprocess.run([sys.executable, "-m", "tests.chaos", "--tls", "--seconds", "12", "--seed", "7",
                            "--take-n", "8", "--report", str(report)], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=280, check=False)
     assert done.returncode == 0 and "chaos PASS" in done.stdout, (done.stdout + done.stderr)[-4000:]
-    assert "--tls" in report.read_text()  # the repeat command keeps the mode
+    text = report.read_text()
+    assert "--tls" in text  # the repeat command keeps the mode
+    assert "SIGKILL producer" in text and "SIGSTOP producer" in text, text  # seed 7's first 12 s: a kill, a stop
