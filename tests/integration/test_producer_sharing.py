@@ -114,7 +114,9 @@ def test_an_idle_producer_stays_while_prompts_wait_on_partitions_it_does_not_own
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
-    holder = RolloutProducer(never, settings(names.namespace, "holder", drain_timeout_s=0.2), kafka=kafka_config)
+    # Its generations never end: a rebalance must not wait for them (drain_on_revoke_s is 30 s by default).
+    holder = RolloutProducer(never, settings(names.namespace, "holder", drain_timeout_s=0.2, drain_on_revoke_s=0.5),
+                             kafka=kafka_config)
     idler = RolloutProducer(plugins.instant, settings(names.namespace, "idler", exit_when_idle_s=1.0),
                             kafka=kafka_config)
 
