@@ -29,11 +29,10 @@ from rollstream.cli._common import (
     topic_names,
 )
 from rollstream.cli._stopping import StopSignals
-from rollstream.cli._waiting import WaitNotices, take_saying_why
+from rollstream.cli._waiting import WaitNotices, take_saying_why, why_in_one_line
 from rollstream.consumers import (
     Batch,
     DedupeWindow,
-    Diagnosis,
     ReplayedRecord,
     RolloutConsumer,
     TakeTimeout,
@@ -182,10 +181,7 @@ def _timed_out(exc: TakeTimeout, committed: int) -> str:
     """A timed-out take in one line: what came, the likely causes with their fixes, what the take looked at."""
     head = (f"take timed out after {exc.timeout:g} s with {exc.gathered} of {exc.wanted} groups (this step not "
             f"committed; {committed} step{'s' if committed != 1 else ''} committed before)")
-    d = exc.diagnosis
-    if not isinstance(d, Diagnosis):
-        return f"{head}: {d or 'are producers running? check rollstream status'}"
-    return f"{head}: {d.why()}" + (f" (this take {d.seen})" if d.seen else "")
+    return f"{head}: {why_in_one_line(exc)}"
 
 
 def lag(

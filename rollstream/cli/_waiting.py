@@ -99,10 +99,15 @@ def waiting_line(exc: TakeTimeout, waited: float, committed: int) -> str:
     its fix), e.g. ``take waiting for 30 s: 0 of 8 groups so far (...); why: 0 producers in demo.producers: ...``."""
     head = (f"take waiting for {_duration(waited)}: {exc.gathered} of {exc.wanted} groups so far (step not taken "
             f"yet; {committed} committed before; Ctrl-C stops, losing nothing)")
+    return f"{head}; why: {why_in_one_line(exc)}"
+
+
+def why_in_one_line(exc: TakeTimeout) -> str:
+    """The likely cause of a take's wait, with its fix, and what the take itself looked at: one line."""
     d = exc.diagnosis
     if not isinstance(d, Diagnosis):
-        return f"{head}; why: {d or 'are producers running? check rollstream status'}"
-    return f"{head}; why: {d.why()}" + (f" (this take {d.seen})" if d.seen else "")
+        return d or "are producers running? check rollstream status"
+    return d.why() + (f" (this take {d.seen})" if d.seen else "")
 
 
 def _duration(seconds: float) -> str:
