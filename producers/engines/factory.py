@@ -6,11 +6,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from rollstream.producers.engines._samples import PartialRollouts
 from rollstream.producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Engine, SamplingParams
 from rollstream.producers.engines.custom import CustomEngine
 from rollstream.producers.engines.hf import HFEngine
 from rollstream.producers.engines.sglang_engine import SGLangEngine
-from rollstream.producers.engines.sglang_http import PartialRollouts, SGLangHTTPEngine, SGLangSyncEngine
+from rollstream.producers.engines.sglang_http import SGLangHTTPEngine, SGLangSyncEngine
 from rollstream.producers.engines.vllm_http import LogprobsMode, VLLMHTTPEngine
 from rollstream.schemas import ConfigError
 
@@ -60,7 +61,8 @@ def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = 
         if not vllm_urls:
             raise ConfigError(f"--engine vllm needs --vllm-url URL (a `vllm serve` server); {_USAGE}")
         return VLLMHTTPEngine(list(vllm_urls), model=vllm_model, tokenizer=tokenizer or model,
-                              timeout_s=request_timeout_s, logprobs_mode=vllm_logprobs_mode, sampling=sampling)
+                              timeout_s=request_timeout_s, logprobs_mode=vllm_logprobs_mode,
+                              partial_rollouts=partial_rollouts, sampling=sampling)
     if kind == "sglang":
         if sglang_urls:
             http = SGLangSyncEngine if sglang_sync_weights else SGLangHTTPEngine

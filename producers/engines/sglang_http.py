@@ -8,7 +8,7 @@ bodies, up to `RetryPolicy.attempts`, all within the group's `Deadline` (each re
 request (finish_reason ``abort``, e.g. a weight update) is never returned as a finished sample: with
 ``partial_rollouts="continue"`` (the default) its tokens are kept and a new request continues it from
 prompt + tokens on the new weights, at most `RetryPolicy.max_continuations` times; with ``"restart"`` it
-is issued again from scratch, at most `RetryPolicy.abort_attempts` times (see `_sglang_format.PartialRollout`).
+is issued again from scratch, at most `RetryPolicy.abort_attempts` times (see `_samples.PartialRollout`).
 
 Whose job the weights are: by default the trainer updates the servers itself (SGLang's
 ``/update_weights_from_disk`` or its NCCL path) and the producer only reads the versions SGLang reports.
@@ -29,15 +29,19 @@ from typing import Any, Literal
 import httpx
 from rollstream.producers.engines._http import HTTPSession, RoundRobin, base_urls
 from rollstream.producers.engines._retry import Deadline, RetryPolicy
-from rollstream.producers.engines._samples import Endpoint, gather_or_cancel, run_sample
+from rollstream.producers.engines._samples import (
+    PARTIAL_ROLLOUTS,
+    Endpoint,
+    PartialRollouts,
+    gather_or_cancel,
+    run_sample,
+)
 from rollstream.producers.engines._sampling import sglang_options
 from rollstream.producers.engines._sglang_format import (
-    PARTIAL_ROLLOUTS,
-    PartialRollout,
-    PartialRollouts,
     abort_message,
     parse_completion,
     parse_policy_version,
+    partial_rollout,
     request_payload,
     seeded,
 )
@@ -153,7 +157,7 @@ class SGLangHTTPEngine:
 
     async def _sample(self, payload: Mapping[str, Any], deadline: Deadline) -> Completion:
         r = self._retry
-        rollout = PartialRollout(payload, mode=self._partial, max_continuations=r.max_continuations,
+        rollout = partial_rollout(payload, mode=self._partial, max_continuations=r.max_continuations,
                                  abort_attempts=r.abort_attempts)
         return await run_sample(self._http, self._servers, _GENERATE, rollout, retry=r, deadline=deadline,
                                 rng=self._rng)

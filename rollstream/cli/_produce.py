@@ -54,7 +54,7 @@ def produce(
     vllm_url: Annotated[list[str] | None, typer.Option(
         "--vllm-url", metavar="URL", help="vLLM server base URL (`vllm serve`, e.g. http://gpu1:8000); repeat (or "
                                           "comma-separate) for round robin. With --tokenizer the prompt goes as "
-                                          "token ids. Aborted samples are generated again from scratch.",
+                                          "token ids. Aborted samples are continued (--partial-rollouts).",
         rich_help_panel=_ENGINE)] = None,
     vllm_model: Annotated[str | None, typer.Option(
         "--vllm-model", metavar="NAME", help="vLLM: the served model name sent with each request (default: the "
@@ -86,9 +86,10 @@ def produce(
              "of dicts (text, tokens, logprobs, finish_reason, weight_version).",
         rich_help_panel=_ENGINE)] = None,
     partial_rollouts: Annotated[PartialRolloutsName, typer.Option(
-        help="SGLang: a sample aborted by a weight update is continued on the new weights from prompt + its "
-             "partial output (continue: its tokens carry both policy versions, staleness counts from the "
-             "oldest), or generated again from scratch (restart). Continuing needs token ids: --tokenizer.",
+        help="SGLang and vLLM: a sample aborted by a weight update is continued on the new weights from prompt "
+             "+ its partial output (continue: its tokens carry both policy versions, staleness counts from the "
+             "oldest), or generated again from scratch (restart). SGLang continues only with token ids "
+             "(--tokenizer); vLLM also continues a text prompt from the token ids it returns.",
         rich_help_panel=_ENGINE)] = _PARTIAL,
     sglang_sync_weights: Annotated[bool, typer.Option(
         "--sglang-sync-weights", help="The producer updates its SGLang servers (--sglang-url, each server, not "
