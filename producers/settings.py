@@ -75,6 +75,8 @@ class ProducerSettings:
             versions), or ``restart`` it from scratch. For the engine built from these settings (`make_engine`).
         sglang_sync_weights: the producer updates its SGLang servers to each announced version with a
             ``weights_path`` (pause, ``/update_weights_from_disk``, continue); False: the trainer does.
+        vllm_sync_weights: the same for vLLM servers (``/pause?mode=abort``, ``/collective_rpc``
+            ``reload_weights``, ``/update_weight_version``, ``/resume``; ``VLLM_SERVER_DEV_MODE=1``).
         producer_overrides, intake_overrides: extra librdkafka properties for the rollout producer
             and the prompt consumer; rollstream's guarantees still win (see `KafkaConfig`).
     """
@@ -109,6 +111,7 @@ class ProducerSettings:
     watch_control: bool = True
     partial_rollouts: PartialRollouts = "continue"
     sglang_sync_weights: bool = False
+    vllm_sync_weights: bool = False
     producer_overrides: Mapping[str, Any] = field(default_factory=dict)
     intake_overrides: Mapping[str, Any] = field(default_factory=dict)
 

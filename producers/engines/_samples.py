@@ -68,6 +68,10 @@ class Endpoint:
     # an answer that says the server ran none of the request (vLLM: aborted before its first token, as a
     # request queued or just admitted when a weight update paused it): waited out as `paused` is
     not_run: Callable[[Completion], bool] | None = None
+    # awaited with a server's URL as a request is about to be sent (it may hold the request back a moment);
+    # what it returns gets that server's parsed answer and may amend it (`VLLMSyncEngine` stamps the version
+    # that server served)
+    ticket: Callable[[str], Awaitable[Callable[[Completion], Completion]]] | None = None
 
 
 def join_segments(segments: Sequence[Completion]) -> Completion:
@@ -203,11 +207,12 @@ async def _try(http: HTTPSession, url: str, endpoint: Endpoint, body: Mapping[st
                deadline: Deadline) -> tuple[Completion | None, str, str | None, bool]:
     """One POST: (completion, abort note, None, False), or (None, "", why, paused) when another try may work
     (paused: the server refused it because it is paused, `Endpoint.paused`, or ran none of it,
-    `Endpoint.not_run`).
+    `Endpoint.not_run`). The completion has passed through the `Endpoint.ticket` taken as it was sent.
 
     Raises:
         EngineError (not retriable): a 4xx the server will refuse again, or an answer that never fits.
     """
+    seen = await endpoint.ticket(url) if endpoint.ticket is not None else None
     out, error, status = await post_json(http.client, url, endpoint.path, body,
                                          timeout=http.timeout_within(deadline))
     if error is not None:
@@ -219,6 +224,8 @@ async def _try(http: HTTPSession, url: str, endpoint: Endpoint, body: Mapping[st
         if exc.retriable:
             return None, "", f"{url}: {exc}", False
         raise
+    if seen is not None:
+        completion = seen(completion)
     if endpoint.not_run is not None and endpoint.not_run(completion):
         return None, "", f"{url}: {completion.finish_reason} before the first token ({note or 'paused?'})", True
     return completion, note, None, False

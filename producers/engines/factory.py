@@ -12,7 +12,7 @@ from rollstream.producers.engines.custom import CustomEngine
 from rollstream.producers.engines.hf import HFEngine
 from rollstream.producers.engines.sglang_engine import SGLangEngine
 from rollstream.producers.engines.sglang_http import SGLangHTTPEngine, SGLangSyncEngine
-from rollstream.producers.engines.vllm_http import LogprobsMode, VLLMHTTPEngine
+from rollstream.producers.engines.vllm_http import LogprobsMode, VLLMHTTPEngine, VLLMSyncEngine
 from rollstream.schemas import ConfigError
 
 EngineKind = Literal["sglang", "hf", "vllm"]
@@ -24,8 +24,8 @@ def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = 
                 tokenizer: Path | str | None = None, generate: str | None = None,
                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, partial_rollouts: PartialRollouts = "continue",
                 sglang_sync_weights: bool = False, vllm_urls: Sequence[str] = (), vllm_model: str | None = None,
-                vllm_logprobs_mode: LogprobsMode = "processed_logprobs", sampling: SamplingParams | None = None
-                ) -> Engine:
+                vllm_logprobs_mode: LogprobsMode = "processed_logprobs", sampling: SamplingParams | None = None,
+                vllm_sync_weights: bool = False) -> Engine:
     """The engine the flags describe. No I/O (the engine loads in its `start`).
 
     - ``generate``: a custom generate function ``MODULE:FUNC`` (no ``kind``).
@@ -49,6 +49,9 @@ def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = 
     if sglang_sync_weights and not (kind == "sglang" and sglang_urls):
         raise ConfigError("--sglang-sync-weights is for --engine sglang --sglang-url URL (the producer updates "
                           "those servers); in-process SGLang and --engine hf load announced weights anyway")
+    if vllm_sync_weights and not (kind == "vllm" and vllm_urls):
+        raise ConfigError("--vllm-sync-weights is for --engine vllm --vllm-url URL (the producer updates those "
+                          "servers' weights)")
     if vllm_urls and kind != "vllm":
         raise ConfigError(f"--vllm-url is for --engine vllm; {_USAGE}")
     if generate is not None:
@@ -60,9 +63,9 @@ def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = 
             raise ConfigError("--sglang-url is for --engine sglang; give vLLM servers as --vllm-url URL")
         if not vllm_urls:
             raise ConfigError(f"--engine vllm needs --vllm-url URL (a `vllm serve` server); {_USAGE}")
-        return VLLMHTTPEngine(list(vllm_urls), model=vllm_model, tokenizer=tokenizer or model,
-                              timeout_s=request_timeout_s, logprobs_mode=vllm_logprobs_mode,
-                              partial_rollouts=partial_rollouts, sampling=sampling)
+        vllm = VLLMSyncEngine if vllm_sync_weights else VLLMHTTPEngine
+        return vllm(list(vllm_urls), model=vllm_model, tokenizer=tokenizer or model, timeout_s=request_timeout_s,
+                    logprobs_mode=vllm_logprobs_mode, partial_rollouts=partial_rollouts, sampling=sampling)
     if kind == "sglang":
         if sglang_urls:
             http = SGLangSyncEngine if sglang_sync_weights else SGLangHTTPEngine

@@ -34,14 +34,16 @@ trainer drives it and this engine only stamps versions: each request asks for ``
 labels are numbers (the trainer labels its updates with ``/finish_weight_update``'s ``weight_version`` or
 ``/update_weight_version``). Without them (an older vLLM, labels that are not numbers) each sample gets the
 newest version announced on NS.control when its generation started (`rollstream.producers.policy`), never a
-newer one than generated a token.
+newer one than generated a token. `VLLMSyncEngine` (``rollstream produce --vllm-sync-weights``) is a
+`ReloadableEngine`: the producer updates every server to each newer version announced on NS.control with
+a ``weights_path``, from disk.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,7 @@ from rollstream.producers.engines._vllm_format import (
     request_body,
     seeded,
 )
+from rollstream.producers.engines._weight_sync import FleetEngine, ServerFleet, control, read_version
 from rollstream.producers.engines.base import (
     DEFAULT_REQUEST_TIMEOUT_S,
     Completion,
@@ -77,12 +80,13 @@ from rollstream.producers.engines.base import (
 )
 from rollstream.schemas import ConfigError
 
-__all__ = ["LOGPROBS_MODES", "LogprobsMode", "VLLMHTTPEngine", "normalize_vllm_url"]
+__all__ = ["LOGPROBS_MODES", "LogprobsMode", "VLLMHTTPEngine", "VLLMSyncEngine", "normalize_vllm_url"]
 
 log = logging.getLogger(__name__)
 _COMPLETIONS = "/v1/completions"
 _SUFFIXES = (_COMPLETIONS, "/v1")  # what a --vllm-url may end in
 _MODELS_TIMEOUT = httpx.Timeout(10.0)  # a name lookup at startup: never the generation's minutes
+Ticket = Callable[[str], Awaitable[Callable[[Completion], Completion]]]
 
 
 def normalize_vllm_url(url: str) -> str:
@@ -148,6 +152,7 @@ class VLLMHTTPEngine:
         self._retry = retry or RetryPolicy()
         self._logprobs_mode: LogprobsMode = logprobs_mode
         self._partial: PartialRollouts = partial_rollouts
+        self._ticket: Ticket | None = None  # VLLMSyncEngine's: stamps the version each server served
         self._rng = random.Random(seed)
         if sampling is not None:
             self.check_sampling(sampling)
@@ -217,7 +222,7 @@ class VLLMHTTPEngine:
         """One sample, retried, waited out, continued or re-issued as the module docstring says."""
         r = self._retry
         endpoint = Endpoint(label=f"vllm {_COMPLETIONS}", path=_COMPLETIONS, parse=sample.parse,
-                            paused=is_paused_answer, not_run=is_not_run)
+                            paused=is_paused_answer, not_run=is_not_run, ticket=self._ticket)
         rollout = PartialRollout(sample.body, continued=sample.continued, mode=self._partial,
                                  max_new=int(sample.body.get("max_tokens", VLLM_MAX_TOKENS_DEFAULT)),
                                  max_continuations=r.max_continuations, abort_attempts=r.abort_attempts)
@@ -234,3 +239,84 @@ class VLLMHTTPEngine:
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
             log.warning("could not read the served model of %s (%s): requests name no model", url, exc)
             return None
+
+
+_DEV_MODE = ("start vLLM with VLLM_SERVER_DEV_MODE=1: --vllm-sync-weights needs its development routes "
+             "(/pause, /collective_rpc, /update_weight_version, /resume, /weight_info)")
+
+
+class VLLMSyncEngine(FleetEngine, VLLMHTTPEngine):
+    """vLLM servers whose weights this producer updates (``--vllm-sync-weights``): a `ReloadableEngine`.
+
+    Give the servers' own URLs, each started with ``VLLM_SERVER_DEV_MODE=1`` and able to read every
+    ``weights_path`` (a shared file system). For each version to load, each server in turn of its own
+    (concurrently) gets ``POST /pause?mode=abort`` (the samples it runs come back with their partial output
+    and are continued on the new weights), ``POST /collective_rpc`` ``reload_weights`` with the
+    ``weights_path`` (the worker's ``reload_weights(weights_path=...)``, in place, vllm/v1/worker/
+    gpu_model_runner.py, 0.32.0), ``POST /update_weight_version`` with the version (so ``GET /weight_info``
+    and vLLM 0.33's per-token spans say it), and ``POST /resume``, whatever failed before it
+    (`_weight_sync.ServerFleet`, shared with `SGLangSyncEngine`). The version each server serves is read at
+    `start` from ``GET /weight_info`` (``"default"`` or another non-number: unknown). vLLM 0.32 reports no
+    per-token versions; each segment of a sample is then stamped with the version its server served while
+    it ran, which the engine knows from when it was sent and answered (`ServerFleet.ticket`, which says why).
+    Spans vLLM reports (0.33) win. Arguments as `VLLMHTTPEngine`, and the timeouts of the control calls
+    and of a reload.
+
+    Raises:
+        ConfigError: as `VLLMHTTPEngine`, or (at `start`) a server without the development routes.
+    """
+
+    def __init__(self, urls: Sequence[str], *, model: str | None = None, tokenizer: str | Path | Any | None = None,
+                 chat_template: bool = True, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 connect_timeout_s: float = 10.0, retry: RetryPolicy | None = None,
+                 logprobs_mode: LogprobsMode = "processed_logprobs", partial_rollouts: PartialRollouts = "continue",
+                 max_connections: int = 512, seed: int | None = None, sampling: SamplingParams | None = None,
+                 control_timeout_s: float = 30.0, update_timeout_s: float = 600.0) -> None:
+        super().__init__(urls, model=model, tokenizer=tokenizer, chat_template=chat_template, timeout_s=timeout_s,
+                         connect_timeout_s=connect_timeout_s, retry=retry, logprobs_mode=logprobs_mode,
+                         partial_rollouts=partial_rollouts, max_connections=max_connections, seed=seed,
+                         sampling=sampling)
+        if not (control_timeout_s > 0 and update_timeout_s > 0):
+            raise ConfigError(f"weight sync timeouts must be > 0: {control_timeout_s}, {update_timeout_s}")
+        self._fleet = ServerFleet(self.urls)
+        self._ticket = self._fleet.ticket
+        self._steps = _VLLMSteps(self._http, control_timeout_s, update_timeout_s)
+
+    async def _read_version(self, url: str) -> int | None:
+        """``weight_version`` of ``GET /weight_info`` (``"default"`` or another non-number: None). Raises
+        ConfigError for a server without the development routes (404)."""
+        found, version = await read_version(self._http.client, url, "/weight_info",
+                                            timeout_s=self._steps.control_timeout_s,
+                                            connect_timeout_s=self._http.connect_timeout_s)
+        if not found:
+            raise ConfigError(f"{url}/weight_info: HTTP 404: {_DEV_MODE}")
+        return version
+
+
+class _VLLMSteps:
+    """vLLM's steps of one server's update (`_weight_sync.UpdateSteps`)."""
+
+    label = "vLLM"
+
+    def __init__(self, http: HTTPSession, control_timeout_s: float, update_timeout_s: float) -> None:
+        self._http = http
+        self.control_timeout_s = control_timeout_s
+        self._update_timeout_s = update_timeout_s
+
+    async def pause(self, url: str) -> None:
+        await self._post(url, "/pause?mode=abort", None)
+
+    async def load(self, url: str, weights_path: str, version: int) -> None:
+        # collective_rpc passes string kwargs only (vllm/entrypoints/serve/dev/rpc/api_router.py)
+        await self._post(url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": weights_path}},
+                         self._update_timeout_s)
+
+    async def label_version(self, url: str, version: int) -> None:
+        await self._post(url, "/update_weight_version", {"new_version": str(version)})
+
+    async def resume(self, url: str) -> None:
+        await self._post(url, "/resume", None)
+
+    async def _post(self, url: str, path: str, body: Mapping[str, Any] | None, timeout_s: float | None = None) -> None:
+        await control(self._http.client, url, path, body, timeout_s=timeout_s or self.control_timeout_s,
+                      connect_timeout_s=self._http.connect_timeout_s, not_found=_DEV_MODE)
