@@ -92,6 +92,30 @@ class HTTPSession:
             client, self.client = self.client, None
             await client.aclose()
 
+    @property
+    def tokenizer(self) -> Any:
+        """The loaded tokenizer (read-only: thread-safe to encode and decode with).
+
+        Raises:
+            EngineError (not retriable): none was given (pass --tokenizer), or read before `start`.
+        """
+        if self.encoder is None:
+            raise self._no_encoder()
+        return self.encoder.tokenizer
+
+    async def prompt_ids(self, prompt: Mapping[str, Any]) -> tuple[str, list[int]]:
+        """The prompt as the model sees it (chat template applied) and its token ids, encoded in a tokenizer
+        thread. Raises EngineError (not retriable) as `tokenizer`, or as `PromptEncoder.encode`."""
+        if self.encoder is None or self.threads is None:
+            raise self._no_encoder()
+        return await self.threads.run(self.encoder.encode, prompt)
+
+    def _no_encoder(self) -> EngineError:
+        if self._tokenizer is None:
+            return EngineError("this engine has no tokenizer to encode token ids with: pass --tokenizer DIR (the "
+                               "served model's)", retriable=False)
+        return EngineError("the engine's tokenizer is used before start() or after close()", retriable=False)
+
     def timeout_within(self, deadline: Deadline | None) -> httpx.Timeout | None:
         """One request's timeout under `deadline`: the session's own, each part cut to what is left (None:
         the client's, without a deadline)."""
@@ -111,6 +135,23 @@ class HTTPSession:
         if self.threads is None:
             raise EngineError("engine closed", retriable=False)
         return await self.threads.run(self.encoder.encode, prompt)
+
+
+class TokenizedSession:
+    """What an HTTP engine offers multi-turn rollouts (`rollstream.producers.engines.environment`) from its
+    session `_http`: the tokenizer and the prompt's token ids."""
+
+    _http: HTTPSession
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer the engine was given, loaded (`HTTPSession.tokenizer`). Raises EngineError without one."""
+        return self._http.tokenizer
+
+    async def prompt_ids(self, prompt: Mapping[str, Any]) -> tuple[str, list[int]]:
+        """The prompt as `generate` sends it (chat template applied) and its token ids, encoded in a tokenizer
+        thread. Raises EngineError (not retriable) without a tokenizer."""
+        return await self._http.prompt_ids(prompt)
 
 
 def prompt_input(encoder: PromptEncoder | None, prompt: Mapping[str, Any]) -> tuple[str, Sequence[int] | None]:

@@ -22,13 +22,14 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from rollstream.producers.engines._http import HTTPSession, RoundRobin, post_json
 from rollstream.producers.engines._retry import Deadline, RetryPolicy
 from rollstream.producers.engines.base import Completion, EngineError
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class Rollout(Protocol):
@@ -146,7 +147,7 @@ async def _try(http: HTTPSession, url: str, endpoint: Endpoint, body: Mapping[st
     return completion, note, None, False
 
 
-async def gather_or_cancel(coros: Sequence[Awaitable[Completion]]) -> list[Completion]:
+async def gather_or_cancel(coros: Sequence[Awaitable[_T]]) -> list[_T]:
     """Run all; on the first failure cancel the rest and raise that failure (not an ExceptionGroup)."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:

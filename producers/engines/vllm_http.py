@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from rollstream.producers.engines._http import HTTPSession, RoundRobin, base_urls
+from rollstream.producers.engines._http import HTTPSession, RoundRobin, TokenizedSession, base_urls
 from rollstream.producers.engines._retry import Deadline, RetryPolicy
 from rollstream.producers.engines._samples import Endpoint, Reissue, gather_or_cancel, run_sample
 from rollstream.producers.engines._vllm_format import (
@@ -72,7 +72,7 @@ def normalize_vllm_url(url: str) -> str:
     return base_urls(url, suffixes=_SUFFIXES, option="--vllm-url")[0]
 
 
-class VLLMHTTPEngine:
+class VLLMHTTPEngine(TokenizedSession):
     """Generates through vLLM servers (``vllm serve``). Use on one event loop; `start` before `generate`.
 
     Args:
