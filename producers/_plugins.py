@@ -1,4 +1,5 @@
-"""Load user plug-ins named ``MODULE:FUNC`` (``--generate``, ``--reward``), with errors that say what is wrong."""
+"""Load user plug-ins named ``MODULE:FUNC`` (``--generate``, ``--reward``) or ``MODULE:CLASS``
+(``--environment``), with errors that say what is wrong."""
 
 from __future__ import annotations
 
@@ -13,18 +14,21 @@ from typing import Any
 from rollstream.schemas import ConfigError
 
 
-def load_callable(spec: str, option: str) -> Callable[..., Any]:
+def load_callable(spec: str, option: str, *, expected: str = "MODULE:FUNC, e.g. mypkg.rollout:generate",
+                  kind: str = "function") -> Callable[..., Any]:
     """Import ``module.path:function`` and return the function (the working directory is importable).
 
     Args:
         spec: ``MODULE:FUNC``; FUNC may be dotted (``pkg.mod:Class.method``).
         option: the flag being resolved (``--generate``), named in error messages.
+        expected: the form `spec` takes, with an example, for the message when it is malformed.
+        kind: what the attribute should be (``function``, ``class``), for the message when it is not callable.
     Raises:
         ConfigError: malformed spec, module not importable, attribute missing or not callable.
     """
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(f"{option} {spec!r}: expected MODULE:FUNC, e.g. mypkg.rollout:generate")
+        raise ConfigError(f"{option} {spec!r}: expected {expected}")
     try:
         module = _import(module_name)
     except ModuleNotFoundError as exc:
@@ -40,7 +44,7 @@ def load_callable(spec: str, option: str) -> Callable[..., Any]:
         except AttributeError:
             raise ConfigError(f"{option} {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
     if not callable(target):
-        raise ConfigError(f"{option} {spec!r}: {attr!r} is a {type(target).__name__}, not a function")
+        raise ConfigError(f"{option} {spec!r}: {attr!r} is a {type(target).__name__}, not a {kind}")
     return target
 
 

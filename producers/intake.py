@@ -30,6 +30,7 @@ Contract:
   committed within about a second (`_intake_state.StateCommits`).
 - A client that stopped serving its partitions while prompts wait there is replaced (`_intake_stall`): its
   partitions are dropped as lost (duplicates at worst, never a loss), and a fresh client joins the group.
+  Only a spell in which intake wanted prompts counts: never one in which every slot was busy.
 - The watermarks and the credits are this object's own; every librdkafka call (poll, pause, commit,
   close) happens on its thread, never on the loop.
 """
@@ -266,14 +267,13 @@ class Intake(WorkerThread):
         return False
 
     def _stuck(self, consumer: Consumer) -> bool:
-        """Whether this client stopped serving its partitions while prompts wait there, probed only while intake
-        wants prompts: not paused, joined, room in the queue (`IntakeClient.stuck`, which replaces it if so)."""
-        return not self._paused and self.joined.is_set() and self._client.stuck(consumer, self.last_message_at,
-                                                                                  self._has_room)
-
-    def _has_room(self) -> bool:
+        """Whether this client stopped serving its partitions while prompts wait there (`IntakeClient.stuck`,
+        which replaces it if so): only a spell in which intake wanted prompts all along counts (joined, not
+        paused, room in the queue), never one in which every slot was busy and the queue full."""
         with self._lock:
-            return self._credits > 0
+            has_room = self._credits > 0
+        wanting = has_room and not self._paused and self.joined.is_set()
+        return self._client.stuck(consumer, self.last_message_at, wanting)
 
     def _finish(self, error: BaseException | None) -> None:
         def done() -> None:

@@ -18,16 +18,21 @@ trainer must learn from the policy's tokens only, so the sample carries a loss m
 
         async def __call__(self, prompt: dict, n: int, sampling_params: dict) -> list[dict]:
             tok = self.engine.tokenizer
-            text, ids = await asyncio.to_thread(self.engine.encode_prompt, prompt)
-            return await run_episodes(self.engine.generate_tokens, lambda: MyTool(tok), ids, n,
+            text, ids = await self.engine.prompt_ids(prompt)
+            return await run_episodes(self.engine.generate_tokens, functools.partial(MyTool, tok), ids, n,
                                       sampling_from_dict(sampling_params), decode=tok.decode,
-                                      max_turns=4, prompt_text=text)
+                                      max_turns=4, prompt_text=text, prompt=prompt)
+
+Without a generate function of one's own, ``rollstream produce --engine vllm|sglang|hf --environment
+MODULE:CLASS`` plays the episodes with the engine as the policy (`rollstream.producers.engines.environment`).
 
 The policy is any token-in/token-out call ``(input_ids, n, sampling) -> list[Completion]``
 (`TokenPolicy`: ``generate_tokens`` of `HFEngine`, `SGLangHTTPEngine`, `SGLangEngine` and `VLLMHTTPEngine`);
 an environment answers a policy turn with token ids,
-or None to end the episode (`Environment`). Three rules keep the record exact, with no re-tokenisation
-drift:
+or None to end the episode (`Environment`). Environments are plug-in code: making one (`new_environment`)
+and a sync ``reply`` run in the ``threads`` given (the producer's ``rollstream-user``, else a few of the
+call's own), never on the event loop; an async ``reply`` is awaited. Three rules keep the record exact,
+with no re-tokenisation drift:
 
 1. every policy turn continues the token ids so far (prompt + response), concatenated; text is never
    decoded and encoded again to build the next context (``encode(decode(ids)) != ids`` in general: merges
@@ -37,22 +42,27 @@ drift:
    ``prompt_tokens + tokens`` sees what the engine saw: its logprobs match the policy's turns token for
    token, and its loss mask excludes exactly the tool's tokens.
 
-Policy versions: each token takes the version of the policy turn that produced it; a tool's tokens take
-the version of the turn they answer. One version gives ``weight_version``; weights that changed between
+Policy versions: each token takes the version of the policy turn that produced it (per token where the
+turn reports spans: a turn continued on new weights has several); a tool's tokens take the version of the
+turn they answer. One version gives ``weight_version``; weights that changed between
 turns give ``weight_versions`` spans (staleness counts from the oldest). When the policy reports no
 version, neither is set and the producer stamps the group as usual.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
+from rollstream.producers._threads import ThreadPool
+from rollstream.producers.engines._samples import gather_or_cancel
 from rollstream.producers.engines.base import Completion, EngineError, SamplingParams
+
+DEFAULT_MAX_TURNS = 4  # policy turns per episode: `run_episodes`' and ``rollstream produce --max-turns``'s default
+_OWN_THREADS = 4  # threads of a `run_episodes` call that is lent none
 
 TokenPolicy = Callable[[Sequence[int], int, SamplingParams], Awaitable[Sequence[Completion]]]
 """``(input_ids, n, sampling) -> n completions`` continuing `input_ids` as given (`HFEngine.generate_tokens`)."""
@@ -63,7 +73,8 @@ class Environment(Protocol):
 
     def reply(self, turn: Completion, episode: Episode) -> Sequence[int] | None | Awaitable[Sequence[int] | None]:
         """The token ids to append after the policy's `turn` (the tool's answer, encoded once), or None to
-        end the episode. May be a coroutine (an environment that waits on I/O must not block the loop)."""
+        end the episode. May be a coroutine (an environment that waits on I/O must not block the loop); a
+        sync one runs in a worker thread."""
         ...
 
 
@@ -71,8 +82,9 @@ class Environment(Protocol):
 class Episode:
     """One rollout being built: the prompt, and the response so far with one entry per token in each list.
 
-    `logprobs` becomes None (for the whole response) once a policy turn comes without logprobs.
-    Mutable and owned by one episode; `run_episodes` builds them, an environment may read them.
+    `prompt` is the prompt dict (``id``, ``prompt``, ``label``, ``metadata``, ``epoch``, ``attempt``) when the
+    caller gave one, else empty. `logprobs` becomes None (for the whole response) once a policy turn comes
+    without logprobs. Mutable and owned by one episode; `run_episodes` builds them, an environment may read them.
     """
 
     prompt_tokens: tuple[int, ...]
@@ -82,37 +94,47 @@ class Episode:
     versions: list[int | None] = field(default_factory=list)
     policy_turns: int = 0
     finish_reason: str = "stop"
+    prompt: Mapping[str, Any] = field(default_factory=dict)
 
     def context(self) -> list[int]:
         """What the next policy turn continues: prompt + response token ids, concatenated."""
         return [*self.prompt_tokens, *self.tokens]
 
     def add_policy_turn(self, turn: Completion) -> None:
-        """Append the policy's tokens: loss mask 1, their logprobs, the turn's policy version."""
-        self._extend(np.asarray(turn.tokens, dtype=np.int64).tolist(), turn.logprobs, 1, turn.policy_version)
+        """Append the policy's tokens: loss mask 1, their logprobs, their policy versions (the turn's spans
+        where it has them, else its version)."""
+        tokens = np.asarray(turn.tokens, dtype=np.int64).tolist()
+        versions: list[int | None] = [turn.policy_version] * len(tokens)
+        for span in turn.version_spans:
+            versions[span.start:span.end] = [span.version] * (span.end - span.start)
+        self._extend(tokens, turn.logprobs, 1, versions)
         self.policy_turns += 1
         self.finish_reason = turn.finish_reason
 
-    def add_tool_turn(self, tokens: Sequence[int]) -> None:
+    def add_tool_turn(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Append a tool's tokens: loss mask 0, logprob 0.0, the version of the policy turn they answer.
 
         Raises:
-            EngineError (not retriable): `tokens` are not ints.
+            EngineError (not retriable): `tokens` is not a list (or 1-D array) of ints.
         """
-        if any(isinstance(t, bool) or not isinstance(t, int) for t in tokens):
-            raise EngineError(f"a tool's reply must be token ids (ints), got {list(tokens)[:8]!r}", retriable=False)
+        array = np.asarray(tokens) if isinstance(tokens, list | tuple | np.ndarray) else None
+        if array is None or array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+            shown = list(tokens)[:8] if isinstance(tokens, list | tuple) else tokens
+            raise EngineError(f"a tool's reply must be a list of token ids (ints) or None, got {shown!r}",
+                              retriable=False)
+        ids = array.astype(np.int64).tolist()
         last = self.versions[-1] if self.versions else None
-        self._extend(list(tokens), [0.0] * len(tokens), 0, last)
+        self._extend(ids, [0.0] * len(ids), 0, [last] * len(ids))
 
     def _extend(self, tokens: list[int], logprobs: Sequence[float] | Any | None, mask: int,
-                version: int | None) -> None:
+                versions: list[int | None]) -> None:
         self.tokens += tokens
         if self.logprobs is not None and logprobs is not None:
             self.logprobs += [float(x) for x in logprobs]
         else:
             self.logprobs = None
         self.loss_mask += [mask] * len(tokens)
-        self.versions += [version] * len(tokens)
+        self.versions += versions
 
     def to_dict(self, decode: Callable[[Sequence[int]], str], *, prompt_text: str = "") -> dict[str, Any]:
         """The completion dict of the custom generate contract: text (`decode` of every response token),
@@ -155,47 +177,81 @@ def sampling_from_dict(params: Mapping[str, Any]) -> SamplingParams:
 
 async def run_episodes(policy: TokenPolicy, new_environment: Callable[[], Environment],
                        prompt_tokens: Sequence[int], n: int, sampling: SamplingParams, *,
-                       decode: Callable[[Sequence[int]], str], max_turns: int = 4, max_tokens: int | None = None,
-                       prompt_text: str = "") -> list[dict[str, Any]]:
+                       decode: Callable[[Sequence[int]], str], max_turns: int = DEFAULT_MAX_TURNS,
+                       max_tokens: int | None = None, prompt_text: str = "", prompt: Mapping[str, Any] | None = None,
+                       threads: ThreadPool | None = None, label: str = "the environment") -> list[dict[str, Any]]:
     """Play `n` episodes of one prompt and return their completion dicts (see `Episode.to_dict`).
 
     The first policy turns of all episodes are one call (`n` samples of the prompt, batched as a single
-    turn is); the episodes then go on concurrently, each alternating a policy turn of at most
-    ``sampling.max_new_tokens`` tokens and its environment's reply, until the environment returns None,
-    `max_turns` policy turns were taken, the response reached `max_tokens` tokens (finish ``length``), or a
-    turn was aborted (finish ``abort``: the producer tries the prompt again within its deadline). Never blocks the loop
-    beyond what `policy` and the environments do.
+    turn is); the episodes then go on concurrently, each with an environment of its own (`new_environment()`,
+    made in `threads`), alternating a policy turn of at most ``sampling.max_new_tokens`` tokens and its
+    environment's reply (a sync ``reply`` in `threads`), until the environment returns None, `max_turns`
+    policy turns were taken, the response reached `max_tokens` tokens (finish ``length``), or a turn was
+    aborted (finish ``abort``: the producer tries the prompt again within its deadline). `prompt` (the prompt
+    dict) is handed to the environments as ``episode.prompt``; `decode` makes each dict's text (in `threads`
+    too). `threads`: the producer's ``rollstream-user`` pool; None: a few threads of this call's own. Never
+    blocks the loop beyond what `policy` and async environments do; if one episode fails, the others are
+    cancelled.
 
     Raises:
-        EngineError: the policy raised, returned the wrong number of completions, or a reply is malformed.
+        EngineError: the policy raised, returned the wrong number of completions, or a reply is malformed
+            (not retriable); making an environment or its reply raised (retriable, named by `label`).
     """
     if max_turns < 1 or (max_tokens is not None and max_tokens < 1):
         raise EngineError(f"max_turns={max_turns} and max_tokens={max_tokens} must be >= 1", retriable=False)
-    prompt = tuple(int(t) for t in prompt_tokens)
-    first = await _turns(policy, list(prompt), n, _budget(sampling, 0, max_tokens) or sampling)
-    episodes = [Episode(prompt) for _ in range(n)]
-    await asyncio.gather(*(_play(policy, new_environment(), e, turn, sampling, max_turns, max_tokens)
-                           for e, turn in zip(episodes, first, strict=True)))
-    return [e.to_dict(decode, prompt_text=prompt_text) for e in episodes]
+    ids = tuple(int(t) for t in prompt_tokens)
+    pool = threads or ThreadPool("rollstream-user", min(n, _OWN_THREADS))
+    try:
+        first = await _turns(policy, list(ids), n, _budget(sampling, 0, max_tokens) or sampling)
+        episodes = [Episode(ids, prompt=dict(prompt or {})) for _ in range(n)]
+        play = _Play(policy, new_environment, sampling, max_turns, max_tokens, pool, label)
+        await gather_or_cancel([play(e, turn) for e, turn in zip(episodes, first, strict=True)])
+        return await pool.run(lambda: [e.to_dict(decode, prompt_text=prompt_text) for e in episodes])
+    finally:
+        if threads is None:
+            pool.close()
 
 
-async def _play(policy: TokenPolicy, environment: Environment, episode: Episode, turn: Completion,
-                sampling: SamplingParams, max_turns: int, max_tokens: int | None) -> None:
-    while True:
-        episode.add_policy_turn(turn)
-        if turn.finish_reason == "abort" or episode.policy_turns >= max_turns:
-            return
-        reply = environment.reply(turn, episode)
-        if inspect.isawaitable(reply):
-            reply = await reply
-        if reply is None:
-            return
-        episode.add_tool_turn(reply)
-        budget = _budget(sampling, len(episode.tokens), max_tokens)
-        if budget is None:
-            episode.finish_reason = "length"
-            return
-        [turn] = await _turns(policy, episode.context(), 1, budget)
+@dataclass(frozen=True)
+class _Play:
+    """How every episode of one `run_episodes` call is played (`__call__` plays one)."""
+
+    policy: TokenPolicy
+    new_environment: Callable[[], Environment]
+    sampling: SamplingParams
+    max_turns: int
+    max_tokens: int | None
+    threads: ThreadPool
+    label: str
+
+    async def __call__(self, episode: Episode, turn: Completion) -> None:
+        environment = await self._user("making", self.new_environment)
+        while True:
+            episode.add_policy_turn(turn)
+            if turn.finish_reason == "abort" or episode.policy_turns >= self.max_turns:
+                return
+            reply = await self._user("the reply of", environment.reply, turn, episode)
+            if reply is None:
+                return
+            episode.add_tool_turn(reply)
+            budget = _budget(self.sampling, len(episode.tokens), self.max_tokens)
+            if budget is None:
+                episode.finish_reason = "length"
+                return
+            [turn] = await _turns(self.policy, episode.context(), 1, budget)
+
+    async def _user(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)`: awaited when it is a coroutine function, else in the threads (an awaitable it returns
+        awaited). Raises EngineError (retriable) naming `what` and `label` for whatever it raises."""
+        try:
+            if inspect.iscoroutinefunction(fn):
+                return await fn(*args)
+            result = await self.threads.run(fn, *args)
+            return await result if inspect.isawaitable(result) else result
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"{what} {self.label} raised {type(exc).__name__}: {exc}", retriable=True) from exc
 
 
 def _budget(sampling: SamplingParams, used: int, max_tokens: int | None) -> SamplingParams | None:

@@ -112,3 +112,11 @@ def slime_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     for name in [m for m in sys.modules if m == "slime" or m.startswith("slime.")]:
         del sys.modules[name]  # the next test sees no slime again
+
+
+@pytest.fixture(scope="session")
+def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real vLLM server (its CPU build) shared by the session (`tests.integration._vllm`)."""
+    from tests.integration._vllm import real_vllm_session
+
+    yield from real_vllm_session(tmp_path_factory)

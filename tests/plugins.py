@@ -41,3 +41,27 @@ def reward(prompt: dict[str, Any], completion: dict[str, Any]) -> float:
 def alternating(prompt: dict[str, Any], completion: dict[str, Any]) -> float:
     """0.0 and 1.0 in turn by completion (its last token is its index): groups that DAPO keeps."""
     return float(completion["tokens"][-1] % 2)
+
+
+class NotAnEnvironment:
+    """Has no ``reply``: refused by ``--environment``."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+
+class EnvironmentWithoutTokenizer:
+    """``__init__`` takes no tokenizer: refused by ``--environment`` (each episode makes ``CLASS(tokenizer)``)."""
+
+    def reply(self, turn: Any, episode: Any) -> list[int] | None:
+        return None
+
+
+class EnvironmentWithBadReply:
+    """``reply`` takes no episode: refused by ``--environment``."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        pass
+
+    def reply(self, turn: Any) -> list[int] | None:
+        return None

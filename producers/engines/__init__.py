@@ -1,5 +1,6 @@
 """Generation engines behind one interface (`Engine`): SGLang over HTTP, SGLang in-process, vLLM over
-HTTP, transformers on CPU, and a user's generate function. Heavy libraries are imported lazily."""
+HTTP, transformers on CPU, a user's generate function, and any of the first four with an environment
+(multi-turn). Heavy libraries are imported lazily."""
 
 from rollstream.producers.engines._retry import DEFAULT_GROUP_TIMEOUT_S, Backoff, Deadline, RetryPolicy
 from rollstream.producers.engines.base import (
@@ -11,6 +12,7 @@ from rollstream.producers.engines.base import (
     SamplingParams,
 )
 from rollstream.producers.engines.custom import CustomEngine
+from rollstream.producers.engines.environment import EnvironmentEngine
 from rollstream.producers.engines.factory import make_engine
 from rollstream.producers.engines.hf import HFEngine
 from rollstream.producers.engines.sglang_engine import SGLangEngine
@@ -20,7 +22,8 @@ from rollstream.producers.engines.vllm_http import VLLMHTTPEngine, VLLMSyncEngin
 
 __all__ = [
     "Backoff", "Completion", "CustomEngine", "DEFAULT_GROUP_TIMEOUT_S", "DEFAULT_REQUEST_TIMEOUT_S", "Deadline",
-    "Engine", "EngineError", "Generation", "HFEngine", "RetryPolicy", "SGLangEngine", "SGLangHTTPEngine",
-    "SGLangSyncEngine", "SamplingParams", "VLLMHTTPEngine", "VLLMSyncEngine", "WeightSync", "build_tiny_model",
+    "Engine", "EngineError", "EnvironmentEngine", "Generation", "HFEngine", "RetryPolicy", "SGLangEngine",
+    "SGLangHTTPEngine", "SGLangSyncEngine", "SamplingParams", "VLLMHTTPEngine", "VLLMSyncEngine", "WeightSync",
+    "build_tiny_model",
     "make_engine",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 from rollstream.producers._threads import ThreadPool
@@ -92,6 +92,30 @@ class HTTPSession:
             client, self.client = self.client, None
             await client.aclose()
 
+    @property
+    def tokenizer(self) -> Any:
+        """The loaded tokenizer (read-only: thread-safe to encode and decode with).
+
+        Raises:
+            EngineError (not retriable): none was given (pass --tokenizer), or read before `start`.
+        """
+        if self.encoder is None:
+            raise self._no_encoder()
+        return self.encoder.tokenizer
+
+    async def prompt_ids(self, prompt: Mapping[str, Any]) -> tuple[str, list[int]]:
+        """The prompt as the model sees it (chat template applied) and its token ids, encoded in a tokenizer
+        thread. Raises EngineError (not retriable) as `tokenizer`, or as `PromptEncoder.encode`."""
+        if self.encoder is None or self.threads is None:
+            raise self._no_encoder()
+        return await self.threads.run(self.encoder.encode, prompt)
+
+    def _no_encoder(self) -> EngineError:
+        if self._tokenizer is None:
+            return EngineError("this engine has no tokenizer to encode token ids with: pass --tokenizer DIR (the "
+                               "served model's)", retriable=False)
+        return EngineError("the engine's tokenizer is used before start() or after close()", retriable=False)
+
     def timeout_within(self, deadline: Deadline | None) -> httpx.Timeout | None:
         """One request's timeout under `deadline`: the session's own, each part cut to what is left (None:
         the client's, without a deadline)."""
@@ -113,6 +137,23 @@ class HTTPSession:
         return await self.threads.run(self.encoder.encode, prompt)
 
 
+class TokenizedSession:
+    """What an HTTP engine offers multi-turn rollouts (`rollstream.producers.engines.environment`) from its
+    session `_http`: the tokenizer and the prompt's token ids."""
+
+    _http: HTTPSession
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer the engine was given, loaded (`HTTPSession.tokenizer`). Raises EngineError without one."""
+        return self._http.tokenizer
+
+    async def prompt_ids(self, prompt: Mapping[str, Any]) -> tuple[str, list[int]]:
+        """The prompt as `generate` sends it (chat template applied) and its token ids, encoded in a tokenizer
+        thread. Raises EngineError (not retriable) without a tokenizer."""
+        return await self._http.prompt_ids(prompt)
+
+
 def prompt_input(encoder: PromptEncoder | None, prompt: Mapping[str, Any]) -> tuple[str, Sequence[int] | None]:
     """The prompt text and, with a tokenizer, its token ids (chat template applied; blocks while it tokenizes:
     call it off the loop, as `HTTPSession.prompt_input` does).
@@ -128,11 +169,22 @@ def prompt_input(encoder: PromptEncoder | None, prompt: Mapping[str, Any]) -> tu
                       "template can render them", retriable=False)
 
 
+class Answer(NamedTuple):
+    """One POST's outcome: the decoded JSON answer (`out`), or why another try may work (`error`). `status` lets
+    the caller tell a paused server's 503; `reached` is False when no connection was made at all (the server
+    is down or restarting: nothing ran, so waiting for it costs no work)."""
+
+    out: Any
+    error: str | None
+    status: int | None
+    reached: bool = True
+
+
 async def post_json(client: httpx.AsyncClient | None, server: str, path: str, body: Mapping[str, Any], *,
-                    timeout: httpx.Timeout | None = None) -> tuple[Any, str | None, int | None]:
-    """One POST of `body` to `server` + `path` (waiting up to `timeout`; None: the client's): (the decoded
-    JSON answer, None, status), or (None, why, status or None) when another try may work (timeout, transport
-    error, 5xx/408/429, a body that is not JSON); the status lets the caller tell a paused server's 503.
+                    timeout: httpx.Timeout | None = None) -> Answer:
+    """One POST of `body` to `server` + `path` (waiting up to `timeout`; None: the client's): an `Answer` with
+    the decoded JSON, or with why another try may work (no connection, timeout, transport error,
+    5xx/408/429, a body that is not JSON).
 
     Raises:
         EngineError (not retriable): the engine is closed, or a 4xx the server will refuse again.
@@ -142,16 +194,18 @@ async def post_json(client: httpx.AsyncClient | None, server: str, path: str, bo
     try:
         resp = await client.post(f"{server}{path}", json=dict(body),
                                  timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        return Answer(None, f"{server}: unreachable ({type(exc).__name__}: {exc})", None, reached=False)
     except httpx.TimeoutException as exc:
-        return None, f"{server}: timed out ({type(exc).__name__})", None
+        return Answer(None, f"{server}: timed out ({type(exc).__name__})", None)
     except httpx.TransportError as exc:
-        return None, f"{server}: {type(exc).__name__}: {exc}", None
+        return Answer(None, f"{server}: {type(exc).__name__}: {exc}", None)
     if resp.status_code >= 500 or resp.status_code in RETRY_STATUS:
-        return None, f"{server}: HTTP {resp.status_code}: {resp.text[:200]}", resp.status_code
+        return Answer(None, f"{server}: HTTP {resp.status_code}: {resp.text[:200]}", resp.status_code)
     if resp.status_code >= 400:
         raise EngineError(f"{server} refused the request: HTTP {resp.status_code}: {resp.text[:300]}",
                           retriable=False)
     try:
-        return resp.json(), None, resp.status_code
+        return Answer(resp.json(), None, resp.status_code)
     except ValueError:
-        return None, f"{server}: response is not JSON: {resp.text[:200]}", resp.status_code
+        return Answer(None, f"{server}: response is not JSON: {resp.text[:200]}", resp.status_code)

@@ -127,6 +127,15 @@ class HFEngine:
             raise EngineError("HFEngine.encode_prompt called before start()", retriable=False)
         return self._encoder.encode(prompt)
 
+    async def prompt_ids(self, prompt: Mapping[str, Any]) -> tuple[str, list[int]]:
+        """`encode_prompt` in the worker thread (between two generations). Never blocks the loop.
+
+        Raises:
+            EngineError (not retriable): called before `start`, or chat messages without a chat template.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._running(), self.encode_prompt, dict(prompt))
+
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """Every token id that ends a generation (generation config and tokenizer); empty before `start`."""

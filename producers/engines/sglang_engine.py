@@ -141,6 +141,20 @@ class SGLangEngine:
         completions = await self._samples(request_payload(text, ids, sampling.to_dict()), n)
         return Generation(completions=completions, prompt_text=text, prompt_tokens=ids)
 
+    @property
+    def tokenizer(self) -> Any:
+        """The loaded tokenizer (read-only). Raises EngineError (not retriable) before `start`."""
+        if self._encoder is None:
+            raise EngineError("SGLangEngine.tokenizer read before start()", retriable=False)
+        return self._encoder.tokenizer
+
+    async def prompt_ids(self, prompt: Mapping[str, Any]) -> tuple[str, list[int]]:
+        """The prompt as `generate` sends it (chat template applied) and its token ids, encoded in a tokenizer
+        thread. Raises EngineError (not retriable) before `start`."""
+        if self._encoder is None or self._threads is None:
+            raise EngineError("SGLangEngine.prompt_ids called before start()", retriable=False)
+        return await self._threads.run(self._encoder.encode, prompt)
+
     async def generate_tokens(self, input_ids: Sequence[int], n: int, sampling: SamplingParams) -> list[Completion]:
         """`n` completions continuing `input_ids` exactly as given (no template, no re-tokenisation): the
         token-in/token-out policy of `rollstream.producers.multiturn`. Raises EngineError as `generate`."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rollstream.producers.engines._http import HTTPSession, RoundRobin, base_urls
+from rollstream.producers.engines._http import HTTPSession, RoundRobin, TokenizedSession, base_urls
 from rollstream.producers.engines._retry import Deadline, RetryPolicy
 from rollstream.producers.engines._samples import (
     PARTIAL_ROLLOUTS,
@@ -74,7 +74,7 @@ def parse_answer(out: Any) -> tuple[Completion, str]:
 _GENERATE = Endpoint(label="sglang /generate", path="/generate", parse=parse_answer)
 
 
-class SGLangHTTPEngine:
+class SGLangHTTPEngine(TokenizedSession):
     """Generates through SGLang servers. Use on one event loop; `start` before `generate`.
 
     Args:

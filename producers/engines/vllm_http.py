@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from rollstream.producers.engines._http import HTTPSession, RoundRobin, base_urls
+from rollstream.producers.engines._http import HTTPSession, RoundRobin, TokenizedSession, base_urls
 from rollstream.producers.engines._retry import Deadline, RetryPolicy
 from rollstream.producers.engines._samples import (
     PARTIAL_ROLLOUTS,
@@ -113,7 +113,7 @@ class _Sample:
         return None if self.prompt_ids is None else continue_body(self.body, self.prompt_ids, prefix)
 
 
-class VLLMHTTPEngine:
+class VLLMHTTPEngine(TokenizedSession):
     """Generates through vLLM servers (``vllm serve``). Use on one event loop; `start` before `generate`.
 
     Args:

@@ -11,6 +11,8 @@ import typer
 
 from rollstream.cli._common import DEFAULT_NAMESPACE, BootstrapOpt, KafkaConfigOpt, NamespaceOpt, examples, kafka_config
 from rollstream.producers import DEFAULT_REQUEST_TIMEOUT_S, ProducerSettings, RolloutProducer, make_engine
+from rollstream.producers.engines.environment import EXAMPLE_ENVIRONMENT
+from rollstream.producers.multiturn import DEFAULT_MAX_TURNS
 
 
 class EngineName(StrEnum):
@@ -68,8 +70,8 @@ def produce(
     model: Annotated[Path | None, typer.Option(
         help="Model directory (hf, in-process sglang); also the default --tokenizer.", rich_help_panel=_ENGINE)] = None,
     tokenizer: Annotated[Path | None, typer.Option(
-        help="Tokenizer directory: send token ids with its chat template (SGLang over HTTP); without it the "
-             "server tokenizes the prompt text.", rich_help_panel=_ENGINE)] = None,
+        help="Tokenizer directory: send token ids with its chat template (SGLang or vLLM over HTTP; --environment "
+             "needs it); without it the server tokenizes the prompt text.", rich_help_panel=_ENGINE)] = None,
     request_timeout: Annotated[float, typer.Option(
         min=0.1, help="Seconds one request to an SGLang or vLLM server may take (a long generation is slow, not "
                       "dead); a request that times out is retried within the group's --group-timeout. It no "
@@ -85,6 +87,16 @@ def produce(
         help="Custom generate function MODULE:FUNC: `async def f(prompt, n, sampling_params)` returning a list "
              "of dicts (text, tokens, logprobs, finish_reason, weight_version).",
         rich_help_panel=_ENGINE)] = None,
+    environment: Annotated[str | None, typer.Option(
+        metavar="MODULE:CLASS",
+        help="Multi-turn episodes with the engine as the policy (--engine vllm or sglang with --tokenizer, or "
+             "hf): each sample is one episode, with a fresh CLASS(tokenizer) whose reply(turn, episode) returns "
+             "the tool's token ids, appended with loss mask 0 and logprob 0.0, or None to end it; the next "
+             "policy turn continues prompt + response as token ids. A sync reply runs in threads of its own. "
+             f"E.g. {EXAMPLE_ENVIRONMENT} (docs/engines.md).", rich_help_panel=_ENGINE)] = None,
+    max_turns: Annotated[int | None, typer.Option(
+        min=1, help=f"With --environment: policy turns per episode at most (default {DEFAULT_MAX_TURNS}), each "
+                    "of at most --max-new-tokens tokens.", rich_help_panel=_ENGINE)] = None,
     partial_rollouts: Annotated[PartialRolloutsName, typer.Option(
         help="SGLang and vLLM: a sample aborted by a weight update is continued on the new weights from prompt "
              "+ its partial output (continue: its tokens carry both policy versions, staleness counts from the "
@@ -177,7 +189,8 @@ def produce(
                         tokenizer=tokenizer, generate=generate, request_timeout_s=request_timeout,
                         partial_rollouts=settings.partial_rollouts, sglang_sync_weights=settings.sglang_sync_weights,
                         vllm_urls=vllm_url or (), vllm_model=vllm_model, vllm_logprobs_mode=vllm_logprobs_mode.value,
-                        sampling=settings.sampling(), vllm_sync_weights=settings.vllm_sync_weights)
+                        sampling=settings.sampling(), environment=environment, max_turns=max_turns,
+                        vllm_sync_weights=settings.vllm_sync_weights)
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-producer")
     if logging.getLogger().getEffectiveLevel() > logging.INFO:
         logging.getLogger("rollstream.producers").setLevel(logging.INFO)  # a service: progress is worth showing
@@ -190,6 +203,8 @@ HELP = "\n\n".join([
     "its unfinished prompts are generated again (same group_id) by whoever takes its partitions. Failed groups "
     "(engine error after retries, reward error, too large) are published as failed records; a stale or "
     "retriably failed group's prompt is requeued by the trainer up to --max-attempts.",
+    "Multi-turn: with --environment MODULE:CLASS each sample is an episode in which the engine's turns alternate "
+    "with an environment's replies (tool tokens, masked out of the loss).",
     "Intake pauses while the trainer group's lag on NS.rollouts exceeds --max-lag (one number for the whole "
     "fleet: each producer also waits while its own uncommitted groups exceed its share of it). SIGTERM/SIGINT: "
     "stop taking prompts, finish in-flight groups, flush, commit, exit 0.",
@@ -200,6 +215,8 @@ EXAMPLES = examples(
     "rollstream produce --namespace demo --engine vllm --vllm-url http://gpu1:8000 --tokenizer ./model",
     "rollstream produce --namespace demo --engine hf --model ./tiny --n-samples 4 --trainer-group my-trainer",
     "rollstream produce --namespace demo --generate mypkg.agent:generate --reward mypkg.agent:score",
+    "rollstream produce --namespace demo --engine vllm --vllm-url http://gpu1:8000 --tokenizer ./model "
+    f"--environment {EXAMPLE_ENVIRONMENT} --max-turns 2",
 )
 
 

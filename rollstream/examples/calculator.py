@@ -1,5 +1,5 @@
-"""A calculator tool the demo's model can call: a complete multi-turn generate function
-(`rollstream.producers.multiturn`).
+"""A calculator tool the demo's model can call: a multi-turn environment for any engine, and a complete
+multi-turn generate function (`rollstream.producers.multiturn`).
 
 The task is the demo's (``a+b=``, `rollstream.demo_task`). The policy calls the calculator by writing an
 expression, numbers joined by ``+`` (a lone number counts); after each policy turn the calculator
@@ -9,19 +9,32 @@ cannot write as it is (the demo's vocabulary stops at 18), ends the episode, as 
 turns (two by default: a call, then the answer). `reward` scores the policy's last turn only, so the
 calculator's answer earns nothing by itself.
 
-Run it against a broker (model: ``$ROLLSTREAM_CALCULATOR_MODEL``, a directory with the demo's tokenizer
-such as ``demo-out/weights/v400``; unset, the demo's untrained model is built in a temporary directory)::
+`CalculatorEnvironment` is the tool as an environment plug-in: with an engine as the policy (vLLM or SGLang
+servers, given the served model's tokenizer, or transformers on CPU), one producer plays the episodes and
+the engine's weights follow the trainer as usual::
+
+    rollstream produce --engine vllm --vllm-url http://127.0.0.1:8000 --tokenizer ./model \\
+        --environment rollstream.examples.calculator:CalculatorEnvironment --max-turns 2 \\
+        --reward rollstream.examples.calculator:reward --max-new-tokens 3 --n-samples 4
+
+It reads the text the engine decoded, so it works with any tokenizer that can write ``=<value>``
+(the demo's stops at 18; a character-level one, `rollstream.producers.build_tiny_model`'s, writes any).
+
+`CalculatorAgent` is the same episode as a generate function on the demo's model (``$ROLLSTREAM_CALCULATOR_MODEL``,
+a directory with the demo's tokenizer such as ``demo-out/weights/v400``; unset, the demo's untrained model is
+built in a temporary directory)::
 
     rollstream produce --generate rollstream.examples.calculator:CalculatorAgent \\
         --reward rollstream.examples.calculator:reward --max-new-tokens 3 --n-samples 4
 
-`--max-new-tokens` bounds each policy turn. The model's weights stay those of the directory: a custom
+`--max-new-tokens` bounds each policy turn. The agent's weights stay those of the directory: a custom
 generate function is not reloaded when the trainer announces a new policy version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import shutil
@@ -40,8 +53,10 @@ MODEL_ENV = "ROLLSTREAM_CALCULATOR_MODEL"
 _EXPRESSION = re.compile(r"\d+(?:\s*\+\s*\d+)*")
 
 
-class Calculator:
-    """The tool of one episode: answers a policy turn holding an expression with ``=<value>`` as token ids.
+class CalculatorEnvironment:
+    """The tool of one episode: answers a policy turn holding an expression with ``=<value>`` as token ids
+    (``--environment rollstream.examples.calculator:CalculatorEnvironment`` makes one per episode as
+    ``CalculatorEnvironment(tokenizer)``).
 
     Stateless apart from the tokenizer (read-only), so one instance could serve every episode.
     """
@@ -123,11 +138,11 @@ class CalculatorAgent:
         if engine is None:
             raise EngineError("CalculatorAgent called before start()", retriable=False)
         tokenizer = engine.tokenizer
-        text, ids = await asyncio.to_thread(engine.encode_prompt, prompt)
-        return await run_episodes(engine.generate_tokens, lambda: Calculator(tokenizer), ids, n,
-                                  sampling_from_dict(sampling_params),
+        text, ids = await engine.prompt_ids(prompt)
+        return await run_episodes(engine.generate_tokens, functools.partial(CalculatorEnvironment, tokenizer), ids,
+                                  n, sampling_from_dict(sampling_params),
                                   decode=lambda t: tokenizer.decode(t, skip_special_tokens=True),
-                                  max_turns=self._max_turns, prompt_text=text)
+                                  max_turns=self._max_turns, prompt_text=text, prompt=prompt)
 
 
 def final_turn(tokens: Sequence[int], loss_mask: Sequence[int] | None) -> list[int]:

@@ -430,6 +430,37 @@ def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
         intake._client.current.close()  # type: ignore[union-attr]  # the fresh one, never subscribed
 
 
+def test_intake_whose_slots_are_all_busy_is_not_stalled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 40: every generation slot busy (the hand-over queue full, the partitions paused) is no quiet time,
+    however long the engine takes (a weight update pausing the server): once a slot frees, the client gets a
+    whole stall time to deliver before a probe may replace it (and its prompts in flight be generated twice).
+    A client that then still delivers nothing while prompts wait is replaced as before."""
+    import rollstream.producers._intake_stall as stall_module
+
+    clock = [time.monotonic()]
+    monkeypatch.setattr(stall_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    metrics = ProducerMetrics()
+    intake = Intake(KafkaConfig(bootstrap_servers="127.0.0.1:1"), "t.prompts", "g", gate=_Gate(metrics),
+                    metrics=metrics, prefetch=2, session_timeout_s=1.0)
+    consumer = _GroupConsumer({0: 4}, {0: 10})  # prompts wait beyond what is committed and taken
+    intake._client.current = consumer  # type: ignore[assignment]
+    intake._on_assign(consumer, consumer.assignment())  # type: ignore[arg-type]
+    stall_s = intake._client.stall_s
+
+    def stuck_after(seconds: float) -> bool:
+        clock[0] += seconds
+        return intake._stuck(consumer)  # type: ignore[arg-type]
+
+    intake.last_message_at = clock[0]  # two prompts taken: both slots generate, the queue fills
+    intake._credits, intake._paused = 0, True  # (`_FULL_WAIT_S` later the partitions pause)
+    assert not stuck_after(10 * stall_s)  # the engine paused far past the stall time: busy, not quiet
+    intake._credits, intake._paused = 1, False  # a slot freed: the loop took a queued prompt, intake resumes
+    assert not stuck_after(0.5)  # the fetch after the resume has its whole stall time
+    assert not stuck_after(stall_s - 1.0) and intake.client_replacements == 0
+    assert stuck_after(1.0) and intake.client_replacements == 1  # wanted prompts all along, got none: stuck
+    intake._client.current.close()  # type: ignore[union-attr]  # the fresh one, never subscribed
+
+
 # -- a revocation drains what started and leaves what only waits ------------------------------------------
 
 

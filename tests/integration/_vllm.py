@@ -1,0 +1,67 @@
+"""One real vLLM server per test session (vLLM's CPU build from ``make install-vllm``), on a tiny local model.
+
+The model is `build_tiny_model`'s character-level Llama at the smallest head size vLLM's CPU attention
+supports (`MIN_HEAD_SIZE` = 32: hidden 64, 2 heads), so the server starts and generates fast on 2 cores.
+Without vLLM's environment the tests that need the server skip, saying how to install it, except under
+``ROLLSTREAM_REQUIRE_VLLM=1`` (`make test` sets it): there a missing environment fails them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from rollstream.producers.engines.tiny_model import build_tiny_model
+from rollstream.schemas import ConfigError
+
+from rollstream.vllm_server import MIN_HEAD_SIZE, VLLMServer, vllm_python
+
+REQUIRE_ENV = "ROLLSTREAM_REQUIRE_VLLM"
+HEADS = 2
+
+
+@dataclass
+class RealVLLM:
+    """The session's server and the model directory it serves (which is also the producers' tokenizer)."""
+
+    server: VLLMServer
+    model_dir: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def post(self, path: str, body: dict | None = None, timeout_s: float = 60.0) -> httpx.Response:
+        return httpx.post(f"{self.url}{path}", json=body, timeout=timeout_s)
+
+    def get(self, path: str, timeout_s: float = 30.0) -> httpx.Response:
+        return httpx.get(f"{self.url}{path}", timeout=timeout_s)
+
+    def ensure_running(self) -> None:
+        """Start the server again if a test killed it, and make sure it is not left paused."""
+        if not self.server.running:
+            self.server.start()
+        self.post("/resume").raise_for_status()
+
+
+def build_model(out_dir: Path, seed: int = 0) -> Path:
+    return build_tiny_model(out_dir, hidden_size=MIN_HEAD_SIZE * HEADS, layers=2, heads=HEADS, seed=seed)
+
+
+def real_vllm_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVLLM]:
+    try:
+        vllm_python()
+    except ConfigError as exc:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1 but {exc}")
+        pytest.skip(str(exc))
+    root = tmp_path_factory.mktemp("vllm")
+    model_dir = build_model(root / "model")
+    server = VLLMServer(model_dir, log_path=root / "server.log", max_model_len=512, startup_timeout_s=300.0,
+                        extra_args=("--logprobs-mode", "processed_logprobs"))
+    with server:
+        yield RealVLLM(server, model_dir)
