@@ -14,6 +14,12 @@ Pinned against the real thing, not the stand-in:
    while every slot waits on the server, publishes no group twice, replaces no client, and every sample is
    finished (an in-flight one continued or issued again, a new one waited out until ``/resume``).
 5. A server SIGKILLed mid-run and started again loses no prompt: every prompt ends as one ok group.
+6. A producer that owns the server's weights (``--vllm-sync-weights``) reloads them when a version is announced
+   with a ``weights_path`` (``/pause?mode=abort``, ``/collective_rpc`` ``reload_weights``,
+   ``/update_weight_version``, ``/resume``): every group is published ok once, and a sample generated across the
+   update carries two version spans, 0 then 1, its tokens the partial output and its continuation: the
+   logprobs are the old weights' up to the split and the new weights' after it, as a trainer recomputes them.
+   vLLM 0.32 reports no per-token versions: the spans are the ones the engine stamps.
 """
 
 from __future__ import annotations
@@ -25,16 +31,16 @@ import pytest
 import rollstream.producers._intake_stall as stall_module
 import torch
 from rollstream.consumers import RolloutConsumer
-from rollstream.infra import KafkaConfig
+from rollstream.infra import KafkaConfig, announce_policy_version
 from rollstream.producers import RolloutProducer, make_engine
 from rollstream.producers.engines._vllm_format import request_body
 from rollstream.producers.engines.base import EngineError, SamplingParams
 from rollstream.producers.engines.environment import EXAMPLE_ENVIRONMENT
-from rollstream.schemas import Sampling
+from rollstream.schemas import PolicyVersion, Sampling
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.integration._kafka import committed_everything, count, read_all, run_cli, write_prompts
-from tests.integration._vllm import RealVLLM
+from tests.integration._vllm import RealVLLM, build_model
 from tests.integration.test_multiturn import assert_calculator_episode
 from tests.integration.test_policy_versions import running, settings, wait_for
 
@@ -189,3 +195,62 @@ def test_a_pause_longer_than_the_stall_rule_publishes_no_group_twice(
     assert all(g.status == "ok" for g in groups), [g.error for g in groups if g.status != "ok"]
     assert all(s.finish_reason == "length" and len(s.tokens) == 400 for g in groups for s in g.samples)
     assert replaced == 0, "the intake client was replaced while the producer waited on its paused server"
+
+
+def test_weights_reloaded_mid_generation_continue_samples_on_the_new_weights(
+        kafka_config: KafkaConfig, namespace_factory, vllm: RealVLLM, tmp_path: Any) -> None:
+    prompts, samples, tokens = ["s0", "s1"], 2, 300
+    new_weights = build_model(tmp_path / "v1", seed=1)  # the same shape, other weights
+    names = namespace_factory(partitions=1)
+    vllm.post("/update_weight_version", {"new_version": "0"}).raise_for_status()  # the trainer's first weights
+    engine = make_engine("vllm", vllm_urls=[vllm.url], tokenizer=str(vllm.model_dir), vllm_sync_weights=True)
+    producer = RolloutProducer(engine, settings(names, n_samples=samples, concurrency=len(prompts),
+                                                max_new_tokens=tokens, temperature=TEMPERATURE,
+                                                sampling_extra={"ignore_eos": True}), kafka=kafka_config)
+    try:
+        with running(producer):
+            write_prompts(kafka_config, names, prompts)
+            wait_for(lambda: producer.stats().in_flight == len(prompts), "both groups generating", timeout_s=60)
+            time.sleep(1.0)  # a few tokens on version 0
+            announce_policy_version(kafka_config, names, PolicyVersion(1, weights_path=str(new_weights)))
+            wait_for(lambda: count(kafka_config, names.rollouts) >= len(prompts), "both groups", timeout_s=180)
+        assert vllm.get("/weight_info").json() == {"weight_version": "1"}
+    finally:
+        _serve_the_sessions_weights(vllm)
+    groups = read_all(kafka_config, names.rollouts)
+    assert sorted(g.prompt_id for g in groups) == prompts  # each published once
+    assert all(g.status == "ok" for g in groups), [g.error for g in groups]
+    old, new = (AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
+                for d in (vllm.model_dir, new_weights))
+    # vLLM 0.32 reloads a model with tied embeddings (as build_tiny_model's) keeping its old output layer: the
+    # checkpoint has no lm_head.weight, and the in-place reload puts the old one back ("ParallelLMHead: Failed
+    # to load weights", vllm/model_executor/model_loader/reload/layerwise.py). So the continuation is the new
+    # weights' with the old head, or, once vLLM reloads tied heads, the new weights' own.
+    reloaded = AutoModelForCausalLM.from_pretrained(str(new_weights), dtype=torch.float32).eval()
+    reloaded.lm_head.weight = torch.nn.Parameter(old.lm_head.weight.detach().clone())
+    across = 0
+    for group in groups:
+        for sample in group.samples:
+            response = [int(t) for t in sample.tokens]
+            assert len(response) == tokens and sample.finish_reason == "length"
+            spans = [(s.version, s.start, s.end) for s in sample.version_spans]
+            split = spans[0][2] if spans[0][0] == 0 else 0
+            assert spans in ([(0, 0, tokens)], [(1, 0, tokens)], [(0, 0, split), (1, split, tokens)]), spans
+            across += len(spans) == 2
+            prompt, logprobs = list(group.prompt_tokens), list(sample.logprobs if sample.logprobs is not None else [])
+            before = _recomputed_logprobs(old, prompt, response, TEMPERATURE)[:split]
+            assert logprobs[:split] == pytest.approx(before, abs=2e-3)  # the partial output: the old weights'
+            after = [_recomputed_logprobs(model, prompt, response, TEMPERATURE)[split:] for model in (new, reloaded)]
+            assert any(logprobs[split:] == pytest.approx(a, abs=2e-3) for a in after)  # continued on the new ones
+    assert across >= 1, "no sample was generated across the update"
+
+
+def _serve_the_sessions_weights(vllm: RealVLLM) -> None:
+    """Load the session's model again, unlabelled, as the other tests expect it."""
+    vllm.post("/pause?mode=abort").raise_for_status()
+    try:
+        vllm.post("/collective_rpc", {"method": "reload_weights",
+                                      "kwargs": {"weights_path": str(vllm.model_dir)}}).raise_for_status()
+        vllm.post("/update_weight_version", {"new_version": "default"}).raise_for_status()
+    finally:
+        vllm.post("/resume").raise_for_status()
