@@ -175,11 +175,11 @@ class ServerFleet:
                 return completion
             last = min(len(server.eras) - 1, first + 1)
             versions = set(server.eras[first:last + 1])
-            if len(versions) != 1 or None in versions:
+            version = versions.pop() if len(versions) == 1 else None
+            if version is None:
                 return completion
-            (version,) = versions
             return replace(completion, policy_version=version,
-                           version_spans=(VersionSpan(int(version), 0, len(completion.tokens)),))
+                           version_spans=(VersionSpan(version, 0, len(completion.tokens)),))
         return stamp
 
 

@@ -278,6 +278,7 @@ class VLLMSyncEngine(FleetEngine, VLLMHTTPEngine):
                          sampling=sampling)
         if not (control_timeout_s > 0 and update_timeout_s > 0):
             raise ConfigError(f"weight sync timeouts must be > 0: {control_timeout_s}, {update_timeout_s}")
+        self._control_timeout_s = control_timeout_s
         self._fleet = ServerFleet(self.urls)
         self._ticket = self._fleet.ticket
         self._steps = _VLLMSteps(self._http, control_timeout_s, update_timeout_s)
@@ -286,7 +287,7 @@ class VLLMSyncEngine(FleetEngine, VLLMHTTPEngine):
         """``weight_version`` of ``GET /weight_info`` (``"default"`` or another non-number: None). Raises
         ConfigError for a server without the development routes (404)."""
         found, version = await read_version(self._http.client, url, "/weight_info",
-                                            timeout_s=self._steps.control_timeout_s,
+                                            timeout_s=self._control_timeout_s,
                                             connect_timeout_s=self._http.connect_timeout_s)
         if not found:
             raise ConfigError(f"{url}/weight_info: HTTP 404: {_DEV_MODE}")
@@ -300,7 +301,7 @@ class _VLLMSteps:
 
     def __init__(self, http: HTTPSession, control_timeout_s: float, update_timeout_s: float) -> None:
         self._http = http
-        self.control_timeout_s = control_timeout_s
+        self._control_timeout_s = control_timeout_s
         self._update_timeout_s = update_timeout_s
 
     async def pause(self, url: str) -> None:
@@ -318,5 +319,5 @@ class _VLLMSteps:
         await self._post(url, "/resume", None)
 
     async def _post(self, url: str, path: str, body: Mapping[str, Any] | None, timeout_s: float | None = None) -> None:
-        await control(self._http.client, url, path, body, timeout_s=timeout_s or self.control_timeout_s,
+        await control(self._http.client, url, path, body, timeout_s=timeout_s or self._control_timeout_s,
                       connect_timeout_s=self._http.connect_timeout_s, not_found=_DEV_MODE)
