@@ -26,7 +26,7 @@ def main() -> int:
         print(f"{DISTRIBUTION} is not installed in {sys.prefix}: pip install --no-deps {DISTRIBUTION}==VERSION first",
               file=sys.stderr)
         return 1
-    environment = {**default_environment(), "extra": ""}
+    environment = {str(k): str(v) for k, v in default_environment().items()} | {"extra": ""}
     for line in declared:
         req = Requirement(line)
         if req.name in PINNED_ELSEWHERE or (req.marker is not None and not req.marker.evaluate(environment)):

@@ -1,4 +1,6 @@
-"""An HTTP stand-in of a vLLM OpenAI-compatible server (``vllm serve``): vLLM needs a GPU, this runs anywhere.
+"""An HTTP stand-in of a vLLM OpenAI-compatible server (``vllm serve``), for the fast tests: it starts in
+milliseconds and injects failures on demand. The real thing (vLLM's CPU build) runs in
+tests/integration/test_vllm_real.py; every difference found there is followed here (``version="0.32"``).
 Each `VLLMStandIn` serves on 127.0.0.1 from its own event loop in a daemon thread.
 
 It follows vLLM 0.33.0 (the wheel on PyPI; `ROUTES` holds its routes, and tests/upstream checks them and the
