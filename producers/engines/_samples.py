@@ -3,8 +3,10 @@
 One sample is one request, sent to the next server in turn. A try that fails for a passing reason
 (connection, timeout, HTTP 408/429/5xx, a body that is not the engine's shape in a way another try may
 fix) is tried again after a `Backoff`, at most `RetryPolicy.attempts` tries; any other 4xx fails at once.
-A server that refuses a request because it is paused (vLLM's 503 around a weight update, `Endpoint.paused`)
-is asked again after a backoff for as long as the deadline lasts: those tries count against nothing else.
+A server that could not take the request at all is asked again after a backoff for as long as the deadline
+lasts, and those tries count against nothing else: one refusing it because it is paused (vLLM's 503 around a
+weight update, `Endpoint.paused`), or one that no connection reached (down, or restarting: a vLLM server
+takes a minute to start again).
 An answer that finished is the sample. An aborted answer (a weight update) goes to the sample's `Rollout`,
 which says what to send next: the continuation of its partial output (SGLang's `PartialRollout`) or the
 same request again (`Reissue`), bounded by its own counts.
@@ -91,20 +93,20 @@ async def run_sample(http: HTTPSession, servers: RoundRobin, endpoint: Endpoint,
         EngineError: not retriable after `retry.attempts` failed tries (the engine already retried), on a
             4xx, or when the rollout gives up; retriable when the deadline ran out (or the rollout says so).
     """
-    failures = paused = 0
+    failures = waits = 0
     error: str | None = None
     while True:
         if deadline.expired:
             raise deadline.error(endpoint.label, error)
         url = servers.pick()
-        completion, note, error, refused_paused = await _try(http, url, endpoint, rollout.payload(), deadline)
-        if refused_paused:  # a weight update: wait it out within the deadline, whatever it takes
-            paused += 1
-            if paused == 1:
-                log.info("%s: %s is paused (a weight update?); waiting for it to resume", endpoint.label, url)
-            await retry.backoff.sleep(paused, rng, deadline)
+        completion, note, error, waiting = await _try(http, url, endpoint, rollout.payload(), deadline)
+        if waiting:  # a weight update or a restart: wait it out within the deadline, whatever it takes
+            waits += 1
+            if waits == 1:
+                log.info("%s: %s %s; waiting for it within the group's deadline", endpoint.label, url, waiting)
+            await retry.backoff.sleep(waits, rng, deadline)
             continue
-        paused = 0
+        waits = 0
         if completion is None:
             failures += 1
             if failures >= retry.attempts:
@@ -126,25 +128,28 @@ async def run_sample(http: HTTPSession, servers: RoundRobin, endpoint: Endpoint,
 
 
 async def _try(http: HTTPSession, url: str, endpoint: Endpoint, body: Mapping[str, Any],
-               deadline: Deadline) -> tuple[Completion | None, str, str | None, bool]:
-    """One POST: (completion, abort note, None, False), or (None, "", why, paused) when another try may work
-    (paused: the server refused it because it is paused, `Endpoint.paused`).
+               deadline: Deadline) -> tuple[Completion | None, str, str | None, str]:
+    """One POST: (completion, abort note, None, ""), or (None, "", why, waiting) when another try may work;
+    `waiting` says why the server could not take the request at all ("is paused (a weight update?)": it
+    refused it, `Endpoint.paused`; "is unreachable (down or restarting?)": no connection), else "".
 
     Raises:
         EngineError (not retriable): a 4xx the server will refuse again, or an answer that never fits.
     """
-    out, error, status = await post_json(http.client, url, endpoint.path, body,
-                                         timeout=http.timeout_within(deadline))
-    if error is not None:
-        paused = status is not None and endpoint.paused is not None and endpoint.paused(status, error)
-        return None, "", error, paused
+    answer = await post_json(http.client, url, endpoint.path, body, timeout=http.timeout_within(deadline))
+    if answer.error is not None:
+        if not answer.reached:
+            return None, "", answer.error, "is unreachable (down or restarting?)"
+        paused = (answer.status is not None and endpoint.paused is not None
+                  and endpoint.paused(answer.status, answer.error))
+        return None, "", answer.error, "is paused (a weight update?)" if paused else ""
     try:
-        completion, note = endpoint.parse(out)
+        completion, note = endpoint.parse(answer.out)
     except EngineError as exc:
         if exc.retriable:
-            return None, "", f"{url}: {exc}", False
+            return None, "", f"{url}: {exc}", ""
         raise
-    return completion, note, None, False
+    return completion, note, None, ""
 
 
 async def gather_or_cancel(coros: Sequence[Awaitable[_T]]) -> list[_T]:

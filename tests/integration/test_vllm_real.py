@@ -10,16 +10,19 @@ Pinned against the real thing, not the stand-in:
    accepted by the server in rollstream's request body, and every value `SamplingParams` refuses the server
    refuses too (HTTP 400).
 3. A multi-turn environment (``--environment``) runs on the real server with exactly the tool tokens masked.
-4. A server SIGKILLed mid-run and started again loses no prompt: every prompt ends as one ok group.
+4. A pause (``/pause?mode=abort``, as around a weight update) longer than the producer's intake stall rule,
+   while every slot waits on the server, publishes no group twice, replaces no client, and every sample is
+   finished (an in-flight one continued or issued again, a new one waited out until ``/resume``).
+5. A server SIGKILLed mid-run and started again loses no prompt: every prompt ends as one ok group.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 import pytest
+import rollstream.producers._intake_stall as stall_module
 import torch
 from rollstream.consumers import RolloutConsumer
 from rollstream.infra import KafkaConfig
@@ -30,12 +33,13 @@ from rollstream.producers.engines.environment import EXAMPLE_ENVIRONMENT
 from rollstream.schemas import Sampling
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.integration._kafka import count, read_all, run_cli, write_prompts
+from tests.integration._kafka import committed_everything, count, read_all, run_cli, write_prompts
 from tests.integration._vllm import RealVLLM
 from tests.integration.test_multiturn import assert_calculator_episode
 from tests.integration.test_policy_versions import running, settings, wait_for
 
 TEMPERATURE, TOKENS = 0.8, 8
+pytestmark = pytest.mark.timeout(600)  # the session's server starts within the first test (~1 min, more when busy)
 
 
 @pytest.fixture
@@ -145,12 +149,43 @@ def test_a_server_killed_and_restarted_mid_run_loses_no_prompt(kafka_config: Kaf
         write_prompts(kafka_config, names, [f"p{i}" for i in range(prompts)])
         wait_for(lambda: count(kafka_config, names.rollouts) >= 2, "the first groups")
         vllm.server.kill()  # SIGKILL: requests in flight get their connection closed
-        restart = threading.Thread(target=vllm.server.start, name="vllm-restart")
-        time.sleep(2.0)
-        restart.start()
-        restart.join(timeout=360)
+        time.sleep(2.0)  # the producer's requests find no server, and wait for one
+        vllm.server.start()  # blocks until it serves again (about a minute)
         wait_for(lambda: len({g.prompt_id for g in read_all(kafka_config, names.rollouts) if g.status == "ok"})
                  == prompts, f"an ok group for each of the {prompts} prompts", timeout_s=240)
     groups = read_all(kafka_config, names.rollouts)
     ok = [g for g in groups if g.status == "ok"]
     assert sorted(g.prompt_id for g in ok) == sorted(f"p{i}" for i in range(prompts))  # each once, none lost
+
+
+def test_a_pause_longer_than_the_stall_rule_publishes_no_group_twice(
+        kafka_config: KafkaConfig, namespace_factory, vllm: RealVLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    stall_s, concurrency, prompts = 4.0, 2, [f"w{i}" for i in range(6)]  # more prompts than slots and queue
+    monkeypatch.setattr(stall_module, "_MIN_STALL_S", stall_s)  # stall_s = max(this, 2 x session timeout)
+    names = namespace_factory(partitions=1)
+    engine = make_engine("vllm", vllm_urls=[vllm.url], tokenizer=str(vllm.model_dir))
+    # Long samples (no EOS) keep every slot on the server when the pause comes; the broker holds each intake
+    # fetch 0.5 s, as a remote cluster may, so a stall probe would come before the first prompt after it.
+    producer = RolloutProducer(engine, settings(names, n_samples=2, concurrency=concurrency, max_new_tokens=400,
+                                                sampling_extra={"ignore_eos": True}, session_timeout_s=stall_s / 2,
+                                                intake_overrides={"fetch.min.bytes": 1 << 20,
+                                                                  "fetch.wait.max.ms": 500}),
+                               kafka=kafka_config)
+    with running(producer):
+        write_prompts(kafka_config, names, prompts)
+        wait_for(lambda: producer.stats().in_flight == concurrency and producer.stats().buffered == concurrency,
+                 "every slot generating and the queue full", timeout_s=60)
+        vllm.post("/pause?mode=abort").raise_for_status()
+        time.sleep(stall_s * 2)
+        vllm.post("/resume").raise_for_status()
+        wait_for(lambda: committed_everything(kafka_config, producer.settings.effective_intake_group, names.prompts),
+                 "every prompt committed", timeout_s=180)
+        replaced = producer.registry.get_sample_value("rollstream_producer_client_replacements_total",
+                                                      {"role": "intake"})
+    groups = read_all(kafka_config, names.rollouts)
+    twice = sorted({g.prompt_id for g in groups if sum(h.group_id == g.group_id for h in groups) > 1})
+    assert not twice, f"groups of prompts {twice} published twice"
+    assert sorted(g.prompt_id for g in groups) == sorted(prompts)
+    assert all(g.status == "ok" for g in groups), [g.error for g in groups if g.status != "ok"]
+    assert all(s.finish_reason == "length" and len(s.tokens) == 400 for g in groups for s in g.samples)
+    assert replaced == 0, "the intake client was replaced while the producer waited on its paused server"

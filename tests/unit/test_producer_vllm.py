@@ -24,16 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from rollstream.producers.engines import EngineError, RetryPolicy, SamplingParams, VLLMHTTPEngine, make_engine
+from rollstream.producers.engines import Deadline, EngineError, RetryPolicy, SamplingParams, VLLMHTTPEngine, make_engine
 from rollstream.producers.engines._vllm_format import check_logprobs_contract, finish_reason, parse_response
 from rollstream.schemas import ConfigError
 from typer.testing import CliRunner
 
 from rollstream.cli import app
+from tests.conftest import free_port
 from tests.standins.sglang_server import CharTokenizer
 from tests.standins.vllm_server import VLLMStandIn, logprob_at, piece, token_at
 
@@ -118,6 +120,23 @@ def test_gives_up_after_bounded_retries(vllm: VLLMStandIn) -> None:
     with pytest.raises(EngineError, match="failed 3 times.*HTTP 503") as err:
         run_engine(VLLMHTTPEngine([vllm.url], retry=FAST))
     assert not err.value.retriable and len(vllm.completions()) == 3
+
+
+def test_an_unreachable_server_is_waited_for_within_the_deadline_not_given_up_after_the_retries() -> None:
+    """A server no connection reaches (down, or restarting: a minute for vLLM) ran nothing: the sample waits for
+    it as long as the group's deadline lasts, never failing for good after `attempts` tries."""
+    engine = VLLMHTTPEngine([f"http://127.0.0.1:{free_port()}"], model="m", retry=FAST)
+
+    async def go() -> None:
+        await engine.start()
+        try:
+            await engine.generate(PROMPT, 1, SamplingParams(max_new_tokens=4), deadline=Deadline.after(0.6))
+        finally:
+            await engine.close()
+    started = time.monotonic()
+    with pytest.raises(EngineError, match="unreachable") as err:
+        asyncio.run(go())
+    assert err.value.retriable and time.monotonic() - started >= 0.5  # the deadline ended it, not the 3 tries
 
 
 def test_client_error_fails_at_once(vllm: VLLMStandIn) -> None:
