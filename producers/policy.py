@@ -5,7 +5,8 @@ by the runs' rule (`rollstream.infra.runs`): the newest trainer run's latest ann
 version is lower than an older run's (a trainer resumed from a checkpoint); a superseded run's
 announcements move nothing (counted in ``rollstream_producer_superseded_announcements_total``).
 Where the engine owns its weights (`ReloadableEngine`: `HFEngine`, the in-process `SGLangEngine`,
-`SGLangSyncEngine`, SGLang servers the producer updates with ``--sglang-sync-weights``, and a custom generate
+`SGLangSyncEngine` and `VLLMSyncEngine`, servers the producer updates with ``--sglang-sync-weights`` or
+``--vllm-sync-weights``, and a custom generate
 object that has ``reload``, `ReloadableCustomEngine`), it loads each
 announcement to follow that names a ``weights_path``: one load at a time, and only the latest announced
 while a load ran (the ones in between are skipped: nobody wants to generate with them any more). It

@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 from rollstream.infra import DEFAULT_TRAINER_GROUP, TopicNames
 from rollstream.producers.engines._retry import DEFAULT_GROUP_TIMEOUT_S
+from rollstream.producers.engines._samples import PARTIAL_ROLLOUTS, PartialRollouts
 from rollstream.producers.engines.base import EngineError, SamplingParams
-from rollstream.producers.engines.sglang_http import PARTIAL_ROLLOUTS, PartialRollouts
 from rollstream.schemas import ConfigError
 
 Backpressure = Literal["pushed", "poll"]
@@ -70,11 +70,13 @@ class ProducerSettings:
         metrics_port: serve Prometheus metrics on this port (None: no server; 0: any free port).
         summary_interval_s: period of the one-line log summary (0: never).
         watch_control: follow NS.control for the current policy version.
-        partial_rollouts: what an SGLang engine does with a sample a weight update aborted: ``continue`` it
-            on the new weights from prompt + partial output (its tokens then carry both versions), or
-            ``restart`` it from scratch. For the engine built from these settings (`make_engine`).
+        partial_rollouts: what an SGLang or vLLM engine does with a sample a weight update aborted:
+            ``continue`` it on the new weights from prompt + partial output (its tokens then carry both
+            versions), or ``restart`` it from scratch. For the engine built from these settings (`make_engine`).
         sglang_sync_weights: the producer updates its SGLang servers to each announced version with a
             ``weights_path`` (pause, ``/update_weights_from_disk``, continue); False: the trainer does.
+        vllm_sync_weights: the same for vLLM servers (``/pause?mode=abort``, ``/collective_rpc``
+            ``reload_weights``, ``/update_weight_version``, ``/resume``; ``VLLM_SERVER_DEV_MODE=1``).
         producer_overrides, intake_overrides: extra librdkafka properties for the rollout producer
             and the prompt consumer; rollstream's guarantees still win (see `KafkaConfig`).
     """
@@ -109,6 +111,7 @@ class ProducerSettings:
     watch_control: bool = True
     partial_rollouts: PartialRollouts = "continue"
     sglang_sync_weights: bool = False
+    vllm_sync_weights: bool = False
     producer_overrides: Mapping[str, Any] = field(default_factory=dict)
     intake_overrides: Mapping[str, Any] = field(default_factory=dict)
 

@@ -18,11 +18,12 @@ from rollstream.producers.engines.hf import HFEngine
 from rollstream.producers.engines.sglang_engine import SGLangEngine
 from rollstream.producers.engines.sglang_http import SGLangHTTPEngine, SGLangSyncEngine, WeightSync
 from rollstream.producers.engines.tiny_model import build_tiny_model
-from rollstream.producers.engines.vllm_http import VLLMHTTPEngine
+from rollstream.producers.engines.vllm_http import VLLMHTTPEngine, VLLMSyncEngine
 
 __all__ = [
     "Backoff", "Completion", "CustomEngine", "DEFAULT_GROUP_TIMEOUT_S", "DEFAULT_REQUEST_TIMEOUT_S", "Deadline",
     "Engine", "EngineError", "EnvironmentEngine", "Generation", "HFEngine", "RetryPolicy", "SGLangEngine",
-    "SGLangHTTPEngine", "SGLangSyncEngine", "SamplingParams", "VLLMHTTPEngine", "WeightSync", "build_tiny_model",
+    "SGLangHTTPEngine", "SGLangSyncEngine", "SamplingParams", "VLLMHTTPEngine", "VLLMSyncEngine", "WeightSync",
+    "build_tiny_model",
     "make_engine",
 ]

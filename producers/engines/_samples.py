@@ -4,12 +4,13 @@ One sample is one request, sent to the next server in turn. A try that fails for
 (connection, timeout, HTTP 408/429/5xx, a body that is not the engine's shape in a way another try may
 fix) is tried again after a `Backoff`, at most `RetryPolicy.attempts` tries; any other 4xx fails at once.
 A server that could not take the request at all is asked again after a backoff for as long as the deadline
-lasts, and those tries count against nothing else: one refusing it because it is paused (vLLM's 503 around a
-weight update, `Endpoint.paused`), or one that no connection reached (down, or restarting: a vLLM server
-takes a minute to start again).
-An answer that finished is the sample. An aborted answer (a weight update) goes to the sample's `Rollout`,
-which says what to send next: the continuation of its partial output (SGLang's `PartialRollout`) or the
-same request again (`Reissue`), bounded by its own counts.
+lasts, and those tries count against nothing else: one refusing it because it is paused (vLLM 0.33's 503
+around a weight update, `Endpoint.paused`), one answering it without having run any of it (vLLM's abort
+before the first token, `Endpoint.not_run`), or one that no connection reached (down, or restarting: a vLLM
+server takes a minute to start again). An answer that finished is the sample. An aborted answer with output
+(a weight update) goes to the sample's `Rollout`, which says what to send next: the continuation of its
+partial output or the same request again (`PartialRollout`, one implementation for every engine: what
+differs is only how an engine's continuation body is built), bounded by its own counts.
 
 Everything runs under the group's `Deadline`: each request waits at most ``min(request timeout, what is
 left)``, each backoff sleeps at most what is left, and once nothing is left the sample ends with a
@@ -23,15 +24,20 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol, TypeVar
 
 from rollstream.producers.engines._http import HTTPSession, RoundRobin, post_json
 from rollstream.producers.engines._retry import Deadline, RetryPolicy
 from rollstream.producers.engines.base import Completion, EngineError
+from rollstream.schemas import VersionSpan
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_PAUSED = "is paused (a weight update?)"
+
+PartialRollouts = Literal["continue", "restart"]
+PARTIAL_ROLLOUTS: tuple[PartialRollouts, ...] = ("continue", "restart")
 
 
 class Rollout(Protocol):
@@ -62,23 +68,96 @@ class Endpoint:
     path: str
     parse: Callable[[Any], tuple[Completion, str]]
     paused: Callable[[int, str], bool] | None = None  # (status, error) -> the server refused it while paused
+    # an answer that says the server ran none of the request (vLLM: aborted before its first token, as a
+    # request queued or just admitted when a weight update paused it): waited out as `paused` is
+    not_run: Callable[[Completion], bool] | None = None
+    # awaited with a server's URL as a request is about to be sent (it may hold the request back a moment);
+    # what it returns gets that server's parsed answer and may amend it (`VLLMSyncEngine` stamps the version
+    # that server served)
+    ticket: Callable[[str], Awaitable[Callable[[Completion], Completion]]] | None = None
 
 
-class Reissue:
-    """A sample whose aborted answers are dropped and its request issued again as it was, at most
-    `abort_attempts` times (vLLM's; SGLang's ``restart`` is `PartialRollout`'s)."""
+def join_segments(segments: Sequence[Completion]) -> Completion:
+    """One completion from the segments of a continued sample: tokens, logprobs and texts concatenated,
+    each segment's version spans shifted by its offset (adjacent spans of one version merged), the last
+    segment's finish reason. If a segment with tokens has no known version, the result has none."""
+    if len(segments) == 1:
+        return segments[0]
+    tokens = [int(t) for s in segments for t in s.tokens]
+    logprobs = None if any(s.logprobs is None for s in segments) else [
+        float(p) for s in segments for p in s.logprobs]  # type: ignore[union-attr]
+    spans: list[VersionSpan] = []
+    offset, known = 0, True
+    for segment in segments:
+        if len(segment.tokens) and not segment.version_spans:
+            known = False
+        for span in segment.version_spans:
+            if spans and spans[-1].version == span.version and spans[-1].end == offset + span.start:
+                spans[-1] = replace(spans[-1], end=offset + span.end)
+            else:
+                spans.append(VersionSpan(span.version, offset + span.start, offset + span.end))
+        offset += len(segment.tokens)
+    if not known:
+        spans = []
+    version = spans[-1].version if spans else (segments[-1].policy_version if not tokens else None)
+    return Completion(text="".join(s.text for s in segments), tokens=tokens, logprobs=logprobs,
+                      finish_reason=segments[-1].finish_reason, policy_version=version, version_spans=tuple(spans))
 
-    def __init__(self, body: Mapping[str, Any], abort_attempts: int) -> None:
-        self._body = body
+
+class PartialRollout:
+    """One sample across the aborts of weight updates: what to send next, and when it is finished.
+
+    With ``continue``, an aborted answer that carries tokens is kept and the next request continues it on
+    the (new) weights from prompt + tokens so far, its token budget (`max_new`) reduced by what was
+    generated, at most `max_continuations` times; the segments are joined (`join_segments`), each with its
+    own version spans. `continued` builds that request from the tokens so far, in the engine's terms
+    (SGLang: ``input_ids`` and ``sampling_params.max_new_tokens``/``min_new_tokens``; vLLM: ``prompt`` as
+    token ids and ``max_tokens``/``min_tokens``), or returns None when it cannot (a prompt sent as text
+    whose token ids are not known). With ``restart``, or when `continued` cannot, an aborted answer is
+    dropped and the request is issued again as it was, at most `abort_attempts` times; so is an abort
+    without tokens in both modes. Pure: no I/O.
+    """
+
+    def __init__(self, body: Mapping[str, Any], *, continued: Callable[[Sequence[int]], Mapping[str, Any] | None],
+                 max_new: int, mode: PartialRollouts = "continue", max_continuations: int = 4,
+                 abort_attempts: int = 20) -> None:
+        if mode not in PARTIAL_ROLLOUTS:
+            raise EngineError(f"partial rollouts {mode!r}: use continue or restart", retriable=False)
+        self._next: Mapping[str, Any] = dict(body)
+        self._continued = continued
+        self._continue = mode == "continue"
+        self._max_new = max_new
+        self._max_continuations = max_continuations
         self._abort_attempts = abort_attempts
+        self._segments: list[Completion] = []
+        self.continuations = 0
         self.aborts = 0
 
     def payload(self) -> Mapping[str, Any]:
-        return self._body
+        """The body of the next request: the original one, or its continuation."""
+        return self._next
 
     def add(self, completion: Completion, where: str = "") -> Completion | None:
+        """Take one answer: the finished sample, or None when the next `payload` must be sent.
+
+        Raises:
+            EngineError: aborted more often than allowed (retriable when continuations ran out: the
+                producer may try the prompt again).
+        """
         if completion.finish_reason != "abort":
-            return completion
+            return join_segments([*self._segments, completion])
+        prefix = [int(t) for s in (*self._segments, completion) for t in s.tokens]
+        following = self._continued(prefix) if self._continue and len(completion.tokens) else None
+        if following is not None:
+            self.continuations += 1
+            if self.continuations > self._max_continuations:
+                raise EngineError(f"sample aborted {self.continuations} times with partial output{where}; more "
+                                  f"than {self._max_continuations} continuations", retriable=True)
+            self._segments.append(completion)
+            if len(prefix) >= self._max_new:  # the abort came with the last token: nothing left to generate
+                return join_segments([*self._segments[:-1], replace(completion, finish_reason="length")])
+            self._next = following
+            return None
         self.aborts += 1
         if self.aborts > self._abort_attempts:
             raise EngineError(f"request aborted {self.aborts} times{where}; giving up", retriable=False)
@@ -131,24 +210,31 @@ async def _try(http: HTTPSession, url: str, endpoint: Endpoint, body: Mapping[st
                deadline: Deadline) -> tuple[Completion | None, str, str | None, str]:
     """One POST: (completion, abort note, None, ""), or (None, "", why, waiting) when another try may work;
     `waiting` says why the server could not take the request at all ("is paused (a weight update?)": it
-    refused it, `Endpoint.paused`; "is unreachable (down or restarting?)": no connection), else "".
+    refused it, `Endpoint.paused`, or ran none of it, `Endpoint.not_run`; "is unreachable (down or
+    restarting?)": no connection), else "". The completion has passed through the `Endpoint.ticket` taken
+    as it was sent.
 
     Raises:
         EngineError (not retriable): a 4xx the server will refuse again, or an answer that never fits.
     """
+    seen = await endpoint.ticket(url) if endpoint.ticket is not None else None
     answer = await post_json(http.client, url, endpoint.path, body, timeout=http.timeout_within(deadline))
     if answer.error is not None:
         if not answer.reached:
             return None, "", answer.error, "is unreachable (down or restarting?)"
         paused = (answer.status is not None and endpoint.paused is not None
                   and endpoint.paused(answer.status, answer.error))
-        return None, "", answer.error, "is paused (a weight update?)" if paused else ""
+        return None, "", answer.error, _PAUSED if paused else ""
     try:
         completion, note = endpoint.parse(answer.out)
     except EngineError as exc:
         if exc.retriable:
             return None, "", f"{url}: {exc}", ""
         raise
+    if seen is not None:
+        completion = seen(completion)
+    if endpoint.not_run is not None and endpoint.not_run(completion):
+        return None, "", f"{url}: {completion.finish_reason} before the first token ({note or 'paused?'})", _PAUSED
     return completion, note, None, ""
 
 

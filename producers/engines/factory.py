@@ -6,13 +6,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from rollstream.producers.engines._samples import PartialRollouts
 from rollstream.producers.engines.base import DEFAULT_REQUEST_TIMEOUT_S, Engine, SamplingParams
 from rollstream.producers.engines.custom import CustomEngine
 from rollstream.producers.engines.environment import EnvironmentEngine, load_environment
 from rollstream.producers.engines.hf import HFEngine
 from rollstream.producers.engines.sglang_engine import SGLangEngine
-from rollstream.producers.engines.sglang_http import PartialRollouts, SGLangHTTPEngine, SGLangSyncEngine
-from rollstream.producers.engines.vllm_http import LogprobsMode, VLLMHTTPEngine
+from rollstream.producers.engines.sglang_http import SGLangHTTPEngine, SGLangSyncEngine
+from rollstream.producers.engines.vllm_http import LogprobsMode, VLLMHTTPEngine, VLLMSyncEngine
 from rollstream.producers.multiturn import DEFAULT_MAX_TURNS
 from rollstream.schemas import ConfigError
 
@@ -28,7 +29,8 @@ def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = 
                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, partial_rollouts: PartialRollouts = "continue",
                 sglang_sync_weights: bool = False, vllm_urls: Sequence[str] = (), vllm_model: str | None = None,
                 vllm_logprobs_mode: LogprobsMode = "processed_logprobs", sampling: SamplingParams | None = None,
-                environment: str | None = None, max_turns: int | None = None) -> Engine:
+                environment: str | None = None, max_turns: int | None = None, vllm_sync_weights: bool = False
+                ) -> Engine:
     """The engine the flags describe. No I/O (the engine loads in its `start`; an environment's module is
     imported here).
 
@@ -44,9 +46,9 @@ def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = 
     - ``vllm`` + ``vllm_urls``: vLLM's OpenAI-compatible server over HTTP; `tokenizer` (default `model`) as
       for SGLang; `vllm_model` the served model name (default: the server's); `vllm_logprobs_mode` the
       servers' ``--logprobs-mode``, checked against the producer's `sampling` when given. The trainer
-      updates their weights; aborted samples are restarted.
+      updates their weights, unless `vllm_sync_weights`: then the producer does (`VLLMSyncEngine`).
     - ``hf`` + ``model``: transformers on CPU.
-    `partial_rollouts` (SGLang): ``continue`` a sample aborted by a weight update, or ``restart`` it.
+    `partial_rollouts` (SGLang, vLLM): ``continue`` a sample aborted by a weight update, or ``restart`` it.
     Raises:
         ConfigError: a contradictory or incomplete combination (the message lists the valid ones), a
             ``--generate`` path that does not import, a `sampling` option the engine has no name for, or
@@ -58,7 +60,8 @@ def make_engine(kind: EngineKind | None = None, *, sglang_urls: Sequence[str] = 
     engine = _policy_engine(kind, sglang_urls=sglang_urls, model=model, tokenizer=tokenizer, generate=generate,
                             request_timeout_s=request_timeout_s, partial_rollouts=partial_rollouts,
                             sglang_sync_weights=sglang_sync_weights, vllm_urls=vllm_urls, vllm_model=vllm_model,
-                            vllm_logprobs_mode=vllm_logprobs_mode, sampling=sampling)
+                            vllm_logprobs_mode=vllm_logprobs_mode, sampling=sampling,
+                            vllm_sync_weights=vllm_sync_weights)
     if environment is None:
         return engine
     return EnvironmentEngine(engine, load_environment(environment),
@@ -89,12 +92,15 @@ def _check_environment(kind: EngineKind | None, environment: str | None, max_tur
 def _policy_engine(kind: EngineKind | None, *, sglang_urls: Sequence[str], model: Path | str | None,
                    tokenizer: Path | str | None, generate: str | None, request_timeout_s: float,
                    partial_rollouts: PartialRollouts, sglang_sync_weights: bool, vllm_urls: Sequence[str],
-                   vllm_model: str | None, vllm_logprobs_mode: LogprobsMode, sampling: SamplingParams | None
-                   ) -> Engine:
+                   vllm_model: str | None, vllm_logprobs_mode: LogprobsMode, sampling: SamplingParams | None,
+                   vllm_sync_weights: bool) -> Engine:
     """The engine of `make_engine`'s flags but ``environment`` (see there)."""
     if sglang_sync_weights and not (kind == "sglang" and sglang_urls):
         raise ConfigError("--sglang-sync-weights is for --engine sglang --sglang-url URL (the producer updates "
                           "those servers); in-process SGLang and --engine hf load announced weights anyway")
+    if vllm_sync_weights and not (kind == "vllm" and vllm_urls):
+        raise ConfigError("--vllm-sync-weights is for --engine vllm --vllm-url URL (the producer updates those "
+                          "servers' weights)")
     if vllm_urls and kind != "vllm":
         raise ConfigError(f"--vllm-url is for --engine vllm; {_USAGE}")
     if generate is not None:
@@ -106,8 +112,9 @@ def _policy_engine(kind: EngineKind | None, *, sglang_urls: Sequence[str], model
             raise ConfigError("--sglang-url is for --engine sglang; give vLLM servers as --vllm-url URL")
         if not vllm_urls:
             raise ConfigError(f"--engine vllm needs --vllm-url URL (a `vllm serve` server); {_USAGE}")
-        return VLLMHTTPEngine(list(vllm_urls), model=vllm_model, tokenizer=tokenizer or model,
-                              timeout_s=request_timeout_s, logprobs_mode=vllm_logprobs_mode, sampling=sampling)
+        vllm = VLLMSyncEngine if vllm_sync_weights else VLLMHTTPEngine
+        return vllm(list(vllm_urls), model=vllm_model, tokenizer=tokenizer or model, timeout_s=request_timeout_s,
+                    logprobs_mode=vllm_logprobs_mode, partial_rollouts=partial_rollouts, sampling=sampling)
     if kind == "sglang":
         if sglang_urls:
             http = SGLangSyncEngine if sglang_sync_weights else SGLangHTTPEngine

@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from rollstream.producers._threads import ThreadPool, in_thread
+from rollstream.producers.engines._samples import PARTIAL_ROLLOUTS, PartialRollouts
 from rollstream.producers.engines._sampling import sglang_options
 from rollstream.producers.engines._sglang_format import (
-    PARTIAL_ROLLOUTS,
-    PartialRollout,
-    PartialRollouts,
     parse_completion,
+    partial_rollout,
     request_payload,
     seeded,
 )
@@ -167,7 +166,7 @@ class SGLangEngine:
         return await gather_or_cancel([self._sample(seeded(payload, i)) for i in range(n)])
 
     async def _sample(self, payload: Mapping[str, Any]) -> Completion:
-        rollout = PartialRollout(payload, mode=self._partial, max_continuations=self._max_continuations,
+        rollout = partial_rollout(payload, mode=self._partial, max_continuations=self._max_continuations,
                                  abort_attempts=self._abort_attempts)
         while True:
             request = rollout.payload()

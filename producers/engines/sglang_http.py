@@ -8,7 +8,7 @@ bodies, up to `RetryPolicy.attempts`, all within the group's `Deadline` (each re
 request (finish_reason ``abort``, e.g. a weight update) is never returned as a finished sample: with
 ``partial_rollouts="continue"`` (the default) its tokens are kept and a new request continues it from
 prompt + tokens on the new weights, at most `RetryPolicy.max_continuations` times; with ``"restart"`` it
-is issued again from scratch, at most `RetryPolicy.abort_attempts` times (see `_sglang_format.PartialRollout`).
+is issued again from scratch, at most `RetryPolicy.abort_attempts` times (see `_samples.PartialRollout`).
 
 Whose job the weights are: by default the trainer updates the servers itself (SGLang's
 ``/update_weights_from_disk`` or its NCCL path) and the producer only reads the versions SGLang reports.
@@ -18,7 +18,6 @@ updates every server to each newer version announced on NS.control with a ``weig
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from collections.abc import Mapping, Sequence
@@ -26,21 +25,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import httpx
 from rollstream.producers.engines._http import HTTPSession, RoundRobin, TokenizedSession, base_urls
 from rollstream.producers.engines._retry import Deadline, RetryPolicy
-from rollstream.producers.engines._samples import Endpoint, gather_or_cancel, run_sample
+from rollstream.producers.engines._samples import (
+    PARTIAL_ROLLOUTS,
+    Endpoint,
+    PartialRollouts,
+    gather_or_cancel,
+    run_sample,
+)
 from rollstream.producers.engines._sampling import sglang_options
 from rollstream.producers.engines._sglang_format import (
-    PARTIAL_ROLLOUTS,
-    PartialRollout,
-    PartialRollouts,
     abort_message,
     parse_completion,
-    parse_policy_version,
+    partial_rollout,
     request_payload,
     seeded,
 )
+from rollstream.producers.engines._weight_sync import FleetEngine, ServerFleet, control, read_version
 from rollstream.producers.engines.base import (
     DEFAULT_REQUEST_TIMEOUT_S,
     Completion,
@@ -153,7 +155,7 @@ class SGLangHTTPEngine(TokenizedSession):
 
     async def _sample(self, payload: Mapping[str, Any], deadline: Deadline) -> Completion:
         r = self._retry
-        rollout = PartialRollout(payload, mode=self._partial, max_continuations=r.max_continuations,
+        rollout = partial_rollout(payload, mode=self._partial, max_continuations=r.max_continuations,
                                  abort_attempts=r.abort_attempts)
         return await run_sample(self._http, self._servers, _GENERATE, rollout, retry=r, deadline=deadline,
                                 rng=self._rng)
@@ -178,13 +180,15 @@ class WeightSync:
             raise ConfigError(f"weight sync timeouts must be > 0: {self}")
 
 
-class SGLangSyncEngine(SGLangHTTPEngine):
+class SGLangSyncEngine(FleetEngine, SGLangHTTPEngine):
     """SGLang servers whose weights this producer updates (``--sglang-sync-weights``): a `ReloadableEngine`.
 
-    Give the servers' own URLs (not a router's): each one is paused, updated and continued on its own.
-    The servers must read `weights_path` (a shared file system) and report ``weight_version`` (so each
-    sample is stamped with the version of the server that generated it). Arguments as `SGLangHTTPEngine`,
-    and `sync` (`WeightSync`: pause mode, timeouts, load format).
+    Give the servers' own URLs (not a router's): each one is paused, updated and continued on its own,
+    concurrently (``/pause_generation``, ``/update_weights_from_disk`` with ``weight_version``,
+    ``/continue_generation``: `_weight_sync.ServerFleet`, shared with `VLLMSyncEngine`). The servers must read
+    `weights_path` (a shared file system) and report ``weight_version`` (so each sample is stamped with the
+    version of the server that generated it); the version each serves is read at `start` (`_read_version`).
+    Arguments as `SGLangHTTPEngine`, and `sync` (`WeightSync`: pause mode, timeouts, load format).
     """
 
     def __init__(self, urls: Sequence[str], *, tokenizer: str | Path | Any | None = None, chat_template: bool = True,
@@ -196,115 +200,44 @@ class SGLangSyncEngine(SGLangHTTPEngine):
                          connect_timeout_s=connect_timeout_s, retry=retry, partial_rollouts=partial_rollouts,
                          max_connections=max_connections, seed=seed, sampling=sampling)
         self._sync = sync or WeightSync()
-        self._serving: dict[str, int | None] = dict.fromkeys(self.urls)
-        self._loaded: dict[str, tuple[int, str]] = {}  # url -> (version, weights_path) this engine updated it to
-
-    async def start(self) -> None:
-        """Open the client and read the version each server serves (`_read_version`; best effort: unknown on
-        failure)."""
-        await super().start()
-        versions = await asyncio.gather(*(self._read_version(u) for u in self.urls))
-        self._serving.update(zip(self.urls, versions, strict=True))
-
-    @property
-    def policy_version(self) -> int | None:
-        """The oldest version any server serves (None while one is unknown)."""
-        versions = list(self._serving.values())
-        return None if None in versions else min(v for v in versions if v is not None)
-
-    def serving(self) -> dict[str, int | None]:
-        """The version each server serves, as far as this engine knows (a copy)."""
-        return dict(self._serving)
-
-    async def reload(self, weights_path: str, version: int) -> bool:
-        """Update every server to `version` (concurrently; each one paused only for its own update),
-        whatever the number each reports (a new trainer run's may be lower, or equal with other weights;
-        the producer skips what is served already), except the servers this engine updated to this very
-        `version` from this very `weights_path` (a retry after some servers failed updates only those).
-        A server whose update fails keeps serving its weights and its version. Returns True.
-        Raises:
-            EngineError (retriable): some servers failed (named, with SGLang's message); the others serve
-                `version`.
-        """
-        urls = [u for u in self._serving if self._loaded.get(u) != (version, weights_path)]
-        results = await asyncio.gather(*(self._update(u, weights_path, version) for u in urls),
-                                       return_exceptions=True)
-        failed = []
-        for url, result in zip(urls, results, strict=True):
-            if isinstance(result, EngineError):
-                failed.append(str(result))
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                self._serving[url] = version
-                self._loaded[url] = (version, weights_path)
-        if failed:
-            raise EngineError(f"policy version {version} ({weights_path}) not loaded on {len(failed)} of "
-                              f"{len(urls)} servers, which keep serving their weights: {'; '.join(failed)}",
-                              retriable=True)
-        log.info("policy version %d from %s loaded on %d SGLang servers", version, weights_path, len(urls))
-        return True
-
-    async def _update(self, url: str, weights_path: str, version: int) -> None:
-        """Pause, update, continue one server; continue runs whatever happened, so no server stays paused."""
-        s = self._sync
-        body: dict[str, Any] = {"model_path": weights_path, "weight_version": str(version)}
-        if s.load_format is not None:
-            body["load_format"] = s.load_format
-        error: EngineError | None = None
-        try:
-            await self._control(url, "pause_generation", {"mode": s.pause_mode}, s.control_timeout_s)
-            await self._control(url, "update_weights_from_disk", body, s.update_timeout_s)
-        except EngineError as exc:
-            error = exc
-        try:
-            await self._control(url, "continue_generation", {}, s.control_timeout_s)
-        except EngineError as exc:
-            log.error("%s may still be paused: %s", url, exc)
-            error = error or exc
-        if error is not None:
-            raise error
-
-    async def _control(self, url: str, endpoint: str, body: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
-        """POST one control request. Raises EngineError naming the server on an HTTP error or ``success: false``."""
-        if self._http.client is None:
-            raise EngineError("SGLangSyncEngine used before start()", retriable=False)
-        try:
-            resp = await self._http.client.post(f"{url}/{endpoint}", json=dict(body),
-                                           timeout=httpx.Timeout(timeout_s, connect=self._http.connect_timeout_s))
-        except httpx.HTTPError as exc:
-            raise EngineError(f"{url}/{endpoint}: {type(exc).__name__}: {exc}", retriable=True) from exc
-        try:
-            out = resp.json()
-        except ValueError:
-            out = {}
-        out = out if isinstance(out, dict) else {}
-        if resp.status_code >= 400 or out.get("success") is False:
-            raise EngineError(f"{url}/{endpoint}: HTTP {resp.status_code}: {out.get('message') or resp.text[:300]}",
-                              retriable=True)
-        return out
+        self._fleet = ServerFleet(self.urls)
+        self._steps = _SGLangSteps(self._http, self._sync)
 
     async def _read_version(self, url: str) -> int | None:
         """``weight_version`` of ``GET /model_info`` (SGLang >= 0.5.15; 0.5.23 has no other route), else of
         ``GET /get_weight_version`` (older servers, which lack ``/model_info``); None when neither says."""
         for route in ("/model_info", "/get_weight_version"):
-            found, version = await self._get_version(url, route)
+            found, version = await read_version(self._http.client, url, route, timeout_s=self._sync.control_timeout_s,
+                                                connect_timeout_s=self._http.connect_timeout_s)
             if found:
                 return version
         return None
 
-    async def _get_version(self, url: str, route: str) -> tuple[bool, int | None]:
-        """(whether `route` answered, the version it gave). A 404 is (False, None): try the next route."""
-        if self._http.client is None:
-            return True, None
-        try:
-            resp = await self._http.client.get(f"{url}{route}",
-                                               timeout=httpx.Timeout(self._sync.control_timeout_s,
-                                                                     connect=self._http.connect_timeout_s))
-            if resp.status_code == 404:
-                return False, None
-            resp.raise_for_status()
-            return True, parse_policy_version(resp.json().get("weight_version"))
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            log.warning("could not read the weight version of %s from %s (%s): taken as unknown", url, route, exc)
-            return True, None
+
+class _SGLangSteps:
+    """SGLang's steps of one server's update (`_weight_sync.UpdateSteps`)."""
+
+    label = "SGLang"
+
+    def __init__(self, http: HTTPSession, sync: WeightSync) -> None:
+        self._http = http
+        self._sync = sync
+
+    async def pause(self, url: str) -> None:
+        await self._post(url, "/pause_generation", {"mode": self._sync.pause_mode})
+
+    async def load(self, url: str, weights_path: str, version: int) -> None:
+        body: dict[str, Any] = {"model_path": weights_path, "weight_version": str(version)}
+        if self._sync.load_format is not None:
+            body["load_format"] = self._sync.load_format
+        await self._post(url, "/update_weights_from_disk", body, self._sync.update_timeout_s)
+
+    async def label_version(self, url: str, version: int) -> None:
+        pass  # /update_weights_from_disk set it
+
+    async def resume(self, url: str) -> None:
+        await self._post(url, "/continue_generation", {})
+
+    async def _post(self, url: str, path: str, body: Mapping[str, Any], timeout_s: float | None = None) -> None:
+        await control(self._http.client, url, path, body, timeout_s=timeout_s or self._sync.control_timeout_s,
+                      connect_timeout_s=self._http.connect_timeout_s)

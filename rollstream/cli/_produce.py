@@ -56,7 +56,7 @@ def produce(
     vllm_url: Annotated[list[str] | None, typer.Option(
         "--vllm-url", metavar="URL", help="vLLM server base URL (`vllm serve`, e.g. http://gpu1:8000); repeat (or "
                                           "comma-separate) for round robin. With --tokenizer the prompt goes as "
-                                          "token ids. Aborted samples are generated again from scratch.",
+                                          "token ids. Aborted samples are continued (--partial-rollouts).",
         rich_help_panel=_ENGINE)] = None,
     vllm_model: Annotated[str | None, typer.Option(
         "--vllm-model", metavar="NAME", help="vLLM: the served model name sent with each request (default: the "
@@ -98,9 +98,10 @@ def produce(
         min=1, help=f"With --environment: policy turns per episode at most (default {DEFAULT_MAX_TURNS}), each "
                     "of at most --max-new-tokens tokens.", rich_help_panel=_ENGINE)] = None,
     partial_rollouts: Annotated[PartialRolloutsName, typer.Option(
-        help="SGLang: a sample aborted by a weight update is continued on the new weights from prompt + its "
-             "partial output (continue: its tokens carry both policy versions, staleness counts from the "
-             "oldest), or generated again from scratch (restart). Continuing needs token ids: --tokenizer.",
+        help="SGLang and vLLM: a sample aborted by a weight update is continued on the new weights from prompt "
+             "+ its partial output (continue: its tokens carry both policy versions, staleness counts from the "
+             "oldest), or generated again from scratch (restart). SGLang continues only with token ids "
+             "(--tokenizer); vLLM also continues a text prompt from the token ids it returns.",
         rich_help_panel=_ENGINE)] = _PARTIAL,
     sglang_sync_weights: Annotated[bool, typer.Option(
         "--sglang-sync-weights", help="The producer updates its SGLang servers (--sglang-url, each server, not "
@@ -108,6 +109,13 @@ def produce(
                                       "weights_path: /pause_generation, /update_weights_from_disk, "
                                       "/continue_generation. Off: the trainer updates them itself.",
         rich_help_panel=_ENGINE)] = _D.sglang_sync_weights,
+    vllm_sync_weights: Annotated[bool, typer.Option(
+        "--vllm-sync-weights", help="The producer updates its vLLM servers (--vllm-url, each started with "
+                                    "VLLM_SERVER_DEV_MODE=1) to every newer policy version announced on "
+                                    "NS.control with a weights_path: /pause?mode=abort, /collective_rpc "
+                                    "reload_weights, /update_weight_version, /resume. Off: the trainer updates "
+                                    "them itself.",
+        rich_help_panel=_ENGINE)] = _D.vllm_sync_weights,
     reward: Annotated[str | None, typer.Option(
         help="Reward: built-in 'math' or 'exact', or MODULE:FUNC `f(prompt, completion) -> float` (sync or "
              "async). Omitted: samples carry no reward.", rich_help_panel=_ENGINE)] = None,
@@ -175,13 +183,14 @@ def produce(
         startup_timeout_s=startup_timeout, session_timeout_s=session_timeout, metrics_port=metrics_port,
         summary_interval_s=summary_interval,
         generate_timeout_s=group_timeout if group_timeout is not None else 3 * request_timeout,
-        partial_rollouts=partial_rollouts.value, sglang_sync_weights=sglang_sync_weights, max_attempts=max_attempts,
-        drain_on_revoke_s=drain_on_revoke)
+        partial_rollouts=partial_rollouts.value, sglang_sync_weights=sglang_sync_weights,
+        vllm_sync_weights=vllm_sync_weights, max_attempts=max_attempts, drain_on_revoke_s=drain_on_revoke)
     built = make_engine(engine.value if engine else None, sglang_urls=sglang_url or (), model=model,
                         tokenizer=tokenizer, generate=generate, request_timeout_s=request_timeout,
                         partial_rollouts=settings.partial_rollouts, sglang_sync_weights=settings.sglang_sync_weights,
                         vllm_urls=vllm_url or (), vllm_model=vllm_model, vllm_logprobs_mode=vllm_logprobs_mode.value,
-                        sampling=settings.sampling(), environment=environment, max_turns=max_turns)
+                        sampling=settings.sampling(), environment=environment, max_turns=max_turns,
+                        vllm_sync_weights=settings.vllm_sync_weights)
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-producer")
     if logging.getLogger().getEffectiveLevel() > logging.INFO:
         logging.getLogger("rollstream.producers").setLevel(logging.INFO)  # a service: progress is worth showing

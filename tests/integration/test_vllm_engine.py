@@ -5,9 +5,10 @@ Pinned: the CLI's ``--engine vllm --vllm-url URL`` publishes one ok group per pr
 ``--n-samples`` samples whose token ids and logprobs are exactly the server's, the prompt's token ids
 as vLLM tokenized it and the sampling parameters, and a `RolloutConsumer` takes them all; an in-process
 producer whose vLLM server aborts samples (a trainer's ``/pause?mode=abort``) ships only finished samples,
-stamped with the newest version announced on NS.control (vLLM reports none per request); a server paused
-(``/pause?mode=abort`` .. ``/resume``, a weight update) for longer than the intake's stall rule while every
-generation slot is busy publishes every group once and replaces no client (issue 40).
+continued from their partial output, stamped with the newest version announced on NS.control (vLLM reports
+none per request); a server paused (``/pause?mode=abort`` .. ``/resume``, a weight update) for longer than
+the intake's stall rule while every generation slot is busy publishes every group once and replaces no
+client (issue 40).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def test_cli_produces_groups_a_consumer_takes(kafka_config: KafkaConfig, namespa
     assert all(body["model"] == vllm.model and body["temperature"] == 0.8 for body in vllm.completions())
 
 
-def test_aborted_samples_are_regenerated_and_stamped_from_control(kafka_config: KafkaConfig, namespace_factory,
+def test_aborted_samples_are_continued_and_stamped_from_control(kafka_config: KafkaConfig, namespace_factory,
                                                                   vllm: VLLMStandIn) -> None:
     names = namespace_factory(partitions=1)
     announce_policy_version(kafka_config, names, PolicyVersion(3))
@@ -79,7 +80,10 @@ def test_aborted_samples_are_regenerated_and_stamped_from_control(kafka_config: 
     samples = [s for g in groups for s in g.samples]
     assert len(samples) == 4 and all(s.finish_reason == "length" and len(s.tokens) == TOKENS for s in samples)
     assert all(s.weight_versions == (3,) for s in samples)
-    assert len(vllm.completions()) == 4 + 2  # the two aborted requests were issued again
+    assert len(vllm.completions()) == 4 + 2  # the two aborted samples were continued
+    continued = [b for b in vllm.completions() if b["max_tokens"] < TOKENS]  # after the token each abort had
+    assert len(continued) == 2 and all(len(b["prompt"]) + b["max_tokens"] == len(continued[0]["prompt"]) +
+                                       continued[0]["max_tokens"] for b in continued)
 
 
 def test_a_pause_longer_than_the_intake_stall_rule_publishes_no_group_twice(

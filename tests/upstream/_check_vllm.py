@@ -17,7 +17,8 @@ from typing import Any
 from tests.upstream._checking import declared_routes, run_checks
 
 ROUTER_FILES = ("vllm/entrypoints/openai/completion/api_router.py", "vllm/entrypoints/openai/models/api_router.py",
-                "vllm/entrypoints/serve/instrumentator/health.py", "vllm/entrypoints/rl/online/api_router.py")
+                "vllm/entrypoints/serve/instrumentator/health.py", "vllm/entrypoints/rl/online/api_router.py",
+                "vllm/entrypoints/serve/dev/rpc/api_router.py")
 
 
 def check_completion(body: dict[str, Any]) -> dict[str, Any]:
