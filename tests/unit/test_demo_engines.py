@@ -1,7 +1,8 @@
 """How the demo runs on each engine, without starting anything. Pinned here:
 
 1. ``hf`` keeps the demo as it was (2 producers, the 4-head model); ``vllm`` runs exactly one producer (one
-   server, reloaded once per version) on the same recipe with 2 heads of vLLM's smallest CPU head size.
+   server, reloaded once per version) on the same recipe with 2 heads of vLLM's smallest CPU head size and an
+   output layer of its own (not tied to the embedding, which vLLM's in-place reload would leave stale).
 2. The vLLM producer's command line points at the server, the model's tokenizer, and syncs the weights.
 3. A bad engine or a second vLLM producer is refused by `DemoOptions`, naming the fix.
 """
@@ -33,7 +34,8 @@ def test_vllm_runs_one_producer_on_a_model_vllm_can_serve() -> None:
     recipe = options.plan.recipe
     assert options.producer_count == 1
     assert recipe.hidden_size // recipe.heads == MIN_HEAD_SIZE and recipe.hidden_size == DEMO_RECIPE.hidden_size
-    assert {**vars(recipe), "heads": DEMO_RECIPE.heads} == vars(DEMO_RECIPE)  # only the heads differ
+    assert not recipe.tie_embeddings  # vLLM's in-place reload leaves a tied output layer at its old weights
+    assert {**vars(recipe), "heads": DEMO_RECIPE.heads, "tie_embeddings": True} == vars(DEMO_RECIPE)  # nothing else
     args = producer_engine_args(options.plan, Path("/m"), VLLMServer(Path("/m"), port=8123))
     assert args[:4] == ["--engine", "vllm", "--vllm-url", "http://127.0.0.1:8123"]
     assert args[args.index("--tokenizer") + 1] == "/m" and "--vllm-sync-weights" in args
