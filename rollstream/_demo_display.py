@@ -80,9 +80,11 @@ class ProgressDisplay:
     Not thread-safe: call from the trainer's thread.
     """
 
-    def __init__(self, total_steps: int, *, console: Console | None = None, every: int = 10) -> None:
+    def __init__(self, total_steps: int, *, console: Console | None = None, every: int = 10,
+                 engine: str = "") -> None:
         self.console = console or Console(stderr=True)
         self.total_steps = total_steps
+        self.engine = engine  # what generates, in words ("" shows no engine row)
         self.every = every
         self._live: Live | None = None
         self._rows: list[StepRow] = []
@@ -122,6 +124,8 @@ class ProgressDisplay:
         table.add_column(style="bold")
         table.add_column()
         rows = self._rows
+        if self.engine:
+            table.add_row("engine", self.engine)
         if not rows:
             table.add_row("step", f"0 / {self.total_steps}   waiting for the first groups...")
             return Panel(table, title="rollstream demo", border_style="cyan")

@@ -6,8 +6,11 @@
    local single-node broker started for the run in ``<out>/broker`` (stopped and removed at the end).
 2. A fresh namespace ``demo-<timestamp>`` with all its topics; the demo model built locally into
    ``<out>/weights/v0`` (`rollstream.demo_task`); enough addition prompts for the run on NS.prompts.
-3. `DemoOptions.producers` producer processes (``rollstream produce --engine hf``), logging to
-   ``<out>/producer-<i>.log``. Each loads every announced policy version and stamps it on its samples.
+3. What generates (`DemoOptions.engine`, `rollstream._demo_engines`): ``hf``, `DemoOptions.producers` producer
+   processes (``rollstream produce --engine hf``, two by default), each loading every announced policy version
+   itself; or ``vllm``, one vLLM server (``<out>/vllm-server.log``) and one producer (``rollstream produce
+   --engine vllm --vllm-sync-weights``) that reloads each announced version into the server. Producers log to
+   ``<out>/producer-<i>.log`` and stamp the version that generated each sample.
 4. The trainer, in this process: per step it takes exactly `groups_per_step` groups (stale groups are
    filtered and recorded in the step manifest), takes a GRPO optimizer step, saves the weights to
    ``<out>/weights/v<k>``, announces version k on NS.control, and only then commits the step, so a crash
@@ -33,15 +36,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollstream._demo_display import ProgressDisplay, StepRow, write_plot
+from rollstream._demo_engines import (
+    ENGINES,
+    DemoEngine,
+    EnginePlan,
+    check_engine_installed,
+    engine_plan,
+    generation_server,
+    producer_engine_args,
+)
 from rollstream._demo_result import DemoResult, TakenStep, fingerprint, replay_matches, write_summary
 from rollstream._demo_services import DemoError, LocalBroker, ProducerExit, ProducerFleet, ProducerSpec
 from rollstream.consumers import Batch, RolloutConsumer, TakeTimeout, audit, default_filters
 from rollstream.consumers.filters import reason_label, staleness_of
 from rollstream.consumers.forensics import export_steps, write_report
-from rollstream.demo_task import DEMO_RECIPE, PAD_ID, build_demo_model, make_prompts, write_prompts
+from rollstream.demo_task import PAD_ID, build_demo_model, make_prompts, write_prompts
 from rollstream.infra import BOOTSTRAP_ENV, KafkaConfig, PolicyAnnouncer, TopicNames, TopicPlan, create_topics
 from rollstream.producers import load_prompts
 from rollstream.schemas import PolicyVersion, RollstreamError, write_policy_version
+from rollstream.vllm_server import VLLMServer
 
 log = logging.getLogger(__name__)
 TRAINER_GROUP = "demo-trainer"
@@ -55,7 +68,10 @@ class DemoOptions:
 
     Attributes:
         steps: trainer steps. out: output directory (weights, logs, plot, steps, broker data).
-        producers: producer processes. seed: model initialisation and prompt order.
+        engine: what generates: ``hf`` (transformers in each producer) or ``vllm`` (one vLLM server of vLLM's
+            CPU build whose weights one producer reloads at each version; ``make install-vllm``).
+        producers: producer processes (None: 2 for ``hf``, 1 for ``vllm``, which allows only 1).
+        seed: model initialisation and prompt order.
         keep_broker: leave a broker the demo started running (and its data) after the run.
         groups_per_step, samples_per_prompt: GRPO batch shape (prompts per step, samples per prompt).
         max_staleness: skip groups more than this many policy versions old (None: never).
@@ -71,11 +87,12 @@ class DemoOptions:
 
     steps: int = 400
     out: Path = Path("demo-out")
-    producers: int = 2
+    engine: DemoEngine = "hf"
+    producers: int | None = None
     seed: int = 0
     keep_broker: bool = False
-    groups_per_step: int = DEMO_RECIPE.groups_per_step
-    samples_per_prompt: int = DEMO_RECIPE.samples_per_prompt
+    groups_per_step: int = engine_plan("hf").recipe.groups_per_step
+    samples_per_prompt: int = engine_plan("hf").recipe.samples_per_prompt
     max_staleness: int | None = 4
     max_lag: int | None = None
     keep_versions: int = 8
@@ -85,6 +102,15 @@ class DemoOptions:
     tls: bool = False
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise DemoError(f"engine={self.engine!r}: use {' or '.join(ENGINES)}")
+        plan = engine_plan(self.engine)
+        if self.producers is None:
+            object.__setattr__(self, "producers", plan.default_producers)
+        elif self.engine == "vllm" and self.producers != 1:
+            raise DemoError(f"producers={self.producers} with the vllm engine: the demo runs one vLLM server and one "
+                            "producer that reloads its weights (two would pause and reload it twice per version); "
+                            "leave --producers out")
         for name in ("steps", "producers", "groups_per_step", "keep_versions"):
             if getattr(self, name) < 1:
                 raise DemoError(f"{name}={getattr(self, name)} must be >= 1")
@@ -100,6 +126,16 @@ class DemoOptions:
         if self.stall_timeout_s <= 0:
             raise DemoError(f"stall_timeout_s={self.stall_timeout_s} must be > 0")
         object.__setattr__(self, "out", Path(self.out).expanduser().resolve())
+
+    @property
+    def plan(self) -> EnginePlan:
+        """How `engine` runs: model recipe, groups in flight per producer, label."""
+        return engine_plan(self.engine)
+
+    @property
+    def producer_count(self) -> int:
+        """`producers`, resolved (never None after construction)."""
+        return int(self.producers or self.plan.default_producers)
 
     @property
     def effective_max_lag(self) -> int:
@@ -126,6 +162,7 @@ class _Setup:
     names: TopicNames
     base_model: Path
     display: ProgressDisplay
+    server: VLLMServer | None = None  # the vllm engine's server, once it serves
 
 
 def run_demo(options: DemoOptions, *, display: ProgressDisplay | None = None) -> DemoResult:
@@ -137,13 +174,16 @@ def run_demo(options: DemoOptions, *, display: ProgressDisplay | None = None) ->
         DemoError: every producer died while the trainer needed groups, or no step could be taken for
             `stall_timeout_s`. Everything started is stopped first. (One producer dying is not fatal:
             the run goes on and reports it as a problem.)
+        ConfigError: the vllm engine without vLLM's environment (``make install-vllm``), before anything starts.
+        VLLMServerError: the vllm engine's server did not start (the message ends with its log).
         RollstreamError: Kafka unreachable, a broker that cannot start, topics that cannot be created.
         KeyboardInterrupt: Ctrl-C; everything started is stopped first.
     """
     started = time.monotonic()
+    check_engine_installed(options.engine)
     out = options.out
     out.mkdir(parents=True, exist_ok=True)
-    display = display or ProgressDisplay(options.steps)
+    display = display or ProgressDisplay(options.steps, engine=_engine_label(options))
     with contextlib.ExitStack() as stack:
         stack.enter_context(_quiet_transformers())
         bootstrap = None if options.tls else options.bootstrap_servers or os.environ.get(BOOTSTRAP_ENV)
@@ -155,8 +195,14 @@ def run_demo(options: DemoOptions, *, display: ProgressDisplay | None = None) ->
                 # Every client, the producers' included, trusts its CA.
                 options = dataclasses.replace(options, kafka_config_file=broker.client_config)
         setup = _prepare(options, bootstrap, display)
+        if options.engine == "vllm":
+            display.note(f"starting a vLLM server (CPU build) for {setup.base_model}; log {out / 'vllm-server.log'} "
+                         "(1-2 minutes) ...")
+        server = stack.enter_context(generation_server(options.engine, setup.base_model, out))
+        setup = dataclasses.replace(setup, server=server)
         fleet = stack.enter_context(ProducerFleet(_producer_specs(setup), bootstrap))
-        display.note(f"started {options.producers} producers (pids {fleet.pids}); training {options.steps} steps")
+        display.note(f"started {options.producer_count} producer{'s' if options.producer_count > 1 else ''} "
+                     f"(pids {fleet.pids}, {_engine_label(options)}); training {options.steps} steps")
         train_started = time.monotonic()
         try:
             with display:
@@ -168,6 +214,8 @@ def run_demo(options: DemoOptions, *, display: ProgressDisplay | None = None) ->
             raise
         train_s = time.monotonic() - train_started
         exits = tuple(fleet.stop())
+        if server is not None:
+            server.stop()  # idempotent: the exit stack's stop finds nothing left
         display.note("training done; producers stopped. Replaying one step and auditing ...")
         result = _finish(setup, rows, taken, exits, train_s, time.monotonic() - started)
     return result
@@ -177,15 +225,15 @@ def _prepare(options: DemoOptions, bootstrap: str, display: ProgressDisplay) -> 
     """Create the namespace, build the model, load the prompts. Blocks for seconds."""
     config = KafkaConfig.load(bootstrap, options.kafka_config_file, client_id="rollstream-demo")
     names = TopicNames(f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{int(time.time() * 1000) % 1000:03d}")
-    partitions = max(2, options.producers)
+    partitions = max(2, options.producer_count)
     create_topics(TopicPlan(names=names, partitions=partitions), config)
     weights = options.out / "weights"
     shutil.rmtree(weights, ignore_errors=True)
-    base = build_demo_model(weights / "v0", seed=options.seed)
+    base = build_demo_model(weights / "v0", seed=options.seed, recipe=options.plan.recipe)
     write_policy_version(base, 0)
     # Enough for every step, plus what producers run ahead (max lag) and what the stale filter may skip.
     needed = options.steps * options.groups_per_step
-    count = needed + needed // 4 + options.effective_max_lag + 16 * options.producers + 100
+    count = needed + needed // 4 + options.effective_max_lag + 16 * options.producer_count + 100
     path = write_prompts(options.out / "prompts.jsonl", make_prompts(count, seed=options.seed))
     loaded = load_prompts(path, config, namespace=names.namespace)
     display.note(f"namespace {names.namespace} on {bootstrap}: {loaded} prompts, model {base}")
@@ -193,13 +241,13 @@ def _prepare(options: DemoOptions, bootstrap: str, display: ProgressDisplay) -> 
 
 
 def _producer_specs(setup: _Setup) -> list[ProducerSpec]:
-    o = setup.options
+    o, r = setup.options, setup.options.plan.recipe
     specs = []
-    for i in range(1, o.producers + 1):
-        args = ["produce", "--engine", "hf", "--model", str(setup.base_model),
+    for i in range(1, o.producer_count + 1):
+        args = ["produce", *producer_engine_args(o.plan, setup.base_model, setup.server),
                 "--reward", "rollstream.demo_task:reward", "--n-samples", str(o.samples_per_prompt),
-                "--max-new-tokens", str(DEMO_RECIPE.max_new_tokens), "--temperature", str(DEMO_RECIPE.temperature),
-                "--top-p", str(DEMO_RECIPE.top_p), "--concurrency", "4", "--max-lag", str(o.effective_max_lag),
+                "--max-new-tokens", str(r.max_new_tokens), "--temperature", str(r.temperature),
+                "--top-p", str(r.top_p), "--max-lag", str(o.effective_max_lag),
                 "--trainer-group", TRAINER_GROUP, "--producer-id", f"demo-{i}", "--namespace", setup.names.namespace,
                 "--drain-timeout", "10", "--startup-timeout", "60", "--summary-interval", "15"]
         if o.kafka_config_file is not None:
@@ -212,7 +260,7 @@ def _train(setup: _Setup, fleet: ProducerFleet) -> tuple[list[StepRow], TakenSte
     """The trainer loop: take -> optimizer step -> save -> announce -> commit, `steps` times."""
     from rollstream.trainer import GRPOLearner, LearnerConfig, logprob_temperatures
 
-    o, r = setup.options, DEMO_RECIPE
+    o, r = setup.options, setup.options.plan.recipe
     trainer = GRPOLearner(setup.base_model, LearnerConfig(lr=r.lr, clip_eps=r.clip_eps,
                                                           max_grad_norm=r.max_grad_norm, torch_threads=1))
     rows: list[StepRow] = []
@@ -302,10 +350,12 @@ def _finish(setup: _Setup, rows: list[StepRow], taken: TakenStep | None, exits: 
         problems.append(f"audit: {report.summary().splitlines()[-1]}")
     problems += [f"producer {e.producer_id} exited with code {e.returncode}; see {e.log_path}"
                  for e in exits if not e.ok]
-    title = f"rollstream demo: {len(rows)} steps, {o.producers} producers, {o.groups_per_step} groups/step"
+    title = (f"rollstream demo ({o.engine}): {len(rows)} steps, {o.producer_count} producer"
+             f"{'s' if o.producer_count > 1 else ''}, {o.groups_per_step} groups/step")
     plot = write_plot(rows, o.out / "demo.png", title=title, max_staleness=o.max_staleness)
     page, table = _look_back(setup, problems)
-    result = DemoResult(rows=tuple(rows), namespace=setup.names.namespace, group_id=TRAINER_GROUP,
+    result = DemoResult(rows=tuple(rows), engine=o.engine, engine_label=_engine_label(o),
+                        namespace=setup.names.namespace, group_id=TRAINER_GROUP,
                         bootstrap=setup.bootstrap, wall_s=wall_s, train_s=train_s, window=o.window,
                         replay_step=o.replay_at, replay_ok=replay_ok, replay_message=replay_message,
                         audit_ok=report.ok, audit_message=" / ".join(report.summary().splitlines()),
@@ -334,6 +384,11 @@ def _look_back(setup: _Setup, problems: list[str]) -> tuple[Path | None, Path | 
     except (RollstreamError, OSError) as exc:  # pyarrow missing, a read failed: the run itself is fine
         problems.append(f"{'export' if report else 'report'}: {exc}")
     return report, export
+
+
+def _engine_label(options: DemoOptions) -> str:
+    """What generated, for the panel and the summary: ``vllm (vLLM server ...)``."""
+    return f"{options.engine} ({options.plan.label})"
 
 
 @contextlib.contextmanager

@@ -47,7 +47,8 @@ class DemoRecipe:
 
     `groups_per_step` groups of `samples_per_prompt` samples are taken per step; `lr` is Adam's;
     `clip_eps` clips the ratio of the trainer's policy to the rollout's (stale samples); the model is
-    `hidden_size` wide and `layers` deep.
+    `hidden_size` wide and `layers` deep, with `heads` attention heads, its output layer the input embedding
+    (`tie_embeddings`) or a matrix of its own.
     """
 
     groups_per_step: int = 32
@@ -61,6 +62,7 @@ class DemoRecipe:
     hidden_size: int = 64
     layers: int = 2
     heads: int = 4
+    tie_embeddings: bool = True
 
 
 DEMO_RECIPE = DemoRecipe()
@@ -152,7 +154,7 @@ def build_demo_model(out_dir: str | Path, seed: int = 0, *, recipe: DemoRecipe =
     config = LlamaConfig(vocab_size=len(VOCAB), hidden_size=recipe.hidden_size,
                          intermediate_size=4 * recipe.hidden_size, num_hidden_layers=recipe.layers,
                          num_attention_heads=recipe.heads, num_key_value_heads=recipe.heads,
-                         max_position_embeddings=64, tie_word_embeddings=True,
+                         max_position_embeddings=64, tie_word_embeddings=recipe.tie_embeddings,
                          pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID)
     # Llama, not Qwen2: transformers 5 swaps its own byte-level tokenizer class in for qwen2 checkpoints,
     # which would re-tokenize our numbers; for llama it honours tokenizer_config.json.

@@ -52,13 +52,18 @@ def build_model(out_dir: Path, seed: int = 0) -> Path:
     return build_tiny_model(out_dir, hidden_size=MIN_HEAD_SIZE * HEADS, layers=2, heads=HEADS, seed=seed)
 
 
-def real_vllm_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVLLM]:
+def require_vllm() -> None:
+    """Skip the calling test without vLLM's environment, or fail it under ``ROLLSTREAM_REQUIRE_VLLM=1``."""
     try:
         vllm_python()
     except ConfigError as exc:
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(f"{REQUIRE_ENV}=1 but {exc}")
         pytest.skip(str(exc))
+
+
+def real_vllm_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealVLLM]:
+    require_vllm()
     root = tmp_path_factory.mktemp("vllm")
     model_dir = build_model(root / "model")
     server = VLLMServer(model_dir, log_path=root / "server.log", max_model_len=512, startup_timeout_s=300.0,
