@@ -31,7 +31,7 @@ from typing import Any
 from rollstream.producers._budget import LoopBudget
 from rollstream.producers._groups import SHAPES, Outcome, Shape, encode_within, oversize_error, sampling_of
 from rollstream.producers._threads import ProducerThreads
-from rollstream.producers.engines._retry import Backoff, Deadline
+from rollstream.producers.engines._retry import Backoff, Deadline, out_of_time
 from rollstream.producers.engines.base import Engine, EngineError, Generation, SamplingParams
 from rollstream.producers.gate import LagGate
 from rollstream.producers.intake import TakenPrompt
@@ -158,7 +158,7 @@ class GroupPipeline:
             if deadline.expired and isinstance(error, EngineError):
                 raise error  # out of time (the deadline's own error, or a last one that came just in time)
             if delay >= deadline.remaining():  # no room for another try: the trainer may requeue the prompt
-                raise deadline.error("generation", str(error)) from error
+                raise out_of_time(deadline, "generation", str(error)) from error
             log.info("prompt %s: attempt %d/%d failed (%s); retrying in %.2f s", prompt["id"], attempt,
                      s.attempts, error, delay)
             await asyncio.sleep(delay)
@@ -175,7 +175,7 @@ class GroupPipeline:
                                                       deadline=deadline)  # type: ignore[call-arg]
                 return await self.engine.generate(prompt, s.n_samples, s.sampling)
         except TimeoutError:
-            raise deadline.error("generation") from None
+            raise out_of_time(deadline, "generation") from None
 
     async def score(self, prompt: dict[str, Any], generation: Generation,
                     deadline: Deadline | None = None) -> list[float | None]:

@@ -1,7 +1,7 @@
 """One deadline per group, and the one backoff every producer-side retry uses.
 
-A group has one `Deadline`, made when it starts (`rollstream.producers._pipeline`) and handed down to the
-engine. Every retry under it spends that budget and never extends or multiplies it (gRPC's deadline
+A group has one `Deadline` (`rollstream.infra.deadline`), made when it starts (`rollstream.producers._pipeline`)
+and handed down to the engine. Every retry under it spends that budget and never extends or multiplies it (gRPC's deadline
 propagation is the model): an HTTP request waits at most ``min(its own timeout, what is left)``, a backoff
 sleeps at most what is left, and once nothing is left the work ends with a retriable `EngineError` (the
 trainer may requeue the prompt). `Backoff` is bounded exponential with jitter; `RetryPolicy` says how many
@@ -11,57 +11,21 @@ tries a sample gets within the deadline.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
-import time
 from dataclasses import dataclass
 
+from rollstream.infra.deadline import Deadline
 from rollstream.producers.engines.base import EngineError
 from rollstream.schemas import ConfigError
 
 DEFAULT_GROUP_TIMEOUT_S = 1800.0  # a group: its requests (600 s each, engines' default), retries and scoring
 
 
-@dataclass(frozen=True)
-class Deadline:
-    """When a unit of work (a group) must be done, on the monotonic clock. Immutable; share it freely.
-
-    `total_s` None: no deadline (`remaining` is infinite, `timeout` None).
-    """
-
-    total_s: float | None
-    expires_at: float  # time.monotonic(); inf without a deadline
-
-    @classmethod
-    def after(cls, seconds: float | None) -> Deadline:
-        """A deadline `seconds` from now (None: none). Raises ConfigError for seconds <= 0."""
-        if seconds is None:
-            return cls(None, math.inf)
-        if not seconds > 0:
-            raise ConfigError(f"a deadline must be > 0 s, got {seconds}")
-        return cls(seconds, time.monotonic() + seconds)
-
-    def remaining(self) -> float:
-        """Seconds left (0 once expired; inf without a deadline)."""
-        return max(0.0, self.expires_at - time.monotonic())
-
-    @property
-    def expired(self) -> bool:
-        return self.remaining() <= 0.0
-
-    def timeout(self, cap_s: float | None = None) -> float | None:
-        """What one wait under this deadline may take: ``min(cap_s, remaining)``; None when both are unbounded
-        (what `asyncio.timeout` and httpx take for "no limit")."""
-        left = None if self.total_s is None else self.remaining()
-        if cap_s is None:
-            return left
-        return cap_s if left is None else min(cap_s, left)
-
-    def error(self, what: str, last: str | None = None) -> EngineError:
-        """The retriable error of work that ran out of this deadline (`last`: the failure before it)."""
-        tail = f"; last: {last}" if last else ""
-        return EngineError(f"{what} took longer than {self.total_s:g} s, the group's deadline (--group-timeout / "
-                           f"generate_timeout_s){tail}", retriable=True)
+def out_of_time(deadline: Deadline, what: str, last: str | None = None) -> EngineError:
+    """The retriable error of a group's work that ran out of its `deadline` (`last`: the failure before it)."""
+    tail = f"; last: {last}" if last else ""
+    return EngineError(f"{what} took longer than {deadline.total_s:g} s, the group's deadline (--group-timeout / "
+                       f"generate_timeout_s){tail}", retriable=True)
 
 
 @dataclass(frozen=True)

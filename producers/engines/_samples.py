@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, TypeVar
 
 from rollstream.producers.engines._http import HTTPSession, RoundRobin, post_json
-from rollstream.producers.engines._retry import Deadline, RetryPolicy
+from rollstream.producers.engines._retry import Deadline, RetryPolicy, out_of_time
 from rollstream.producers.engines.base import Completion, EngineError
 from rollstream.schemas import VersionSpan
 
@@ -176,7 +176,7 @@ async def run_sample(http: HTTPSession, servers: RoundRobin, endpoint: Endpoint,
     error: str | None = None
     while True:
         if deadline.expired:
-            raise deadline.error(endpoint.label, error)
+            raise out_of_time(deadline, endpoint.label, error)
         url = servers.pick()
         completion, note, error, waiting = await _try(http, url, endpoint, rollout.payload(), deadline)
         if waiting:  # a weight update or a restart: wait it out within the deadline, whatever it takes
