@@ -3,7 +3,8 @@ without a console message or an error, the token view is filled, and a screensho
 
 Needs no broker (the page is rendered from records built here). Skipped, saying how to get one, when no
 chromium is installed: ``apt-get install -y chromium`` (Debian; ``chromium-browser`` on Ubuntu), or point
-``ROLLSTREAM_CHROMIUM`` at a Chrome/Chromium binary.
+``ROLLSTREAM_CHROMIUM`` at a Chrome/Chromium binary. CI (``.ci/run``) installs Debian's chromium and sets
+``ROLLSTREAM_REQUIRE_BROWSER=1``: there a missing browser fails the check instead.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 from tests.unit.test_export import report_page
 
+REQUIRE_ENV = "ROLLSTREAM_REQUIRE_BROWSER"  # .ci/run sets it: there a missing browser fails the check
 _FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--enable-logging=stderr", "--v=0",
           "--virtual-time-budget=5000"]
 _CONSOLE = re.compile(r":CONSOLE[:(]")  # chromium logs every console message (and uncaught error) so
@@ -27,8 +29,11 @@ def _chromium() -> str:
     found = os.environ.get("ROLLSTREAM_CHROMIUM") or next(
         (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
     if not found:
-        pytest.skip("no headless chromium here: apt-get install -y chromium (Debian; chromium-browser on Ubuntu), "
-                    "or set ROLLSTREAM_CHROMIUM to a Chrome/Chromium binary")
+        missing = ("no headless chromium here: apt-get install -y chromium (Debian; chromium-browser on Ubuntu), "
+                   "or set ROLLSTREAM_CHROMIUM to a Chrome/Chromium binary")
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{REQUIRE_ENV}=1 (CI, .ci/run) but {missing}")
+        pytest.skip(missing)
     return found
 
 
