@@ -41,6 +41,13 @@ class RealVLLM:
     def get(self, path: str, timeout_s: float = 30.0) -> httpx.Response:
         return httpx.get(f"{self.url}{path}", timeout=timeout_s)
 
+    def generated_tokens(self) -> float:
+        """The server's count of tokens generated so far (``vllm:generation_tokens_total``, counted as they are)."""
+        metrics = self.get("/metrics")
+        metrics.raise_for_status()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.text.splitlines()
+                   if line.startswith("vllm:generation_tokens_total"))
+
     def ensure_running(self) -> None:
         """Start the server again if a test killed it, and make sure it is not left paused."""
         if not self.server.running:
@@ -66,7 +73,7 @@ def real_vllm_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Real
     require_vllm()
     root = tmp_path_factory.mktemp("vllm")
     model_dir = build_model(root / "model")
-    server = VLLMServer(model_dir, log_path=root / "server.log", max_model_len=512, startup_timeout_s=300.0,
+    server = VLLMServer(model_dir, log_path=root / "server.log", max_model_len=2048, startup_timeout_s=300.0,
                         extra_args=("--logprobs-mode", "processed_logprobs"))
     with server:
         yield RealVLLM(server, model_dir)

@@ -199,7 +199,8 @@ def test_a_pause_longer_than_the_stall_rule_publishes_no_group_twice(
 
 def test_weights_reloaded_mid_generation_continue_samples_on_the_new_weights(
         kafka_config: KafkaConfig, namespace_factory, vllm: RealVLLM, tmp_path: Any) -> None:
-    prompts, samples, tokens = ["s0", "s1"], 2, 300
+    # long enough (~4 s on 2 cores) that the update lands mid-generation, however late it is announced
+    prompts, samples, tokens = ["s0", "s1"], 2, 1200
     new_weights = build_model(tmp_path / "v1", seed=1)  # the same shape, other weights
     names = namespace_factory(partitions=1)
     vllm.post("/update_weight_version", {"new_version": "0"}).raise_for_status()  # the trainer's first weights
@@ -209,9 +210,10 @@ def test_weights_reloaded_mid_generation_continue_samples_on_the_new_weights(
                                                 sampling_extra={"ignore_eos": True}), kafka=kafka_config)
     try:
         with running(producer):
+            generated = vllm.generated_tokens()
             write_prompts(kafka_config, names, prompts)
-            wait_for(lambda: producer.stats().in_flight == len(prompts), "both groups generating", timeout_s=60)
-            time.sleep(1.0)  # a few tokens on version 0
+            wait_for(lambda: vllm.generated_tokens() >= generated + 10 * len(prompts) * samples,
+                     "a few tokens of each sample on version 0", timeout_s=60)
             announce_policy_version(kafka_config, names, PolicyVersion(1, weights_path=str(new_weights)))
             wait_for(lambda: count(kafka_config, names.rollouts) >= len(prompts), "both groups", timeout_s=180)
         assert vllm.get("/weight_info").json() == {"weight_version": "1"}
@@ -228,12 +230,13 @@ def test_weights_reloaded_mid_generation_continue_samples_on_the_new_weights(
     # weights' with the old head, or, once vLLM reloads tied heads, the new weights' own.
     reloaded = AutoModelForCausalLM.from_pretrained(str(new_weights), dtype=torch.float32).eval()
     reloaded.lm_head.weight = torch.nn.Parameter(old.lm_head.weight.detach().clone())
-    across = 0
+    across, all_spans = 0, []
     for group in groups:
         for sample in group.samples:
             response = [int(t) for t in sample.tokens]
             assert len(response) == tokens and sample.finish_reason == "length"
             spans = [(s.version, s.start, s.end) for s in sample.version_spans]
+            all_spans.append(spans)
             split = spans[0][2] if spans[0][0] == 0 else 0
             assert spans in ([(0, 0, tokens)], [(1, 0, tokens)], [(0, 0, split), (1, split, tokens)]), spans
             across += len(spans) == 2
@@ -242,7 +245,7 @@ def test_weights_reloaded_mid_generation_continue_samples_on_the_new_weights(
             assert logprobs[:split] == pytest.approx(before, abs=2e-3)  # the partial output: the old weights'
             after = [_recomputed_logprobs(model, prompt, response, TEMPERATURE)[split:] for model in (new, reloaded)]
             assert any(logprobs[split:] == pytest.approx(a, abs=2e-3) for a in after)  # continued on the new ones
-    assert across >= 1, "no sample was generated across the update"
+    assert across >= 1, f"no sample was generated across the update: {all_spans}"
 
 
 def _serve_the_sessions_weights(vllm: RealVLLM) -> None:
