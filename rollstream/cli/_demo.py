@@ -79,7 +79,7 @@ def demo(
         sys.exit(130)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    from rollstream._demo_result import summary_lines
+    from rollstream.demo._result import summary_lines
 
     for line in summary_lines(result):
         typer.echo(line)

@@ -1,7 +1,7 @@
 """A calculator tool the demo's model can call: a multi-turn environment for any engine, and a complete
 multi-turn generate function (`rollstream.producers.multiturn`).
 
-The task is the demo's (``a+b=``, `rollstream.demo_task`). The policy calls the calculator by writing an
+The task is the demo's (``a+b=``, `rollstream.demo.task`). The policy calls the calculator by writing an
 expression, numbers joined by ``+`` (a lone number counts); after each policy turn the calculator
 evaluates the turn's last expression and answers ``=<value>``, appended as tool tokens (loss mask 0,
 logprob 0.0) that the next policy turn continues. A turn without an expression, or a value the tokenizer
@@ -43,8 +43,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rollstream.demo_task import SPECIAL_TOKENS, VOCAB, build_demo_model
-from rollstream.demo_task import reward as demo_reward
+from rollstream.demo.task import SPECIAL_TOKENS, VOCAB, build_demo_model
+from rollstream.demo.task import reward as demo_reward
 from rollstream.producers.engines.base import Completion
 from rollstream.producers.engines.hf import HFEngine
 from rollstream.producers.multiturn import Episode, run_episodes, sampling_from_dict
@@ -153,7 +153,7 @@ def final_turn(tokens: Sequence[int], loss_mask: Sequence[int] | None) -> list[i
 
 
 def reward(prompt: Mapping[str, Any], completion: Mapping[str, Any]) -> float:
-    """The demo's reward (`rollstream.demo_task.reward`) of the policy's last turn, read with the demo's
+    """The demo's reward (`rollstream.demo.task.reward`) of the policy's last turn, read with the demo's
     vocabulary: 1.0 for exactly the answer then end of sequence, 0.5 for the answer followed by more.
     Without a ``loss_mask`` in `completion` the whole response is read. Pure.
 

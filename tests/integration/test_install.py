@@ -83,7 +83,8 @@ def test_installs_beside_a_users_own_packages(wheel: Path, tmp_path: Path):
         from rollstream.consumers.slime import RollstreamDataSource, generate_rollout
         from rollstream.consumers.trl import RollstreamRolloutWorker
         from rollstream.schemas import Prompt, decode, encode
-        import rollstream.cli, rollstream.demo
+        import rollstream.cli
+        from rollstream.demo import DemoOptions, run_demo
 
         prompt = Prompt(id='p1', epoch=0, prompt='2+2?')
         assert decode(encode(prompt)) == prompt

@@ -33,7 +33,7 @@ from rollstream.producers.multiturn import Episode
 from rollstream.producers.prompts import publish_prompts
 from rollstream.schemas import Prompt, Sample, Sampling
 
-from rollstream.demo_task import build_demo_model, make_prompts
+from rollstream.demo.task import build_demo_model, make_prompts
 from rollstream.examples.calculator import MODEL_ENV, CalculatorEnvironment
 from tests.integration._kafka import run_cli, write_prompts
 from tests.standins import sglang_server, vllm_server

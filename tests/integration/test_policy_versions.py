@@ -83,14 +83,14 @@ def test_hf_producer_loads_an_announced_version_and_stamps_it(kafka_config: Kafk
     pytest.importorskip("transformers")
     from rollstream.producers import HFEngine
 
-    from rollstream.demo_task import build_demo_model
+    from rollstream.demo.task import build_demo_model
 
     names = namespace_factory(partitions=1)
     v0 = build_demo_model(tmp_path / "v0", seed=0)
     write_policy_version(v0, 0)
     v1 = build_demo_model(tmp_path / "v1", seed=1)  # other weights, same architecture and tokenizer
     engine = HFEngine(v0, torch_threads=1)
-    producer = RolloutProducer(engine, settings(names), kafka=kafka_config, reward="rollstream.demo_task:reward")
+    producer = RolloutProducer(engine, settings(names), kafka=kafka_config, reward="rollstream.demo.task:reward")
     with running(producer):
         write_prompts(kafka_config, names, [f"before-{i}" for i in range(3)], label="9")
         wait_for(lambda: count(kafka_config, names.rollouts) >= 3, "3 groups from version 0")

@@ -123,7 +123,7 @@ def test_the_hf_engine_loads_a_resumed_runs_lower_version(kafka_config: KafkaCon
     pytest.importorskip("transformers")
     from rollstream.producers import HFEngine
 
-    from rollstream.demo_task import build_demo_model
+    from rollstream.demo.task import build_demo_model
 
     names = namespace_factory(partitions=1)
     v0 = build_demo_model(tmp_path / "v0", seed=0)
@@ -131,7 +131,7 @@ def test_the_hf_engine_loads_a_resumed_runs_lower_version(kafka_config: KafkaCon
     v1 = build_demo_model(tmp_path / "v1", seed=1)
     v2 = build_demo_model(tmp_path / "v2", seed=2)
     engine = HFEngine(v0, torch_threads=1)
-    producer = RolloutProducer(engine, settings(names), kafka=kafka_config, reward="rollstream.demo_task:reward")
+    producer = RolloutProducer(engine, settings(names), kafka=kafka_config, reward="rollstream.demo.task:reward")
     with running(producer), PolicyAnnouncer(kafka_config, names) as dead, \
             PolicyAnnouncer(kafka_config, names) as resumed:
         dead.announce(PolicyVersion(2, weights_path=str(v2)))

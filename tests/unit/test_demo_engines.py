@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from rollstream._demo_engines import generation_server, producer_engine_args
 from rollstream.demo import DemoError, DemoOptions
-from rollstream.demo_task import DEMO_RECIPE
+from rollstream.demo._engines import generation_server, producer_engine_args
+from rollstream.demo.task import DEMO_RECIPE
 from rollstream.vllm_server import MIN_HEAD_SIZE, VLLMServer
 
 

@@ -24,8 +24,8 @@ from rollstream.consumers import TensorBatch  # noqa: E402
 from rollstream.consumers._batch import tensors_of  # noqa: E402
 from rollstream.schemas import VERSION_FILE, Sample, ScoredGroup  # noqa: E402
 
-from rollstream.demo_task import EOS_ID, build_demo_model, make_prompts, reward, write_prompts  # noqa: E402
-from rollstream.trainer import GRPOLearner, LearnerConfig  # noqa: E402
+from rollstream.demo.task import EOS_ID, build_demo_model, make_prompts, reward, write_prompts  # noqa: E402
+from rollstream.demo.trainer import GRPOLearner, LearnerConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")

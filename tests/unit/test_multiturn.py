@@ -32,9 +32,9 @@ from rollstream.producers.intake import TakenPrompt  # noqa: E402
 from rollstream.producers.multiturn import Episode, version_spans  # noqa: E402
 from rollstream.schemas import Prompt, Sampling, VersionSpan, now_ms  # noqa: E402
 
-from rollstream.demo_task import build_demo_model, make_prompts  # noqa: E402
+from rollstream.demo.task import build_demo_model, make_prompts  # noqa: E402
+from rollstream.demo.trainer import GRPOLearner  # noqa: E402
 from rollstream.examples.calculator import CalculatorAgent, encode_exactly, final_turn, reward  # noqa: E402
-from rollstream.trainer import GRPOLearner  # noqa: E402
 
 SAMPLING = SamplingParams(max_new_tokens=3, temperature=1.0)
 

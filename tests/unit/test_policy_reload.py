@@ -32,7 +32,7 @@ def test_hf_engine_reloads_between_generations_and_stamps_the_loaded_version(tmp
     import torch
     from rollstream.producers.engines import HFEngine
 
-    from rollstream.demo_task import build_demo_model
+    from rollstream.demo.task import build_demo_model
 
     v0 = build_demo_model(tmp_path / "v0", seed=0)
     write_policy_version(v0, 0)

@@ -1,4 +1,4 @@
-"""`GRPOLearner` at the rollout's temperature and under a loss mask (`rollstream.trainer`). Pinned here:
+"""`GRPOLearner` at the rollout's temperature and under a loss mask (`rollstream.demo.trainer`). Pinned here:
 
 1. `logprob_temperatures` gives each row its group's recorded temperature (1.0 when none was recorded,
    and for greedy groups);
@@ -25,8 +25,8 @@ from rollstream.consumers._batch import tensors_of  # noqa: E402
 from rollstream.producers import HFEngine, SamplingParams  # noqa: E402
 from rollstream.schemas import Sample, Sampling, ScoredGroup  # noqa: E402
 
-from rollstream.demo_task import build_demo_model, make_prompts  # noqa: E402
-from rollstream.trainer import GRPOLearner, LearnerConfig, logprob_temperatures  # noqa: E402
+from rollstream.demo.task import build_demo_model, make_prompts  # noqa: E402
+from rollstream.demo.trainer import GRPOLearner, LearnerConfig, logprob_temperatures  # noqa: E402
 
 
 @pytest.fixture(scope="module")

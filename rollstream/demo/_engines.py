@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from rollstream.demo_task import DEMO_RECIPE, DemoRecipe
+from rollstream.demo.task import DEMO_RECIPE, DemoRecipe
 from rollstream.vllm_server import MIN_HEAD_SIZE, VLLMServer, vllm_python
 
 DemoEngine = Literal["hf", "vllm"]

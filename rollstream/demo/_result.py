@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rollstream._demo_display import StepRow, window_mean
-from rollstream._demo_services import ProducerExit
 from rollstream.consumers import Batch, replay_step
+from rollstream.demo._display import StepRow, window_mean
+from rollstream.demo._services import ProducerExit
 from rollstream.infra import KafkaConfig
 from rollstream.schemas import encode
 

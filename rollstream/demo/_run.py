@@ -5,8 +5,8 @@
 1. Kafka: the broker named by ``ROLLSTREAM_BOOTSTRAP_SERVERS`` (or `DemoOptions.bootstrap_servers`), else a
    local single-node broker started for the run in ``<out>/broker`` (stopped and removed at the end).
 2. A fresh namespace ``demo-<timestamp>`` with all its topics; the demo model built locally into
-   ``<out>/weights/v0`` (`rollstream.demo_task`); enough addition prompts for the run on NS.prompts.
-3. What generates (`DemoOptions.engine`, `rollstream._demo_engines`): ``hf``, `DemoOptions.producers` producer
+   ``<out>/weights/v0`` (`rollstream.demo.task`); enough addition prompts for the run on NS.prompts.
+3. What generates (`DemoOptions.engine`, `rollstream.demo._engines`): ``hf``, `DemoOptions.producers` producer
    processes (``rollstream produce --engine hf``, two by default), each loading every announced policy version
    itself; or ``vllm``, one vLLM server (``<out>/vllm-server.log``) and one producer (``rollstream produce
    --engine vllm --vllm-sync-weights``) that reloads each announced version into the server. Producers log to
@@ -35,8 +35,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollstream._demo_display import ProgressDisplay, StepRow, write_plot
-from rollstream._demo_engines import (
+from rollstream.consumers import Batch, RolloutConsumer, TakeTimeout, audit, default_filters
+from rollstream.consumers.filters import reason_label, staleness_of
+from rollstream.consumers.forensics import export_steps, write_report
+from rollstream.demo._display import ProgressDisplay, StepRow, write_plot
+from rollstream.demo._engines import (
     ENGINES,
     DemoEngine,
     EnginePlan,
@@ -45,12 +48,9 @@ from rollstream._demo_engines import (
     generation_server,
     producer_engine_args,
 )
-from rollstream._demo_result import DemoResult, TakenStep, fingerprint, replay_matches, write_summary
-from rollstream._demo_services import DemoError, LocalBroker, ProducerExit, ProducerFleet, ProducerSpec
-from rollstream.consumers import Batch, RolloutConsumer, TakeTimeout, audit, default_filters
-from rollstream.consumers.filters import reason_label, staleness_of
-from rollstream.consumers.forensics import export_steps, write_report
-from rollstream.demo_task import PAD_ID, build_demo_model, make_prompts, write_prompts
+from rollstream.demo._result import DemoResult, TakenStep, fingerprint, replay_matches, write_summary
+from rollstream.demo._services import DemoError, LocalBroker, ProducerExit, ProducerFleet, ProducerSpec
+from rollstream.demo.task import PAD_ID, build_demo_model, make_prompts, write_prompts
 from rollstream.infra import BOOTSTRAP_ENV, KafkaConfig, PolicyAnnouncer, TopicNames, TopicPlan, create_topics
 from rollstream.producers import load_prompts
 from rollstream.schemas import PolicyVersion, RollstreamError, write_policy_version
@@ -59,7 +59,7 @@ from rollstream.vllm_server import VLLMServer
 log = logging.getLogger(__name__)
 TRAINER_GROUP = "demo-trainer"
 
-__all__ = ["DemoError", "DemoOptions", "DemoResult", "run_demo"]
+__all__ = ["DemoOptions", "run_demo"]
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,7 @@ def _producer_specs(setup: _Setup) -> list[ProducerSpec]:
     specs = []
     for i in range(1, o.producer_count + 1):
         args = ["produce", *producer_engine_args(o.plan, setup.base_model, setup.server),
-                "--reward", "rollstream.demo_task:reward", "--n-samples", str(o.samples_per_prompt),
+                "--reward", "rollstream.demo.task:reward", "--n-samples", str(o.samples_per_prompt),
                 "--max-new-tokens", str(r.max_new_tokens), "--temperature", str(r.temperature),
                 "--top-p", str(r.top_p), "--max-lag", str(o.effective_max_lag),
                 "--trainer-group", TRAINER_GROUP, "--producer-id", f"demo-{i}", "--namespace", setup.names.namespace,
@@ -258,7 +258,7 @@ def _producer_specs(setup: _Setup) -> list[ProducerSpec]:
 
 def _train(setup: _Setup, fleet: ProducerFleet) -> tuple[list[StepRow], TakenStep | None]:
     """The trainer loop: take -> optimizer step -> save -> announce -> commit, `steps` times."""
-    from rollstream.trainer import GRPOLearner, LearnerConfig, logprob_temperatures
+    from rollstream.demo.trainer import GRPOLearner, LearnerConfig, logprob_temperatures
 
     o, r = setup.options, setup.options.plan.recipe
     trainer = GRPOLearner(setup.base_model, LearnerConfig(lr=r.lr, clip_eps=r.clip_eps,
