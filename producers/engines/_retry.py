@@ -1,11 +1,11 @@
 """One deadline per group, and the one backoff every producer-side retry uses.
 
 A group has one `Deadline` (`rollstream.infra.deadline`), made when it starts (`rollstream.producers._pipeline`)
-and handed down to the engine. Every retry under it spends that budget and never extends or multiplies it (gRPC's deadline
-propagation is the model): an HTTP request waits at most ``min(its own timeout, what is left)``, a backoff
-sleeps at most what is left, and once nothing is left the work ends with a retriable `EngineError` (the
-trainer may requeue the prompt). `Backoff` is bounded exponential with jitter; `RetryPolicy` says how many
-tries a sample gets within the deadline.
+and handed down to the engine. Every retry under it spends that budget and never extends or multiplies it
+(gRPC's deadline propagation is the model): an HTTP request waits at most ``min(its own timeout, what is
+left)``, a backoff sleeps at most what is left, and once nothing is left the work ends with a retriable
+`EngineError` (the trainer may requeue the prompt). `Backoff` is bounded exponential with jitter;
+`RetryPolicy` says how many tries a sample gets within the deadline.
 """
 
 from __future__ import annotations
