@@ -7,6 +7,7 @@ from rollstream.producers.engines.base import (
     DEFAULT_REQUEST_TIMEOUT_S,
     Completion,
     Engine,
+    EngineCapabilities,
     EngineError,
     Generation,
     SamplingParams,
@@ -22,8 +23,7 @@ from rollstream.producers.engines.vllm_http import VLLMHTTPEngine, VLLMSyncEngin
 
 __all__ = [
     "Backoff", "Completion", "CustomEngine", "DEFAULT_GROUP_TIMEOUT_S", "DEFAULT_REQUEST_TIMEOUT_S", "Deadline",
-    "Engine", "EngineError", "EnvironmentEngine", "Generation", "HFEngine", "RetryPolicy", "SGLangEngine",
-    "SGLangHTTPEngine", "SGLangSyncEngine", "SamplingParams", "VLLMHTTPEngine", "VLLMSyncEngine", "WeightSync",
-    "build_tiny_model",
-    "make_engine",
+    "Engine", "EngineCapabilities", "EngineError", "EnvironmentEngine", "Generation", "HFEngine", "RetryPolicy",
+    "SGLangEngine", "SGLangHTTPEngine", "SGLangSyncEngine", "SamplingParams", "VLLMHTTPEngine", "VLLMSyncEngine",
+    "WeightSync", "build_tiny_model", "make_engine",
 ]
