@@ -174,3 +174,26 @@ def test_built_in_engines_and_custom_generate_declare_their_capabilities() -> No
     agent = CustomEngine(Agent())
     assert type(agent) is CustomEngine and agent.capabilities == EngineCapabilities(runs_user_code=True,
                                                                                     reloads_weights=True)
+
+
+def test_engine_options_are_grouped_per_engine_and_build_what_the_flags_build() -> None:
+    from rollstream.producers.engines import (
+        EngineSettings,
+        HTTPEngineOptions,
+        SGLangOptions,
+        VLLMOptions,
+        VLLMSyncEngine,
+        build_engine,
+    )
+
+    settings = EngineSettings("vllm", vllm=VLLMOptions(urls=["h:1"], sync_weights=True),  # type: ignore[arg-type]
+                              http=HTTPEngineOptions(request_timeout_s=5.0, partial_rollouts="restart"))
+    assert settings.vllm.urls == ("h:1",) and settings.sglang == SGLangOptions()  # the caller's list copied
+    built = build_engine(settings)
+    flags = make_engine("vllm", vllm_urls=["h:1"], vllm_sync_weights=True, partial_rollouts="restart",
+                        request_timeout_s=5.0)
+    assert type(built) is type(flags) is VLLMSyncEngine and built._partial == flags._partial == "restart"
+    with pytest.raises(ConfigError, match="--vllm-sync-weights is for --engine vllm --vllm-url URL"):
+        build_engine(EngineSettings("sglang", sglang=SGLangOptions(urls=("h:1",)), vllm=VLLMOptions(sync_weights=True)))
+    with pytest.raises(ConfigError, match="request_timeout_s=0 must be > 0"):
+        HTTPEngineOptions(request_timeout_s=0)
