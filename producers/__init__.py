@@ -8,6 +8,7 @@ from rollstream.producers.engines import (
     CustomEngine,
     Deadline,
     Engine,
+    EngineCapabilities,
     EngineError,
     EnvironmentEngine,
     Generation,
@@ -30,7 +31,7 @@ from rollstream.producers.settings import ProducerSettings
 
 __all__ = [
     "Completion", "CustomEngine", "DEFAULT_GROUP_TIMEOUT_S", "DEFAULT_REQUEST_TIMEOUT_S", "Deadline", "Engine",
-    "EngineError", "EnvironmentEngine", "Generation", "HFEngine",
+    "EngineCapabilities", "EngineError", "EnvironmentEngine", "Generation", "HFEngine",
     "PolicyFollower", "ProducerSettings", "ProducerStats", "PromptFileError", "PublishError", "RetryPolicy",
     "Reward", "RewardError", "RolloutProducer", "SGLangEngine", "SGLangHTTPEngine", "SGLangSyncEngine",
     "SamplingParams",

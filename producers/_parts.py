@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from rollstream.infra import KafkaConfig, LagReader, require_topics, sized_to_topic
 from rollstream.producers._pipeline import GroupPipeline, GroupSettings
 from rollstream.producers._threads import ProducerThreads, in_thread
-from rollstream.producers.engines.base import Engine
+from rollstream.producers.engines.base import Engine, prepare
 from rollstream.producers.gate import LagGate
 from rollstream.producers.intake import Intake
 from rollstream.producers.metrics import ProducerMetrics
@@ -83,12 +83,7 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
     async with contextlib.AsyncExitStack() as undo:  # closes what started if a later step fails
         threads = ProducerThreads(s.effective_user_threads)
         undo.callback(threads.close)
-        use_threads = getattr(engine, "use_threads", None)  # plug-in code in it (--generate, --environment)
-        if callable(use_threads):
-            use_threads(threads.user)
-        check_sampling = getattr(engine, "check_sampling", None)
-        if callable(check_sampling):  # an option the engine has no name for: refused before anything runs
-            check_sampling(s.sampling())
+        prepare(engine, threads=threads.user, sampling=s.sampling())  # as declared: lend threads, check sampling
         await engine.start()
         undo.push_async_callback(engine.close)
         publisher = Publisher(kafka, names.rollouts, overrides=s.producer_overrides, on_fatal=on_fatal,

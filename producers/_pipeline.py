@@ -1,8 +1,8 @@
 """One group's path on the event loop: generate -> score -> record -> publish, under one deadline.
 
 Each group gets one `Deadline` (``generate_timeout_s``) when it starts: its generation (every engine
-retry, continuation and backoff: an engine whose `generate` takes the deadline spends it and never
-outlasts it) and its scoring share it, and nothing extends or multiplies it. A retriable error the
+retry, continuation and backoff: an engine that declares ``takes_deadline`` gets it, spends it and
+never outlasts it) and its scoring share it, and nothing extends or multiplies it. A retriable error the
 engine did not retry itself (a custom generate function raised, an in-process engine failed) is tried
 again here, up to ``attempts`` and only while the deadline leaves room for the backoff; the HTTP engines
 retry their own transport and raise final errors, so their retries are never multiplied. A group out of
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import logging
 import random
 import time
@@ -32,7 +31,7 @@ from rollstream.producers._budget import LoopBudget
 from rollstream.producers._groups import SHAPES, Outcome, Shape, encode_within, oversize_error, sampling_of
 from rollstream.producers._threads import ProducerThreads
 from rollstream.producers.engines._retry import Backoff, Deadline, out_of_time
-from rollstream.producers.engines.base import Engine, EngineError, Generation, SamplingParams
+from rollstream.producers.engines.base import Engine, EngineError, Generation, SamplingParams, capabilities_of
 from rollstream.producers.gate import LagGate
 from rollstream.producers.intake import TakenPrompt
 from rollstream.producers.metrics import ProducerMetrics
@@ -88,7 +87,7 @@ class GroupPipeline:
         self._budget = LoopBudget()
         self._backoff = Backoff(settings.backoff_s, max(settings.backoff_s, _MAX_BACKOFF_S))
         self._rng = random.Random()
-        self._engine_takes_deadline = _takes_deadline(engine)
+        self._engine_takes_deadline = capabilities_of(engine).takes_deadline
 
     async def run(self, taken: TakenPrompt) -> None:
         """Make the group and publish it; returns once the broker acknowledged it.
@@ -242,10 +241,3 @@ class GroupPipeline:
     def _where(self, taken: TakenPrompt) -> str:
         return f"{self.settings.prompts_topic}[{taken.partition}]@{taken.offset}"
 
-
-def _takes_deadline(engine: Engine) -> bool:
-    """Whether `engine.generate` declares the ``deadline`` keyword (engines written before it do not)."""
-    try:
-        return "deadline" in inspect.signature(engine.generate).parameters
-    except (TypeError, ValueError):
-        return False

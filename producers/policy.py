@@ -4,10 +4,9 @@ It follows NS.control (`rollstream.infra.ControlWatcher`, its own thread) for th
 by the runs' rule (`rollstream.infra.runs`): the newest trainer run's latest announcement, also when its
 version is lower than an older run's (a trainer resumed from a checkpoint); a superseded run's
 announcements move nothing (counted in ``rollstream_producer_superseded_announcements_total``).
-Where the engine owns its weights (`ReloadableEngine`: `HFEngine`, the in-process `SGLangEngine`,
-`SGLangSyncEngine` and `VLLMSyncEngine`, servers the producer updates with ``--sglang-sync-weights`` or
-``--vllm-sync-weights``, and a custom generate
-object that has ``reload``, `ReloadableCustomEngine`), it loads each
+Where the engine owns its weights (it declares ``reloads_weights``, a `ReloadableEngine`: `HFEngine`, the
+in-process `SGLangEngine`, `SGLangSyncEngine` and `VLLMSyncEngine`, servers the producer updates with
+``--sglang-sync-weights`` or ``--vllm-sync-weights``, and a custom generate object that has ``reload``), it loads each
 announcement to follow that names a ``weights_path``: one load at a time, and only the latest announced
 while a load ran (the ones in between are skipped: nobody wants to generate with them any more). It
 loads unless the engine serves that very announcement already: a new run's version is loaded even when
@@ -35,10 +34,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from rollstream.infra import ControlWatcher, KafkaConfig
 from rollstream.producers._threads import in_thread
-from rollstream.producers.engines.base import Completion, Engine, EngineError, ReloadableEngine
+from rollstream.producers.engines.base import Completion, Engine, EngineError, ReloadableEngine, capabilities_of
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.schemas import PolicyVersion, TrainerPosition
 
@@ -63,7 +63,7 @@ class PolicyFollower:
 
     def __init__(self, engine: Engine, config: KafkaConfig, control_topic: str, *, metrics: ProducerMetrics,
                  watch: bool = True, on_position: Callable[[TrainerPosition], None] | None = None) -> None:
-        self._reloadable = engine if isinstance(engine, ReloadableEngine) else None
+        self._reloadable = cast(ReloadableEngine, engine) if capabilities_of(engine).reloads_weights else None
         self._metrics = metrics
         self._watch = watch
         self._watcher = (ControlWatcher(config, control_topic, on_version=self.on_announced if watch else None,

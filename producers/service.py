@@ -36,7 +36,7 @@ from rollstream.infra import KafkaConfig, LagReader
 from rollstream.producers._parts import Parts, open_parts
 from rollstream.producers._threads import in_thread
 from rollstream.producers.engines.base import Engine
-from rollstream.producers.engines.custom import CustomEngine
+from rollstream.producers.engines.custom import as_engine
 from rollstream.producers.intake import TakenPrompt
 from rollstream.producers.metrics import LoopLagProbe, ProducerMetrics, ProducerStats
 from rollstream.producers.rewards import Reward, RewardFn, load_reward
@@ -59,12 +59,14 @@ class RolloutProducer:
 
     Construction does no I/O. `run` owns every thread and client and releases them when it returns.
     `stop`, `stats` and `policy_version` are thread-safe; everything else belongs to the loop running `run`.
+    Raises ConfigError (construction): an engine that declares no `EngineCapabilities`, or whose declaration
+    does not hold.
     """
 
     def __init__(self, engine: Engine | Callable[..., Awaitable[Any]], settings: ProducerSettings | None = None, *,
                  kafka: KafkaConfig | None = None, reward: str | RewardFn | Reward | None = None) -> None:
         self.settings = settings or ProducerSettings()
-        self.engine: Engine = engine if isinstance(engine, Engine) else CustomEngine(engine)
+        self.engine: Engine = as_engine(engine)
         self.reward = load_reward(reward)
         self.kafka = (kafka or KafkaConfig()).with_client_id(f"rollstream-producer-{self.settings.namespace}")
         self.producer_id = self.settings.effective_producer_id

@@ -1,4 +1,5 @@
-"""`ProducerSettings`: everything a rollout producer is configured with, typed, frozen and validated."""
+"""`ProducerSettings`: everything a rollout producer is configured with, typed, frozen and validated; the
+engine's own options are `EngineSettings`' (`rollstream.producers.engines.options`), grouped per engine."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Any, Literal
 
 from rollstream.infra import DEFAULT_TRAINER_GROUP, TopicNames
 from rollstream.producers.engines._retry import DEFAULT_GROUP_TIMEOUT_S
-from rollstream.producers.engines._samples import PARTIAL_ROLLOUTS, PartialRollouts
 from rollstream.producers.engines.base import EngineError, SamplingParams
 from rollstream.schemas import ConfigError
 
@@ -70,13 +70,6 @@ class ProducerSettings:
         metrics_port: serve Prometheus metrics on this port (None: no server; 0: any free port).
         summary_interval_s: period of the one-line log summary (0: never).
         watch_control: follow NS.control for the current policy version.
-        partial_rollouts: what an SGLang or vLLM engine does with a sample a weight update aborted:
-            ``continue`` it on the new weights from prompt + partial output (its tokens then carry both
-            versions), or ``restart`` it from scratch. For the engine built from these settings (`make_engine`).
-        sglang_sync_weights: the producer updates its SGLang servers to each announced version with a
-            ``weights_path`` (pause, ``/update_weights_from_disk``, continue); False: the trainer does.
-        vllm_sync_weights: the same for vLLM servers (``/pause?mode=abort``, ``/collective_rpc``
-            ``reload_weights``, ``/update_weight_version``, ``/resume``; ``VLLM_SERVER_DEV_MODE=1``).
         producer_overrides, intake_overrides: extra librdkafka properties for the rollout producer
             and the prompt consumer; rollstream's guarantees still win (see `KafkaConfig`).
     """
@@ -109,9 +102,6 @@ class ProducerSettings:
     metrics_port: int | None = None
     summary_interval_s: float = 30.0
     watch_control: bool = True
-    partial_rollouts: PartialRollouts = "continue"
-    sglang_sync_weights: bool = False
-    vllm_sync_weights: bool = False
     producer_overrides: Mapping[str, Any] = field(default_factory=dict)
     intake_overrides: Mapping[str, Any] = field(default_factory=dict)
 
@@ -142,8 +132,6 @@ class ProducerSettings:
             raise ConfigError(f"metrics_port={self.metrics_port} is not a TCP port")
         if not self.trainer_group:
             raise ConfigError("trainer_group must not be empty")
-        if self.partial_rollouts not in PARTIAL_ROLLOUTS:
-            raise ConfigError(f"partial_rollouts={self.partial_rollouts!r}: use continue or restart")
         for name in ("sampling_extra", "producer_overrides", "intake_overrides"):
             object.__setattr__(self, name, dict(getattr(self, name)))
         self.sampling()  # validates the sampling parameters

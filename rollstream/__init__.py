@@ -27,7 +27,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "replay_range", "replay_since", "replay_step", "status",
     ),
     "rollstream.producers": (
-        "Engine", "EngineError", "ProducerSettings", "RewardError", "RolloutProducer", "build_tiny_model",
+        "Engine", "EngineCapabilities", "EngineError", "ProducerSettings", "RewardError", "RolloutProducer",
+        "build_tiny_model",
         "load_prompts",
     ),
     "rollstream.infra": (
@@ -46,7 +47,8 @@ __all__ = [  # the same names as _EXPORTS (tests/unit/test_layout.py checks)
     "Batch", "CommitError", "FilterContext", "FilterError", "GroupConflictError", "GroupFilter",
     "RolloutConsumer", "TakeTimeout", "TensorBatch", "audit", "audit_epochs", "default_filters",
     "replay_range", "replay_since", "replay_step", "status",
-    "Engine", "EngineError", "ProducerSettings", "RewardError", "RolloutProducer", "build_tiny_model",
+    "Engine", "EngineCapabilities", "EngineError", "ProducerSettings", "RewardError", "RolloutProducer",
+    "build_tiny_model",
     "load_prompts",
     "KafkaConfig", "KafkaIOError", "PolicyAnnouncer", "RunSupersededError", "TopicNames", "TopicPlan",
     "announce_policy_version", "create_topics",
@@ -85,6 +87,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     )
     from rollstream.producers import (
         Engine,
+        EngineCapabilities,
         EngineError,
         ProducerSettings,
         RewardError,

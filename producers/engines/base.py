@@ -4,19 +4,27 @@ An engine turns one prompt into `n` completions. It is async because generation 
 prompts are in flight at once on one event loop. An engine never blocks that loop: network I/O is
 awaited, CPU/GPU work (tokenising, `model.generate`) runs in a worker thread. An engine retries what
 is worth retrying (a 5xx, a timeout, a request aborted by a weight update) with bounded backoff, within
-the group's one `Deadline` when its `generate` takes one, and raises `EngineError` when it gives up; the
-producer then publishes the group as failed.
+the group's one `Deadline` when it takes one, and raises `EngineError` when it gives up; the producer
+then publishes the group as failed.
+
+The contract is explicit: an engine has `Engine`'s ``name``, ``start``, ``generate`` and ``close``, and
+declares what it does beyond them in ``capabilities`` (an `EngineCapabilities`). The producer reads that
+declaration (`capabilities_of`, which checks the methods each capability needs are there) and never
+inspects signatures or classes: it passes the group's deadline, checks sampling options, lends its user
+threads and hands announced weights exactly as declared.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
-from rollstream.schemas import FINISH_REASONS, RollstreamError, VersionSpan
+from rollstream.producers._threads import ThreadPool
+from rollstream.schemas import FINISH_REASONS, ConfigError, RollstreamError, VersionSpan
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # one request of an HTTP engine may legitimately take minutes
 
@@ -105,11 +113,42 @@ class SamplingParams:
                 "top_p": self.top_p, **top_k, **self.extra}
 
 
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine declares it does beyond `Engine`'s methods. The producer reads it, as declared:
+
+    Attributes:
+        takes_deadline: its ``generate`` (and ``generate_tokens``, where it has one) takes the keyword
+            ``deadline: Deadline | None = None``; the producer passes the group's deadline, which the
+            engine's own retries spend and never outlast (the producer bounds every call by it anyway).
+        checks_sampling: it has ``check_sampling(sampling)``, raising ConfigError for a sampling option it
+            has no name for; the producer calls it before `Engine.start` (`ChecksSampling`).
+        runs_user_code: it runs plug-in code (a generate function, an environment) and has
+            ``use_threads(pool)``; the producer lends it its ``rollstream-user`` threads before
+            `Engine.start`, so that code never runs on the event loop (`RunsUserCode`).
+        reloads_weights: it owns its weights: ``policy_version`` and ``reload`` (`ReloadableEngine`); the
+            producer hands it each announced version that names weights.
+    """
+
+    takes_deadline: bool = False
+    checks_sampling: bool = False
+    runs_user_code: bool = False
+    reloads_weights: bool = False
+
+
+# the members each capability needs, beyond `Engine`'s
+_NEEDS: dict[str, tuple[str, ...]] = {"checks_sampling": ("check_sampling",), "runs_user_code": ("use_threads",),
+                                      "reloads_weights": ("policy_version", "reload")}
+_WRITE_YOUR_OWN = 'docs/engines.md, "Write your own engine"'
+
+
 @runtime_checkable
 class Engine(Protocol):
-    """A generation backend. `start` and `close` bracket its use; both are idempotent."""
+    """A generation backend. `start` and `close` bracket its use; both are idempotent. ``capabilities``
+    (a class attribute, usually) declares what else it does; see `EngineCapabilities`."""
 
     name: str
+    capabilities: EngineCapabilities
 
     async def start(self) -> None:
         """Load what the engine needs (model, tokenizer, HTTP client). Never blocks the loop."""
@@ -119,8 +158,8 @@ class Engine(Protocol):
         attempt).
 
         An engine that retries on its own should also take a keyword ``deadline: Deadline | None = None``
-        (as the HTTP engines do): the producer then passes the group's `Deadline`, which its retries spend
-        and never outlast. The producer bounds every call by that deadline anyway.
+        (as the HTTP engines do) and declare ``takes_deadline``: the producer then passes the group's
+        `Deadline`, which its retries spend and never outlast. The producer bounds every call by it anyway.
         Raises:
             EngineError: generation failed after the engine's own retries.
         """
@@ -154,3 +193,56 @@ class ReloadableEngine(Protocol):
             EngineError: the weights could not be loaded (the old ones keep serving).
         """
         ...
+
+
+class ChecksSampling(Protocol):
+    """The method ``EngineCapabilities.checks_sampling`` declares."""
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """Raise ConfigError for a sampling option this engine has no name for. No I/O."""
+
+
+class RunsUserCode(Protocol):
+    """The method ``EngineCapabilities.runs_user_code`` declares."""
+
+    def use_threads(self, threads: ThreadPool) -> None:
+        """Run plug-in code in `threads` (the producer's ``rollstream-user``, which it owns and closes)."""
+
+
+def capabilities_of(engine: object) -> EngineCapabilities:
+    """The capabilities `engine` declares, checked against the members they need. No I/O.
+
+    Raises:
+        ConfigError: `engine` declares none (no `EngineCapabilities` as its ``capabilities``), lacks one of
+            `Engine`'s methods, or lacks a member a declared capability needs; the message names what to add.
+    """
+    where = f"engine {getattr(engine, 'name', None) or type(engine).__qualname__!r} ({type(engine).__qualname__})"
+    declared = getattr(engine, "capabilities", None)
+    if not isinstance(declared, EngineCapabilities):
+        raise ConfigError(f"{where} declares no capabilities: give its class `capabilities = EngineCapabilities(...)` "
+                          "(rollstream.producers.engines.base), saying which of takes_deadline, checks_sampling, "
+                          f"runs_user_code, reloads_weights it has ({_WRITE_YOUR_OWN})")
+    missing = [m for m in ("name", "start", "generate", "close") if inspect.getattr_static(engine, m, None) is None]
+    for flag, members in _NEEDS.items():
+        absent = [m for m in members if getattr(declared, flag) and inspect.getattr_static(engine, m, None) is None]
+        missing += [f"{', '.join(absent)} (it declares {flag})"] if absent else []
+    if missing:
+        raise ConfigError(f"{where} has no {', '.join(missing)}; add it, or leave the capability out "
+                          f"({_WRITE_YOUR_OWN})")
+    return declared
+
+
+def prepare(engine: Engine, *, threads: ThreadPool, sampling: SamplingParams) -> EngineCapabilities:
+    """What the producer does with `engine` before `Engine.start`, as it declares: lend it `threads`
+    (``runs_user_code``), check `sampling` (``checks_sampling``). No I/O; returns the capabilities.
+
+    Raises:
+        ConfigError: the engine's declaration does not hold (`capabilities_of`), or it has no name for a
+            sampling option.
+    """
+    declared = capabilities_of(engine)
+    if declared.runs_user_code:
+        cast(RunsUserCode, engine).use_threads(threads)
+    if declared.checks_sampling:  # an option the engine has no name for: refused before anything runs
+        cast(ChecksSampling, engine).check_sampling(sampling)
+    return declared

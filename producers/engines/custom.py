@@ -18,9 +18,10 @@ completion dicts. Each dict has (docs/engines.md, "Custom generate"):
 
 `rollstream.producers.multiturn` builds such dicts for multi-turn rollouts. MODULE:FUNC may also name a class: it
 is instantiated without arguments and its instances are the generate function (``async __call__``); an
-instance's ``async start()`` and ``async close()``, when it has them, bracket the producer's run (for a
-generate function that owns a model or a client). An instance that has ``reload(weights_path, version)``
-(async, or sync: run in the user threads) owns its weights: the engine is then a `ReloadableCustomEngine`,
+instance's ``start()`` and ``close()``, when it has them, bracket the producer's run (for a generate
+function that owns a model or a client); async ones are awaited, sync ones run in a thread of their own,
+never on the event loop. An instance that has ``reload(weights_path, version)``
+(async, or sync: run in the user threads) owns its weights: the engine then declares ``reloads_weights``,
 and the producer hands it each announced version that names weights, as it does the built-in engines
 (`ReloadableEngine`); its ``policy_version`` attribute, when it has one, is the version it serves. A plain
 (sync) function is accepted too and runs in the
@@ -35,27 +36,30 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from rollstream.producers._plugins import load_callable
-from rollstream.producers._threads import ThreadPool
-from rollstream.producers.engines.base import Completion, EngineError, Generation, SamplingParams
+from rollstream.producers._threads import ThreadPool, in_thread
+from rollstream.producers.engines.base import (
+    Completion,
+    Engine,
+    EngineCapabilities,
+    EngineError,
+    Generation,
+    SamplingParams,
+    capabilities_of,
+)
 from rollstream.schemas import ConfigError, InvalidRecordError, Sample, VersionSpan
 
 _OWN_THREADS = 4  # a sync function's threads when the producer lends none (the engine used on its own)
 
 
 class CustomEngine:
-    """Wraps a generate function. Stateless apart from the function; safe to share across prompts. Made for
-    a generate object that has ``reload``, it is a `ReloadableCustomEngine`."""
+    """Wraps a generate function. Stateless apart from the function; safe to share across prompts. It runs
+    user code (``runs_user_code``), and ``reloads_weights`` when the generate object has ``reload``."""
 
     name = "custom"
-
-    def __new__(cls, fn: Callable[..., Any], *, label: str | None = None) -> CustomEngine:
-        if cls is CustomEngine and not inspect.isfunction(fn) and callable(getattr(fn, "reload", None)):
-            cls = ReloadableCustomEngine
-        return super().__new__(cls)
 
     def __init__(self, fn: Callable[..., Any], *, label: str | None = None) -> None:
         self._fn = fn
@@ -64,6 +68,8 @@ class CustomEngine:
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
         self._threads: ThreadPool | None = None  # the producer's user threads, lent by `use_threads`
         self._own: ThreadPool | None = None  # made on first need without them; closed by `close`
+        reloads = not inspect.isfunction(fn) and callable(getattr(fn, "reload", None))
+        self.capabilities = EngineCapabilities(runs_user_code=True, reloads_weights=reloads)
 
     def use_threads(self, threads: ThreadPool) -> None:
         """Run a sync generate function in `threads` (the producer's ``rollstream-user``, which it owns)."""
@@ -104,11 +110,18 @@ class CustomEngine:
                 own.close()
 
     async def _lifecycle(self, method: str) -> None:
+        """The generate object's own `method` hook, when it has one: awaited when async; a sync one runs in
+        a thread of its own (``rollstream-user-start`` / ``-close``), never on the loop, and never queued
+        behind generate calls that hang in the user threads. A coroutine it returns is awaited."""
         hook = None if inspect.isfunction(self._fn) else getattr(self._fn, method, None)
-        if callable(hook):
-            result = hook()
-            if inspect.isawaitable(result):
-                await result
+        if not callable(hook):
+            return
+        if inspect.iscoroutinefunction(hook):
+            await hook()
+            return
+        result = await in_thread(hook, name=f"rollstream-user-{method}")
+        if inspect.isawaitable(result):
+            await result
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` awaited, or run in the user threads when it is sync (a coroutine it returns awaited)."""
@@ -147,12 +160,6 @@ class CustomEngine:
             raise EngineError(f"{self._label} returned {len(result)} completions, expected n={n}", retriable=False)
         return [completion_from_dict(item, self._label, i) for i, item in enumerate(result)]
 
-
-class ReloadableCustomEngine(CustomEngine):
-    """A generate object that owns its weights (it has ``reload``): a `ReloadableEngine`, so the producer's
-    `PolicyFollower` hands it the announced versions that name weights. It loads whatever it is given (the
-    follower decides what to load)."""
-
     @property
     def policy_version(self) -> int | None:
         """The generate object's ``policy_version`` when it is an int, else None (unknown)."""
@@ -160,10 +167,12 @@ class ReloadableCustomEngine(CustomEngine):
         return version if isinstance(version, int) and not isinstance(version, bool) else None
 
     async def reload(self, weights_path: str, version: int) -> bool:
-        """Call the generate object's ``reload(weights_path, version)``; True unless it returns False.
+        """Call the generate object's ``reload(weights_path, version)``; True unless it returns False. Only
+        with ``reloads_weights`` (the producer calls it only then).
 
         Raises:
-            EngineError: it raised (the old weights keep serving, as far as rollstream knows).
+            EngineError: it raised (the old weights keep serving, as far as rollstream knows), or it has no
+                ``reload``.
         """
         try:
             result = await self._call(self._fn.reload, weights_path, version)  # type: ignore[attr-defined]
@@ -173,6 +182,23 @@ class ReloadableCustomEngine(CustomEngine):
             raise EngineError(f"{self._label}.reload({weights_path!r}, {version}) raised {type(exc).__name__}: "
                               f"{exc}", retriable=True) from exc
         return result is not False
+
+
+def as_engine(engine: Engine | Callable[..., Any]) -> Engine:
+    """`engine` itself when it is an engine (it has ``generate``), its declared capabilities checked; else a
+    generate function (or object) wrapped in a `CustomEngine`. No I/O.
+
+    Raises:
+        ConfigError: an engine whose declaration does not hold (`capabilities_of` says what to add), or
+            something that is neither an engine nor callable.
+    """
+    if inspect.getattr_static(engine, "generate", None) is not None:
+        capabilities_of(engine)
+        return cast(Engine, engine)
+    if not callable(engine):
+        raise ConfigError(f"{engine!r} is neither an engine (name, capabilities, start, generate, close) nor a "
+                          "generate function (async def f(prompt, n, sampling_params) -> list[dict])")
+    return CustomEngine(engine)
 
 
 def completion_from_dict(item: Any, label: str, index: int) -> Completion:

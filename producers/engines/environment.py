@@ -25,8 +25,10 @@ The contract (docs/engines.md, "Multi-turn on an engine"):
   Making an environment or its reply raised: the attempt fails, retriably (the producer tries the prompt again
   within the deadline, then publishes a failed group); a reply that is not token ids fails the group.
 
-Weights: the wrapper is a `ReloadableEngine` exactly when its engine is one (``--engine hf``,
-``--sglang-sync-weights``), so the producer loads announced weights as it does without an environment.
+Capabilities: the wrapper runs user code and takes the group's deadline (handed to every policy turn when
+its engine takes one); it checks sampling options and reloads weights exactly when its engine declares so
+(``--engine hf``, ``--sglang-sync-weights``), so the producer loads announced weights as it does without an
+environment.
 """
 
 from __future__ import annotations
@@ -34,17 +36,26 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from rollstream.producers._plugins import load_callable
 from rollstream.producers._threads import ThreadPool
 from rollstream.producers.engines._retry import Deadline
-from rollstream.producers.engines.base import Engine, EngineError, Generation, ReloadableEngine, SamplingParams
+from rollstream.producers.engines.base import (
+    ChecksSampling,
+    Engine,
+    EngineCapabilities,
+    EngineError,
+    Generation,
+    ReloadableEngine,
+    SamplingParams,
+    capabilities_of,
+)
 from rollstream.producers.engines.custom import completion_from_dict
 from rollstream.producers.multiturn import DEFAULT_MAX_TURNS, run_episodes
 from rollstream.schemas import ConfigError
 
-__all__ = ["EXAMPLE_ENVIRONMENT", "EnvironmentEngine", "ReloadableEnvironmentEngine", "load_environment"]
+__all__ = ["EXAMPLE_ENVIRONMENT", "EnvironmentEngine", "load_environment"]
 
 EXAMPLE_ENVIRONMENT = "rollstream.examples.calculator:CalculatorEnvironment"
 _TOKEN_METHODS = ("prompt_ids", "generate_tokens")  # what an engine needs to be a multi-turn policy (and `tokenizer`)
@@ -101,8 +112,8 @@ def _signature(fn: Any) -> str:
 
 class EnvironmentEngine:
     """An engine (the policy) with an environment class: `generate` plays ``n`` episodes of a prompt (see the
-    module docstring). Made for an engine that is a `ReloadableEngine`, it is a `ReloadableEnvironmentEngine`.
-    Loop-only, like the engine it wraps; `start` and `close` start and close that engine.
+    module docstring). It declares ``reloads_weights`` and ``checks_sampling`` as its engine does (see the
+    module docstring). Loop-only, like the engine it wraps; `start` and `close` start and close that engine.
 
     Args:
         engine: an engine with ``tokenizer``, ``prompt_ids`` and ``generate_tokens`` (every built-in one).
@@ -110,17 +121,12 @@ class EnvironmentEngine:
         max_turns: policy turns per episode at most.
         label: how errors name the environment (default: the class's qualified name).
     Raises:
-        ConfigError: the engine cannot be a multi-turn policy, or `max_turns` < 1.
+        ConfigError: the engine cannot be a multi-turn policy (or declares no capabilities), or `max_turns` < 1.
     """
-
-    def __new__(cls, engine: Engine, environment: type, *, max_turns: int = DEFAULT_MAX_TURNS,
-                label: str | None = None) -> EnvironmentEngine:
-        if cls is EnvironmentEngine and isinstance(engine, ReloadableEngine):
-            cls = ReloadableEnvironmentEngine
-        return super().__new__(cls)
 
     def __init__(self, engine: Engine, environment: type, *, max_turns: int = DEFAULT_MAX_TURNS,
                  label: str | None = None) -> None:
+        self._policy = capabilities_of(engine)
         missing = [m for m in _TOKEN_METHODS if not callable(getattr(engine, m, None))]
         missing += [] if inspect.getattr_static(engine, "tokenizer", None) is not None else ["tokenizer"]
         if missing:  # (`tokenizer` looked up without reading it: engines load theirs at start)
@@ -134,10 +140,8 @@ class EnvironmentEngine:
         self.max_turns = max_turns
         self._label = label or f"environment {environment.__qualname__}"
         self._threads: ThreadPool | None = None  # the producer's user threads, lent by `use_threads`
-        try:
-            self._policy_takes_deadline = "deadline" in inspect.signature(engine.generate_tokens).parameters  # type: ignore[attr-defined]
-        except (TypeError, ValueError):
-            self._policy_takes_deadline = False
+        self.capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=self._policy.checks_sampling,
+                                               runs_user_code=True, reloads_weights=self._policy.reloads_weights)
 
     def use_threads(self, threads: ThreadPool) -> None:
         """Make environments and run sync replies in `threads` (the producer's ``rollstream-user``, which it
@@ -145,10 +149,10 @@ class EnvironmentEngine:
         self._threads = threads
 
     def check_sampling(self, sampling: SamplingParams) -> None:
-        """The engine's own check, when it has one (raises ConfigError for an option it has no name for)."""
-        check = getattr(self.engine, "check_sampling", None)
-        if callable(check):
-            check(sampling)
+        """The engine's own check (declared as ``checks_sampling``; raises ConfigError for an option it has
+        no name for)."""
+        if self._policy.checks_sampling:
+            cast(ChecksSampling, self.engine).check_sampling(sampling)
 
     async def start(self) -> None:
         """Start the engine (its tokenizer loads here). Raises what it raises."""
@@ -170,7 +174,7 @@ class EnvironmentEngine:
         text, ids = await engine.prompt_ids(prompt)
         tokenizer = engine.tokenizer
         policy = engine.generate_tokens
-        if self._policy_takes_deadline and deadline is not None:
+        if self._policy.takes_deadline and deadline is not None:
             policy = functools.partial(policy, deadline=deadline)
         dicts = await run_episodes(policy, functools.partial(self.environment, tokenizer), ids, n, sampling,
                                    decode=functools.partial(tokenizer.decode, skip_special_tokens=True),
@@ -181,15 +185,18 @@ class EnvironmentEngine:
             raise EngineError(f"a policy turn of an episode with {self._label} was aborted", retriable=True)
         return Generation(completions=completions, prompt_text=text, prompt_tokens=ids)
 
-
-class ReloadableEnvironmentEngine(EnvironmentEngine):
-    """An `EnvironmentEngine` whose engine owns its weights: a `ReloadableEngine` that hands `reload` to it."""
-
     @property
     def policy_version(self) -> int | None:
-        """The engine's ``policy_version``."""
-        return self.engine.policy_version  # type: ignore[attr-defined]
+        """The engine's ``policy_version`` (with ``reloads_weights``; else None)."""
+        return cast(ReloadableEngine, self.engine).policy_version if self._policy.reloads_weights else None
 
     async def reload(self, weights_path: str, version: int) -> bool:
-        """The engine's ``reload``. Raises what it raises (EngineError: the old weights keep serving)."""
-        return await self.engine.reload(weights_path, version)  # type: ignore[attr-defined]
+        """The engine's ``reload`` (the producer calls it only with ``reloads_weights``).
+
+        Raises:
+            EngineError: the engine's (the old weights keep serving), or the engine owns no weights.
+        """
+        if not self._policy.reloads_weights:
+            raise EngineError(f"engine {self.name!r} owns no weights: it cannot reload {weights_path!r}",
+                              retriable=False)
+        return await cast(ReloadableEngine, self.engine).reload(weights_path, version)

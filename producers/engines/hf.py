@@ -38,7 +38,7 @@ from typing import Any
 
 from rollstream.producers._threads import in_thread
 from rollstream.producers.engines._tokenize import PromptEncoder, load_tokenizer
-from rollstream.producers.engines.base import Completion, EngineError, Generation, SamplingParams
+from rollstream.producers.engines.base import Completion, EngineCapabilities, EngineError, Generation, SamplingParams
 from rollstream.schemas import GREEDY_BELOW, ConfigError, logprob_temperature, read_policy_version
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ class HFEngine:
     """
 
     name = "hf"
+    capabilities = EngineCapabilities(reloads_weights=True)
 
     def __init__(self, model_dir: str | Path, *, device: str = "cpu", chat_template: bool = True,
                  torch_threads: int | None = None, policy_version: int | None = None) -> None:

@@ -34,7 +34,7 @@ from rollstream.producers.engines._sglang_format import (
     seeded,
 )
 from rollstream.producers.engines._tokenize import PromptEncoder, load_tokenizer
-from rollstream.producers.engines.base import Completion, EngineError, Generation, SamplingParams
+from rollstream.producers.engines.base import Completion, EngineCapabilities, EngineError, Generation, SamplingParams
 from rollstream.producers.engines.sglang_http import gather_or_cancel
 from rollstream.schemas import ConfigError, read_policy_version
 
@@ -64,6 +64,7 @@ class SGLangEngine:
     """
 
     name = "sglang-engine"
+    capabilities = EngineCapabilities(checks_sampling=True, reloads_weights=True)
 
     def __init__(self, model_path: str | Path, *, tokenizer: str | Path | None = None, chat_template: bool = True,
                  abort_attempts: int = 20, max_continuations: int = 4, partial_rollouts: PartialRollouts = "continue",

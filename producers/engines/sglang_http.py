@@ -46,6 +46,7 @@ from rollstream.producers.engines._weight_sync import FleetEngine, ServerFleet, 
 from rollstream.producers.engines.base import (
     DEFAULT_REQUEST_TIMEOUT_S,
     Completion,
+    EngineCapabilities,
     EngineError,
     Generation,
     SamplingParams,
@@ -88,6 +89,7 @@ class SGLangHTTPEngine(TokenizedSession):
     """
 
     name = "sglang"
+    capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=True)
 
     def __init__(self, urls: Sequence[str], *, tokenizer: str | Path | Any | None = None, chat_template: bool = True,
                  timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, connect_timeout_s: float = 10.0,
@@ -190,6 +192,8 @@ class SGLangSyncEngine(FleetEngine, SGLangHTTPEngine):
     version of the server that generated it); the version each serves is read at `start` (`_read_version`).
     Arguments as `SGLangHTTPEngine`, and `sync` (`WeightSync`: pause mode, timeouts, load format).
     """
+
+    capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=True, reloads_weights=True)
 
     def __init__(self, urls: Sequence[str], *, tokenizer: str | Path | Any | None = None, chat_template: bool = True,
                  timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, connect_timeout_s: float = 10.0,

@@ -74,6 +74,7 @@ from rollstream.producers.engines._weight_sync import FleetEngine, ServerFleet, 
 from rollstream.producers.engines.base import (
     DEFAULT_REQUEST_TIMEOUT_S,
     Completion,
+    EngineCapabilities,
     EngineError,
     Generation,
     SamplingParams,
@@ -135,6 +136,7 @@ class VLLMHTTPEngine(TokenizedSession):
     """
 
     name = "vllm"
+    capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=True)
 
     def __init__(self, urls: Sequence[str], *, model: str | None = None, tokenizer: str | Path | Any | None = None,
                  chat_template: bool = True, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
@@ -265,6 +267,8 @@ class VLLMSyncEngine(FleetEngine, VLLMHTTPEngine):
     Raises:
         ConfigError: as `VLLMHTTPEngine`, or (at `start`) a server without the development routes.
     """
+
+    capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=True, reloads_weights=True)
 
     def __init__(self, urls: Sequence[str], *, model: str | None = None, tokenizer: str | Path | Any | None = None,
                  chat_template: bool = True, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,

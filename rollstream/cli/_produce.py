@@ -12,6 +12,7 @@ import typer
 from rollstream.cli._common import DEFAULT_NAMESPACE, BootstrapOpt, KafkaConfigOpt, NamespaceOpt, examples, kafka_config
 from rollstream.producers import DEFAULT_REQUEST_TIMEOUT_S, ProducerSettings, RolloutProducer, make_engine
 from rollstream.producers.engines.environment import EXAMPLE_ENVIRONMENT
+from rollstream.producers.engines.options import EngineSettings
 from rollstream.producers.multiturn import DEFAULT_MAX_TURNS
 
 
@@ -37,7 +38,8 @@ class BackpressureName(StrEnum):
 
 
 _D = ProducerSettings()  # every default below is the library's own, not a copy
-_PARTIAL = PartialRolloutsName(_D.partial_rollouts)
+_E = EngineSettings()
+_PARTIAL = PartialRolloutsName(_E.http.partial_rollouts)
 _BACKPRESSURE = BackpressureName(_D.backpressure)
 _ENGINE = "Engine"
 _SAMPLING = "Sampling"
@@ -108,14 +110,14 @@ def produce(
                                       "a router) to every newer policy version announced on NS.control with a "
                                       "weights_path: /pause_generation, /update_weights_from_disk, "
                                       "/continue_generation. Off: the trainer updates them itself.",
-        rich_help_panel=_ENGINE)] = _D.sglang_sync_weights,
+        rich_help_panel=_ENGINE)] = _E.sglang.sync_weights,
     vllm_sync_weights: Annotated[bool, typer.Option(
         "--vllm-sync-weights", help="The producer updates its vLLM servers (--vllm-url, each started with "
                                     "VLLM_SERVER_DEV_MODE=1) to every newer policy version announced on "
                                     "NS.control with a weights_path: /pause?mode=abort, /collective_rpc "
                                     "reload_weights, /update_weight_version, /resume. Off: the trainer updates "
                                     "them itself.",
-        rich_help_panel=_ENGINE)] = _D.vllm_sync_weights,
+        rich_help_panel=_ENGINE)] = _E.vllm.sync_weights,
     reward: Annotated[str | None, typer.Option(
         help="Reward: built-in 'math' or 'exact', or MODULE:FUNC `f(prompt, completion) -> float` (sync or "
              "async). Omitted: samples carry no reward.", rich_help_panel=_ENGINE)] = None,
@@ -183,14 +185,13 @@ def produce(
         startup_timeout_s=startup_timeout, session_timeout_s=session_timeout, metrics_port=metrics_port,
         summary_interval_s=summary_interval,
         generate_timeout_s=group_timeout if group_timeout is not None else 3 * request_timeout,
-        partial_rollouts=partial_rollouts.value, sglang_sync_weights=sglang_sync_weights,
-        vllm_sync_weights=vllm_sync_weights, max_attempts=max_attempts, drain_on_revoke_s=drain_on_revoke)
+        max_attempts=max_attempts, drain_on_revoke_s=drain_on_revoke)
     built = make_engine(engine.value if engine else None, sglang_urls=sglang_url or (), model=model,
                         tokenizer=tokenizer, generate=generate, request_timeout_s=request_timeout,
-                        partial_rollouts=settings.partial_rollouts, sglang_sync_weights=settings.sglang_sync_weights,
+                        partial_rollouts=partial_rollouts.value, sglang_sync_weights=sglang_sync_weights,
                         vllm_urls=vllm_url or (), vllm_model=vllm_model, vllm_logprobs_mode=vllm_logprobs_mode.value,
                         sampling=settings.sampling(), environment=environment, max_turns=max_turns,
-                        vllm_sync_weights=settings.vllm_sync_weights)
+                        vllm_sync_weights=vllm_sync_weights)
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-producer")
     if logging.getLogger().getEffectiveLevel() > logging.INFO:
         logging.getLogger("rollstream.producers").setLevel(logging.INFO)  # a service: progress is worth showing

@@ -31,7 +31,7 @@ import pytest
 from rollstream.producers import Completion, CustomEngine, EngineError, EnvironmentEngine, SamplingParams, make_engine
 from rollstream.producers._threads import ThreadPool
 from rollstream.producers.engines._retry import Deadline
-from rollstream.producers.engines.base import ReloadableEngine
+from rollstream.producers.engines.base import EngineCapabilities
 from rollstream.producers.engines.environment import EXAMPLE_ENVIRONMENT, load_environment
 from rollstream.producers.multiturn import Episode
 from rollstream.schemas import ConfigError, VersionSpan
@@ -56,6 +56,7 @@ class _Policy:
     -p/100; each call takes the next of `versions` (None when it runs out)."""
 
     name = "fake"
+    capabilities = EngineCapabilities()
 
     def __init__(self, *, versions: Sequence[int] = (), finish: str = "length") -> None:
         self.tokenizer = _Tokenizer()
@@ -177,12 +178,14 @@ def test_the_cli_says_it_in_one_line(monkeypatch: pytest.MonkeyPatch, capsys: py
 
 def test_engines_wrap_as_their_weights_require() -> None:
     vllm = make_engine("vllm", vllm_urls=["http://h:8000"], tokenizer="tok", environment=EXAMPLE_ENVIRONMENT)
-    assert isinstance(vllm, EnvironmentEngine) and not isinstance(vllm, ReloadableEngine) and vllm.max_turns == 4
+    assert isinstance(vllm, EnvironmentEngine) and not vllm.capabilities.reloads_weights and vllm.max_turns == 4
+    assert vllm.capabilities.checks_sampling and vllm.capabilities.takes_deadline  # as its engine declares
     hf = make_engine("hf", model="m", environment=EXAMPLE_ENVIRONMENT, max_turns=2)
-    assert isinstance(hf, EnvironmentEngine) and isinstance(hf, ReloadableEngine) and hf.max_turns == 2
+    assert isinstance(hf, EnvironmentEngine) and hf.capabilities.reloads_weights and hf.max_turns == 2
+    assert not hf.capabilities.checks_sampling
     sync = make_engine("sglang", sglang_urls=["http://h:30000"], model="m", sglang_sync_weights=True,
                        environment=EXAMPLE_ENVIRONMENT)
-    assert isinstance(sync, ReloadableEngine)
+    assert sync.capabilities.reloads_weights
     with pytest.raises(ConfigError, match="cannot play multi-turn episodes: it has no prompt_ids, generate_tokens, "
                                           "tokenizer; use --engine vllm, sglang or hf"):
         EnvironmentEngine(CustomEngine(lambda p, n, s: []), _Tool)
@@ -281,6 +284,7 @@ def test_an_aborted_turn_is_retriable() -> None:
 
 
 class _Reloadable(_Policy):
+    capabilities = EngineCapabilities(takes_deadline=True, reloads_weights=True)
     policy_version = 1
 
     def __init__(self) -> None:
@@ -302,8 +306,8 @@ class _Reloadable(_Policy):
 def test_weights_and_deadline_reach_the_engine() -> None:
     policy = _Reloadable()
     engine = EnvironmentEngine(policy, _Tool, max_turns=2)
-    assert isinstance(engine, ReloadableEngine)
-    assert not isinstance(EnvironmentEngine(_Policy(), _Tool), ReloadableEngine)
+    assert engine.capabilities == EngineCapabilities(takes_deadline=True, runs_user_code=True, reloads_weights=True)
+    assert not EnvironmentEngine(_Policy(), _Tool).capabilities.reloads_weights
     deadline = Deadline.after(30.0)
 
     async def go() -> None:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rollstream.infra import KafkaConfig
 from rollstream.producers import PolicyFollower
-from rollstream.producers.engines.base import EngineError, ReloadableEngine, SamplingParams
+from rollstream.producers.engines.base import EngineCapabilities, EngineError, ReloadableEngine, SamplingParams
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.schemas import PolicyVersion, read_policy_version, write_policy_version
 
@@ -69,6 +70,16 @@ def test_hf_engine_reloads_between_generations_and_stamps_the_loaded_version(tmp
 
 class _FakeEngine:
     """Records reloads; a path containing 'bad' fails; the first reload waits for `release`."""
+
+    name = "fake"
+    capabilities = EngineCapabilities(reloads_weights=True)
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def generate(self, prompt: Any, n: int, sampling: SamplingParams) -> Any:
+        raise AssertionError("only reloads here")
 
     def __init__(self) -> None:
         self.loaded: list[int] = []
@@ -170,12 +181,11 @@ class _Agent:
 
 def test_a_custom_generate_object_with_reload_gets_announced_weights(tmp_path: Path) -> None:
     from rollstream.producers.engines import CustomEngine
-    from rollstream.producers.engines.custom import ReloadableCustomEngine
 
     agent = _Agent()
-    engine = CustomEngine(agent)
-    assert isinstance(engine, ReloadableCustomEngine) and isinstance(engine, ReloadableEngine)
-    assert not isinstance(CustomEngine(lambda p, n, s: []), ReloadableEngine)  # a plain function: stamps only
+    engine = CustomEngine(agent)  # one class: what it does is declared, not a class swapped in (issue 36)
+    assert engine.capabilities.reloads_weights and isinstance(engine, ReloadableEngine)
+    assert not CustomEngine(lambda p, n, s: []).capabilities.reloads_weights  # a plain function: stamps only
 
     async def go() -> None:
         follower = PolicyFollower(engine, KafkaConfig(), "t.control", metrics=ProducerMetrics(), watch=False)

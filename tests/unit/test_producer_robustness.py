@@ -26,7 +26,7 @@ from rollstream.producers._parts import Parts
 from rollstream.producers._pipeline import GroupPipeline, GroupSettings
 from rollstream.producers._threads import ProducerThreads
 from rollstream.producers._watermarks import Watermarks, commit_acknowledged
-from rollstream.producers.engines.base import Completion, Generation
+from rollstream.producers.engines.base import Completion, EngineCapabilities, Generation
 from rollstream.producers.gate import LagGate
 from rollstream.producers.intake import Intake, TakenPrompt
 from rollstream.producers.metrics import ProducerMetrics
@@ -40,6 +40,7 @@ from tests.standins.sglang_server import CharTokenizer, SGLangStandIn
 
 class _Engine:
     name = "fake"
+    capabilities = EngineCapabilities()
 
     def __init__(self, prompt_tokens: tuple[int, ...] = (1, 2), delay_s: float = 0.0) -> None:
         self.prompt_tokens = prompt_tokens

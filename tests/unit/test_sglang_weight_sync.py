@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 from rollstream.infra import KafkaConfig
-from rollstream.producers import ProducerSettings, make_engine
+from rollstream.producers import make_engine
 from rollstream.producers.engines import EngineError, RetryPolicy, SamplingParams, SGLangEngine, SGLangHTTPEngine
 from rollstream.producers.engines.base import ReloadableEngine
+from rollstream.producers.engines.options import HTTPEngineOptions
 from rollstream.producers.engines.sglang_http import SGLangSyncEngine
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.producers.policy import PolicyFollower
@@ -252,15 +253,15 @@ def test_flags_choose_the_engine() -> None:
     with pytest.raises(ConfigError, match="--sglang-sync-weights is for --engine sglang --sglang-url"):
         make_engine("hf", model="/m", sglang_sync_weights=True)
     with pytest.raises(ConfigError, match="partial_rollouts='sometimes'"):
-        ProducerSettings(partial_rollouts="sometimes")  # type: ignore[arg-type]
+        HTTPEngineOptions(partial_rollouts="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="continue or restart"):
         SGLangHTTPEngine(["h:1"], partial_rollouts="later")  # type: ignore[arg-type]
 
 
-def test_produce_cli_passes_the_flags_to_settings_and_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_produce_cli_passes_the_engine_flags_to_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     args = ["--engine", "sglang", "--sglang-url", "h:1"]
     engine, settings = produce_builds(monkeypatch, *args, "--sglang-sync-weights", "--partial-rollouts", "restart")
     assert isinstance(engine, SGLangSyncEngine) and engine._partial == "restart"
-    assert settings.sglang_sync_weights and settings.partial_rollouts == "restart"
+    assert not hasattr(settings, "partial_rollouts")  # engine options are the engine's (EngineSettings)
     engine, settings = produce_builds(monkeypatch, *args)
-    assert type(engine) is SGLangHTTPEngine and settings.partial_rollouts == "continue"
+    assert type(engine) is SGLangHTTPEngine and engine._partial == "continue"
