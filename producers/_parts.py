@@ -96,7 +96,8 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
     s, names = settings, settings.topics
     startup = Deadline.after(s.startup_timeout_s)
     await in_thread(lambda: require_topics(kafka, [names.prompts, names.rollouts], namespace=s.namespace,
-                                           timeout=startup.seconds(math.inf)), name="rollstream-startup")
+                                           timeout=s.startup_timeout_s),  # the first wait: all of it
+                    name="rollstream-startup")
     kafka = await in_thread(lambda: sized_to_topic(kafka, names.rollouts, timeout=startup.seconds(math.inf)),
                             name="rollstream-startup")
     loop = asyncio.get_running_loop()
