@@ -24,6 +24,7 @@ from rollstream.infra._reach import REACH_TIMEOUT_S as REACH_TIMEOUT_S  # re-exp
 from rollstream.infra._reach import require_topics as require_topics
 from rollstream.infra.clients import open_consumer
 from rollstream.infra.config import KafkaConfig
+from rollstream.infra.deadline import Deadline
 from rollstream.infra.kafka_errors import (
     HINTS,
     NO_LEADER,
@@ -40,20 +41,26 @@ from rollstream.infra.kafka_errors import (
 
 log = logging.getLogger(__name__)
 _BATCH = 500
+
+
 def produce_and_wait(producer: Producer, topic: str, records: Iterable[tuple[bytes | None, bytes]], *,
-                     timeout: float, on_acked: Callable[[int, int], None] | None = None) -> int:
+                     timeout: float | Deadline, on_acked: Callable[[int, int], None] | None = None) -> int:
     """Produce each (key, value) of `records` to `topic`, flush, and return how many were acknowledged.
     `on_acked(partition, offset)` is called for each record acknowledged, in delivery order.
 
-    Blocks: while librdkafka's queue is full (polling until there is room), then in ``flush`` for up
-    to `timeout` s. Never call it on an event loop thread. Uses the caller's `producer` (its delivery
-    settings decide what "acknowledged" means: acks=all for every rollstream producer).
+    Blocks at most `timeout` (seconds, or a `Deadline` the caller's call spends) in all, plus `GRACE_S`:
+    waiting for room while librdkafka's queue is full, then flushing, spend the one deadline. Never call it
+    on an event loop thread. Uses the caller's `producer` (its delivery settings decide what "acknowledged"
+    means: acks=all for every rollstream producer); records not acknowledged when it raises stay in that
+    producer's queue (the caller's to flush again or purge).
 
     Raises:
-        KafkaIOError (retriable unless librdkafka said fatal): a record was refused, failed delivery or
-            was not acknowledged within `timeout`; the message says how many of how many and the first
-            error; `code` is its librdkafka name. Records not acknowledged may still have been written.
+        KafkaIOError (retriable unless librdkafka said fatal): a record was refused, failed delivery, found
+            no room in the queue or was not acknowledged within `timeout`; the message says how many of how
+            many and the first error; `code` is its librdkafka name (``_TIMED_OUT`` for the deadline).
+            Records not acknowledged may still have been written.
     """
+    deadline = timeout if isinstance(timeout, Deadline) else Deadline.after(timeout)
     acked = 0
     errors: list[KafkaError] = []
 
@@ -66,36 +73,46 @@ def produce_and_wait(producer: Producer, topic: str, records: Iterable[tuple[byt
         else:
             errors.append(err)
 
-    total = 0
+    total, full = 0, False
     refused: KafkaException | None = None
     for key, value in records:
         try:
-            _produce(producer, topic, key, value, on_delivery)
+            full = not _produce(producer, topic, key, value, on_delivery, deadline)
         except KafkaException as exc:  # refused before sending (too large, unknown topic, ...)
             refused = exc
+        if full or refused is not None:
             break
         total += 1
-    left = producer.flush(timeout)
-    if refused is None and not errors and not left and acked == total:
+    wait_s = deadline.timeout()
+    left = producer.flush() if wait_s is None else producer.flush(wait_s)
+    if refused is None and not full and not errors and not left and acked == total:
         return acked
     first = errors[0] if errors else refused.args[0] if refused is not None and refused.args else None
-    reason = first.str() if isinstance(first, KafkaError) else f"flush timed out after {timeout:g} s"
+    # Without a deadline (total_s None) flush waits for every record and the queue always finds room: no timeout.
+    waited = "the queue stayed full" if full else "flush timed out"
+    reason = first.str() if isinstance(first, KafkaError) else f"{waited} after {deadline.total_s:g} s"
     code = first.name() if isinstance(first, KafkaError) else "_TIMED_OUT"
     fatal = isinstance(first, KafkaError) and first.fatal()
     hint = HINTS.get(code or "", "retry; is the broker up (rollstream broker status)?")
-    count = f"{total - acked} of {total}" + (" (and the records after a refused one)" if refused is not None else "")
+    after = (" (and the records after a refused one)" if refused is not None
+             else " (and the records that found no room in the queue in time)" if full else "")
+    count = f"{total - acked} of {total}{after}"
     raise KafkaIOError(f"{count} records were not acknowledged by {topic} ({reason}); {hint}", topic=topic,
                        code=code, fatal=fatal, retriable=not fatal)
 
 
 def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes,
-             on_delivery: Callable[[KafkaError | None, Message], None]) -> None:
+             on_delivery: Callable[[KafkaError | None, Message], None], deadline: Deadline) -> bool:
+    """Produce one record; while the queue is full, serve delivery reports until there is room or `deadline`
+    passed (False: not produced)."""
     while True:
         try:
             producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
-            return
+            return True
         except BufferError:
-            producer.poll(0.1)  # the queue is full: serve delivery reports until there is room
+            if deadline.expired:
+                return False
+            producer.poll(deadline.seconds(0.1))  # the queue is full: serve delivery reports until there is room
 
 
 def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *,

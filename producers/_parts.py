@@ -1,11 +1,19 @@
-"""Building a producer's parts, fully made and started, and closing them in order.
+"""Building a producer's parts, fully made and started, and closing them in order, each within one deadline.
 
 `open_parts` checks the cluster, sizes the clients to the rollouts topic, makes the producer's thread
 pools (`ProducerThreads`: ``rollstream-user`` for sync plug-ins, ``rollstream-infra``), starts the engine,
 the publisher, the lag gate, the policy follower and intake, and returns them together; if any step
-fails, what was started is closed again before the error propagates. `Parts.close` undoes it in the
-order the guarantees need: the publisher is flushed before intake commits its final watermarks, and the
-pools close last (never waiting for a hung plug-in: its daemon thread is left).
+fails, what was started is closed again before the error propagates. Its broker waits (the cluster check,
+the sizing, the first lag reading, the policy catch-up, the prompts check) spend one `Deadline` of
+``startup_timeout_s``; the engine's start is no broker wait (a model loads, a user hook runs: its own
+bounds apply) and the startup clock stops while it runs.
+
+`Parts.close` undoes it within the stop's `Deadline`, whatever the broker does: the policy follower and the
+engine first (nothing generates any more), then the publisher is flushed (what it cannot flush in time is
+purged) before intake commits its final watermarks, and the pools close last (never waiting for a hung
+plug-in: its daemon thread is left). A thread that does not end in time (intake's, inside a commit or a
+close the broker does not answer) is left to finish on its own: it alone calls its client, and closes it
+itself, so no client is ever closed under a call (librdkafka's consumer close has no timeout of its own).
 """
 
 from __future__ import annotations
@@ -13,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from rollstream.infra import KafkaConfig, LagReader, require_topics, sized_to_topic
+from rollstream.infra.deadline import Deadline
 from rollstream.producers._pipeline import GroupPipeline, GroupSettings
 from rollstream.producers._threads import ProducerThreads, in_thread
 from rollstream.producers.engines.base import Engine, prepare
@@ -30,7 +40,7 @@ from rollstream.producers.settings import ProducerSettings
 from rollstream.schemas import RollstreamError
 
 log = logging.getLogger(__name__)
-_JOIN_TIMEOUT_S = 5.0
+_CATCH_UP_S = 5.0  # reading NS.control to its end at startup (advice only: early samples may carry an older version)
 _PROMPTS_CHECK_S = 5.0  # reading NS.prompts' offsets at startup (advice only: a slow answer is skipped)
 
 
@@ -46,20 +56,28 @@ class Parts:
     pipeline: GroupPipeline
     threads: ProducerThreads
 
-    async def close(self, *, publish_timeout: float) -> None:
-        """Flush the publisher (up to `publish_timeout` s), commit intake's final watermarks and leave the
-        group, stop every thread (bounded joins), the engine and the pools. Idempotent parts; call once."""
+    async def close(self, deadline: Deadline) -> None:
+        """Stop following the policy, close the engine, flush the publisher (purging what it cannot flush),
+        commit intake's final watermarks and leave the group, stop every thread (joins), close the pools.
+
+        Returns within `deadline` plus `GRACE_S`, whatever the broker does (see the module docstring). When it
+        returns, every prompt whose group was acknowledged is committed, except those whose commit the broker
+        did not confirm in time: those stay uncommitted (or land later, from intake's thread) and their next
+        owner generates them again (duplicates the trainer skips, never a loss). Idempotent parts; call once.
+        """
         try:
-            await self.publisher.close(timeout=publish_timeout)
-            try:
-                await self.intake.close()
-            except TimeoutError:
-                log.error("prompt consumer did not close in time; its last commit may be missing")
-            self.gate.stop()
             await self.policy.close()
+            await _within(self.engine.close(), deadline, "the engine's close")
+            await self.publisher.close(timeout=deadline)
+            try:
+                await self.intake.close(deadline)
+            except TimeoutError:
+                log.warning("the prompt consumer did not finish its last commit and close in time (broker not "
+                            "answering?): left to finish in its own thread; prompts whose commit did not land are "
+                            "generated again by their next owner")
+            self.gate.stop()
             await _join({"rollstream-intake": self.intake.join, "rollstream-lag": self.gate.join,
-                         "rollstream-control": self.policy.join})
-            await self.engine.close()
+                         "rollstream-control": self.policy.join}, deadline)
         finally:
             self.threads.close()
 
@@ -67,24 +85,27 @@ class Parts:
 async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Engine, reward: Reward | None,
                      metrics: ProducerMetrics, *, producer_id: str,
                      on_fatal: Callable[[BaseException], None]) -> Parts:
-    """Start every part of a producer (see the module docstring). Blocks only off-loop.
+    """Start every part of a producer (see the module docstring). Blocks only off-loop: its broker waits
+    ``startup_timeout_s`` in all (plus `GRACE_S`), and the engine's start what that takes.
 
     Raises:
         RollstreamError: the broker is unreachable within ``startup_timeout_s``, a topic is missing,
             the engine cannot start or has no name for a sampling option (ConfigError), or the first lag
-            reading failed.
+            reading failed (in what was left of ``startup_timeout_s``).
     """
     s, names = settings, settings.topics
+    startup = Deadline.after(s.startup_timeout_s)
     await in_thread(lambda: require_topics(kafka, [names.prompts, names.rollouts], namespace=s.namespace,
-                                           timeout=s.startup_timeout_s), name="rollstream-startup")
-    kafka = await in_thread(lambda: sized_to_topic(kafka, names.rollouts, timeout=s.startup_timeout_s),
+                                           timeout=s.startup_timeout_s),  # the first wait: all of it
+                    name="rollstream-startup")
+    kafka = await in_thread(lambda: sized_to_topic(kafka, names.rollouts, timeout=startup.seconds(math.inf)),
                             name="rollstream-startup")
     loop = asyncio.get_running_loop()
     async with contextlib.AsyncExitStack() as undo:  # closes what started if a later step fails
         threads = ProducerThreads(s.effective_user_threads)
         undo.callback(threads.close)
         prepare(engine, threads=threads.user, sampling=s.sampling())  # as declared: lend threads, check sampling
-        await engine.start()
+        startup = await _start_engine(engine, startup)
         undo.push_async_callback(engine.close)
         publisher = Publisher(kafka, names.rollouts, overrides=s.producer_overrides, on_fatal=on_fatal,
                               on_queue_full=metrics.count_queue_full)
@@ -94,18 +115,16 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
                        interval_s=s.lag_interval_s, metrics=metrics,
                        fallback_s=s.lag_fallback_s if s.backpressure == "pushed" else None, prompts_topic=names.prompts)
         undo.callback(gate.stop)
-        await gate.start(timeout=s.startup_timeout_s)
+        await gate.start(timeout=startup)
         policy = PolicyFollower(engine, kafka, names.control, metrics=metrics, watch=s.watch_control,
                                 on_position=gate.follow if s.backpressure == "pushed" else None)
         undo.push_async_callback(policy.close)
-        await policy.start(catch_up_timeout=min(5.0, s.startup_timeout_s))
+        await policy.start(catch_up_timeout=startup.seconds(_CATCH_UP_S))
         intake = Intake(kafka, names.prompts, s.effective_intake_group, gate=gate, metrics=metrics,
                         prefetch=s.concurrency,
                         instance_id=s.producer_id, session_timeout_s=s.session_timeout_s,
                         commit_interval_s=s.commit_interval_s, producer_id=producer_id,
                         drain_on_revoke_s=s.drain_on_revoke_s, overrides=s.intake_overrides)
-        intake.start(loop, on_fatal)
-        undo.push_async_callback(intake.close)
         metrics.buffered.set_function(lambda: intake.buffered)
         pipeline = GroupPipeline(
             GroupSettings(n_samples=s.n_samples, sampling=s.sampling(), attempts=s.generate_attempts,
@@ -114,9 +133,11 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
                           prompts_topic=names.prompts, max_message_bytes=kafka.max_message_bytes),
             engine=engine, reward=reward, policy=policy, publisher=publisher, gate=gate, metrics=metrics,
             threads=threads)
+        intake.start(loop, on_fatal)  # last: nothing can fail after it, so nothing undoes it
         undo.pop_all()  # everything started: from here on `Parts.close` owns it
-    await in_thread(lambda: _warn_if_no_prompts(kafka, names.prompts, s.effective_intake_group, s.namespace),
-                    name="rollstream-startup")
+    if not startup.expired:
+        await in_thread(lambda: _warn_if_no_prompts(kafka, names.prompts, s.effective_intake_group, s.namespace,
+                                                    startup.seconds(_PROMPTS_CHECK_S)), name="rollstream-startup")
     log.info("producer %s: %s -> %s, group %s, n=%d, concurrency=%d, max_lag=%d (trainer group %s)",
              producer_id, names.prompts, names.rollouts, s.effective_intake_group, s.n_samples,
              s.concurrency, s.effective_max_lag, s.trainer_group)
@@ -124,13 +145,21 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
                  threads=threads)
 
 
-def _warn_if_no_prompts(kafka: KafkaConfig, topic: str, group: str, namespace: str) -> None:
+async def _start_engine(engine: Engine, startup: Deadline) -> Deadline:
+    """Start `engine` with the startup clock stopped (see the module docstring): return `startup` resumed, with
+    what was left of it when the engine's start began."""
+    left = startup.remaining()
+    await engine.start()
+    return Deadline.after(left) if left > 0 else startup
+
+
+def _warn_if_no_prompts(kafka: KafkaConfig, topic: str, group: str, namespace: str, timeout: float) -> None:
     """Say at startup, once, when NS.prompts holds nothing (or nothing `group` has not consumed): the producer
     waits for prompts, which is right when they come later and a first-day puzzle when nobody loads any.
     A failed read is logged at DEBUG: this is advice, never a reason not to start."""
     try:
         with LagReader(kafka) as reader:
-            lag = reader.group_lag(group, topic, timeout=_PROMPTS_CHECK_S)
+            lag = reader.group_lag(group, topic, timeout=timeout)
     except RollstreamError as exc:
         log.debug("could not read %s at startup: %s", topic, exc)
         return
@@ -142,8 +171,17 @@ def _warn_if_no_prompts(kafka: KafkaConfig, topic: str, group: str, namespace: s
                  topic, group, load)
 
 
-async def _join(joins: dict[str, Callable[[float], bool]]) -> None:
-    """Join each named thread (bounded); a thread that does not stop in time is left running (daemon)."""
+async def _join(joins: dict[str, Callable[[float], bool]], deadline: Deadline) -> None:
+    """Join each named thread within `deadline`; a thread that does not stop in time is left running (daemon)."""
     for name, join in joins.items():
-        if not await in_thread(join, _JOIN_TIMEOUT_S, name=f"{name}-join"):
-            log.warning("thread %s did not stop within %g s; left running (daemon)", name, _JOIN_TIMEOUT_S)
+        if not await in_thread(join, deadline.seconds(math.inf), name=f"{name}-join"):
+            log.warning("thread %s did not stop by the stop's deadline; left running (daemon, it closes its own "
+                        "client)", name)
+
+
+async def _within(closing: Awaitable[None], deadline: Deadline, what: str) -> None:
+    """Await `closing` until `deadline`; past it, cancel it and say so (the stop goes on)."""
+    try:
+        await asyncio.wait_for(closing, deadline.timeout())
+    except TimeoutError:
+        log.warning("%s did not finish by the stop's deadline; cancelled", what)

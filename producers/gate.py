@@ -34,11 +34,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Mapping
 
 from rollstream.infra import ClientReplacement, GroupLag, KafkaConfig, LagReader, WorkerThread
+from rollstream.infra.deadline import Deadline
 from rollstream.producers._share import FleetShare
 from rollstream.producers._threads import in_thread
 from rollstream.producers.metrics import ProducerMetrics
@@ -98,8 +100,9 @@ class LagGate(WorkerThread):
             "lag", open_client=lambda: LagReader(self._config), swap=self._swap_reader, close_client=LagReader.close,
             after_failures=_FRESH_CLIENT_AFTER, on_replace=lambda _: metrics.client_replacements.labels("lag").inc())
 
-    async def start(self, timeout: float = 10.0) -> None:
-        """Take a first reading (off-loop), then keep reading in the gate thread.
+    async def start(self, timeout: float | Deadline = 10.0) -> None:
+        """Take a first reading (off-loop, at most `timeout`: seconds, or the caller's `Deadline` both of its
+        reads spend), then keep reading in the gate thread.
 
         Raises:
             RollstreamError: the first reading failed (topic missing, broker not answering).
@@ -107,7 +110,8 @@ class LagGate(WorkerThread):
         self._loop = asyncio.get_running_loop()
         reader = LagReader(self._config)
         base, as_of = self._produced, now_ms()
-        first, partitions = await in_thread(lambda: self._first_reading(reader, timeout),
+        deadline = timeout if isinstance(timeout, Deadline) else Deadline.after(timeout)
+        first, partitions = await in_thread(lambda: self._first_reading(reader, deadline),
                                             name="rollstream-lag-first")  # a thread of its own: never behind user code
         lag = first.total
         self._measured, self._base, self._as_of_ms = lag, base, as_of
@@ -124,11 +128,12 @@ class LagGate(WorkerThread):
                      lag, self.max_lag)
         self._launch(self._run, "rollstream-lag", reader)
 
-    def _first_reading(self, reader: LagReader, timeout: float) -> tuple[GroupLag, int]:
-        lag = reader.group_lag(self.trainer_group, self.topic, timeout=timeout)
+    def _first_reading(self, reader: LagReader, deadline: Deadline) -> tuple[GroupLag, int]:
+        lag = reader.group_lag(self.trainer_group, self.topic, timeout=deadline.seconds(math.inf))
         self._trainer_seen = any(p.committed is not None for p in lag.partitions)
-        partitions = len(reader.partitions(self.prompts_topic, timeout=timeout)) if self.prompts_topic else 0
-        return lag, partitions
+        if not self.prompts_topic:
+            return lag, 0
+        return lag, len(reader.partitions(self.prompts_topic, timeout=deadline.seconds(math.inf)))
 
     @property
     def estimate(self) -> int:

@@ -55,6 +55,7 @@ from rollstream.infra import (
     kafka_error,
     position_of,
 )
+from rollstream.infra.deadline import Deadline
 from rollstream.producers._intake_stall import IntakeClient
 from rollstream.producers._intake_state import StateCommits
 from rollstream.producers._watermarks import Drain, Watermarks, commit_acknowledged, commit_partitions
@@ -220,17 +221,21 @@ class Intake(WorkerThread):
         super().stop()
         self._marks.wake()
 
-    async def close(self, timeout: float = 30.0) -> None:
-        """Commit the final watermarks, close the consumer (leave the group unless static), join the thread.
+    async def close(self, deadline: Deadline) -> None:
+        """Ask the thread to commit the final watermarks and close the consumer (leave the group unless static);
+        wait for it until `deadline`.
 
-        Blocks the caller's coroutine (not the loop) up to `timeout`.
+        Blocks the caller's coroutine (not the loop) until then, plus a wake-up. The thread alone calls its
+        client: a commit or close the broker does not answer (librdkafka's consumer close has no timeout) goes on
+        in it after `deadline`, and it closes the client itself once its last call returned.
         Raises:
-            TimeoutError: the thread did not finish in time (its last commit may be missing).
+            TimeoutError: the thread did not finish by `deadline` (the last commit may not have landed yet: what
+                it does not commit, the next owner takes again).
         """
         self.halt()
         self.stop()
         if self._done is not None:
-            await asyncio.wait_for(asyncio.shield(self._done), timeout)
+            await asyncio.wait_for(asyncio.shield(self._done), deadline.timeout())
 
     # -- the intake thread ------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -25,6 +26,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from rollstream.infra import KafkaConfig, KafkaIOError, WorkerThread, open_producer
+from rollstream.infra.deadline import Deadline
 from rollstream.producers._threads import in_thread
 from rollstream.schemas import LifecycleError
 
@@ -88,8 +90,10 @@ class Publisher(WorkerThread):
     async def publish(self, key: bytes, value: bytes) -> Delivery:
         """Produce one record and wait for the broker's acknowledgement.
 
-        Never blocks the loop: a full local queue waits in a worker thread. Returns once the record is
-        durably written (acks=all). Cancelling the await does not unsend the record.
+        Never blocks the loop: a full local queue waits in a worker thread (until there is room or `close`).
+        Returns once the record is durably written (acks=all): the await lasts until librdkafka's delivery
+        report, at most its ``message.timeout.ms`` (a group's stop deadline cancels it sooner, see
+        `rollstream.producers.service`). Cancelling the await does not unsend the record.
         Raises:
             PublishError: the broker rejected it (e.g. too large) or delivery timed out.
             LifecycleError: called before ``start()`` or after ``close()``.
@@ -129,16 +133,16 @@ class Publisher(WorkerThread):
                                code=err.name(), retriable=err.retriable()) from exc
 
     def _produce_waiting(self, key: bytes, value: bytes, callback: Callable[..., None]) -> None:
-        """Worker thread: retry until librdkafka's queue has room (woken by each delivery report)."""
+        """Worker thread: retry until librdkafka's queue has room (woken by each delivery report) or `close`."""
         while True:
             self._room.clear()
+            if self._stop.is_set():
+                raise PublishError(f"publisher to {self.topic} closed while waiting for queue room",
+                                   topic=self.topic, code="_DESTROY")
             try:
                 self._produce(key, value, callback)
                 return
             except BufferError:
-                if self._stop.is_set():
-                    raise PublishError(f"publisher to {self.topic} closed while waiting for queue room",
-                                       topic=self.topic, code="_DESTROY") from None
                 self._room.wait(0.05)
 
     def _delivery_callback(self, future: asyncio.Future[Delivery]) -> Callable[[Any, Any], None]:
@@ -186,29 +190,47 @@ class Publisher(WorkerThread):
         else:
             log.debug("producer %s: %s", self.topic, err.str())
 
+    def _close_up(self, producer: Producer, left: int, deadline: Deadline) -> None:
+        """Join the poll thread for what is left of `deadline`; purge the `left` records the flush left (queued
+        and in flight), so that nothing outlives the close waiting for a broker that does not answer, and serve
+        their delivery reports. Blocks; off the loop."""
+        self.join(deadline.seconds(math.inf))
+        if left:
+            producer.purge()
+            producer.poll(0)
+
     def queued(self) -> int:
         """Records produced and not yet acknowledged (librdkafka's queue length)."""
         return len(self._producer) if self._producer is not None else 0
 
-    async def close(self, timeout: float = 30.0) -> int:
-        """Flush, stop the poll thread. Idempotent. Returns the count of records never acknowledged.
+    async def close(self, timeout: float | Deadline = 30.0) -> int:
+        """Flush, purge what the flush left, stop the poll thread. Idempotent. Returns the count of records never
+        acknowledged (purged: their `publish` awaits fail with `PublishError`, ``_PURGE_QUEUE``).
 
-        Bounded by `timeout` s (plus up to 5 s to join the poll thread) even with the broker down: a
-        produce still waiting for queue room then fails with `PublishError` (``_DESTROY``).
+        Blocks the caller's coroutine (never the loop) at most `timeout` (seconds, or the caller's `Deadline`) plus
+        `GRACE_S`, even with the broker down or frozen: librdkafka's own ``flush(timeout)`` waits, a produce still
+        waiting for queue room then fails with `PublishError` (``_DESTROY``), and the poll thread, which holds the
+        client until it ends, is joined for what is left (it ends within its 0.1 s poll; the client is destroyed by
+        whichever thread drops it last, never while a call on it runs).
+        Raises:
+            ConfigError: `timeout` is a number <= 0 (pass a `Deadline` to spend one that may have run out).
         """
-        if self._producer is None:
+        producer = self._producer
+        if producer is None:
             return 0
+        deadline = timeout if isinstance(timeout, Deadline) else Deadline.after(timeout)
         # Not on the worker: a produce waiting there for room would hold the flush up to message.timeout.ms.
         # Nor in asyncio's default executor, which hung user code could fill: a thread of its own.
-        left = await in_thread(self._producer.flush, timeout, name="rollstream-flush")
-        self._stop.set()
+        left = await in_thread(producer.flush, deadline.seconds(math.inf), name="rollstream-flush")
+        self._stop.set()  # a produce waiting for room fails now, before a purge could make room for it
         self._room.set()
-        await in_thread(self.join, 5.0, name="rollstream-publish-join")
-        self._hand_over()  # reports the flush served
+        await in_thread(self._close_up, producer, left, deadline, name="rollstream-publish-join")
+        self._hand_over()  # reports the flush and the purge served
         self._producer = None
         self._executor.shutdown(wait=False)
         if left:
-            log.error("%d records to %s were never acknowledged", left, self.topic)
+            log.error("%d records to %s were not acknowledged before the publisher closed; purged (their prompts "
+                      "stay uncommitted: the next owner generates them again)", left, self.topic)
         return left
 
 

@@ -19,8 +19,10 @@ pipeline. This module keeps the lifecycle and the dispatch loop:
 ``await slots.acquire(); await gate.wait_open(); taken = await anext(intake); spawn(group)``.
 
 Lifecycle: `run` until `stop` (SIGTERM/SIGINT with `run_sync`), ``exit_when_idle_s``, or a fatal error.
-Stopping halts intake, lets in-flight groups finish and publish up to ``drain_timeout_s``, flushes,
-commits the final watermarks and returns.
+Stopping halts intake, lets in-flight groups finish and publish up to ``drain_timeout_s``, then closes
+(flushes, commits the final watermarks, leaves the group) in `_CLOSE_S` more, and returns within
+``drain_timeout_s`` + `GRACE_S` whatever the broker does (a frozen or unreachable broker included): one
+`Deadline` for the whole stop (`rollstream.producers._parts.Parts.close`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rollstream.infra import KafkaConfig, LagReader
+from rollstream.infra.deadline import Deadline
 from rollstream.producers._parts import Parts, open_parts
 from rollstream.producers._threads import in_thread
 from rollstream.producers.engines.base import Engine
@@ -45,6 +48,9 @@ from rollstream.schemas import LifecycleError, RollstreamError
 
 log = logging.getLogger(__name__)
 _IDLE_OVERSHOOT_S = 1.0  # an idle watcher tick this much late: the process was stopped or starved, not idle
+# What a stop may take after its drain to close up (flush, last commit, leave the group, joins): half of GRACE_S,
+# so that the stop, the metrics server's close (its 0.5 s poll) and the wake-ups stay within drain_timeout_s + GRACE_S.
+_CLOSE_S = 1.0
 
 
 class RolloutProducer:
@@ -88,7 +94,8 @@ class RolloutProducer:
     def stop(self, *, force: bool = False) -> None:
         """Ask `run` to stop: halt intake, drain in-flight groups (skip the drain with `force`), commit.
 
-        Thread-safe and idempotent; returns at once.
+        Thread-safe and idempotent; returns at once. `run` then returns within ``drain_timeout_s`` plus
+        `GRACE_S` (see `run`).
         """
         loop = self._loop
         if loop is None:
@@ -139,8 +146,12 @@ class RolloutProducer:
     async def run(self) -> ProducerStats:
         """Run until stopped, idle (``exit_when_idle_s``) or failed; return the final stats.
 
-        On return every group that was acknowledged has its prompt offset committed (per partition up
-        to the first prompt not acknowledged); unfinished prompts stay uncommitted for the next owner.
+        Once stopped it returns within ``drain_timeout_s`` plus `GRACE_S`, whatever the broker does. On return
+        every group that was acknowledged has its prompt offset committed (per partition up to the first prompt
+        not acknowledged), unless the broker did not confirm that commit by the stop's deadline; prompts not
+        committed (unfinished, not published, or their commit unconfirmed) are taken again by the next owner:
+        never lost, at worst generated twice (the trainer skips duplicates). Intake's thread may still be
+        finishing a commit or its client's close then, which the broker did not answer in time.
         Raises:
             RollstreamError: startup failed (broker unreachable within ``startup_timeout_s``, topics
                 missing, engine not loadable) or a fatal Kafka error stopped the producer.
@@ -288,28 +299,27 @@ class RolloutProducer:
     # -- stopping --------------------------------------------------------------------------------
 
     async def _close(self, parts: Parts, background: list[asyncio.Task[Any]]) -> None:
+        """Drain, then close the parts: ``drain_timeout_s`` + `_CLOSE_S` in all (one deadline; forced: the
+        drain is skipped and closing gets `_CLOSE_S`), plus the metrics server's close."""
         self._stopping = True
         parts.intake.halt()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.drain_timeout_s
-        await self._drain(deadline)
-        remaining = 0.0 if self._force else deadline - loop.time()
+        stop = Deadline.after(self.settings.drain_timeout_s + _CLOSE_S)
+        await self._drain(stop.within(self.settings.drain_timeout_s))
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-        await parts.close(publish_timeout=max(remaining, 5.0))
+        await parts.close(stop.within(_CLOSE_S) if self._force else stop)
         await in_thread(self.metrics.close, name="rollstream-metrics-close")  # waits for serve_forever's 0.5 s poll
 
-    async def _drain(self, deadline: float) -> None:
-        """Let in-flight groups finish (up to the drain deadline); cancel what is left."""
+    async def _drain(self, deadline: Deadline) -> None:
+        """Let in-flight groups finish (until `deadline`); cancel what is left: their prompts stay uncommitted."""
         if not self._in_flight:
             return
-        loop = asyncio.get_running_loop()
         log.info("stopping: draining %d in-flight groups (up to %g s)", len(self._in_flight),
                  self.settings.drain_timeout_s)
         pending = set(self._in_flight)
-        while pending and not self._force and loop.time() < deadline:  # re-checked: a second signal forces
-            _, pending = await asyncio.wait(pending, timeout=min(0.1, max(0.0, deadline - loop.time())))
+        while pending and not self._force and not deadline.expired:  # re-checked: a second signal forces
+            _, pending = await asyncio.wait(pending, timeout=deadline.seconds(0.1))
         for task in pending:
             task.cancel()
         if pending:

@@ -1,8 +1,9 @@
 """The one Kafka I/O layer without a broker (stand-in clients): the error mapping, produce-and-wait, commits.
 
 Pinned here: one retriable rule (librdkafka's, or the broker did not answer); every error names its topic
-and partition and carries librdkafka's error name; produce-and-wait retries a full queue, counts what was
-not acknowledged and raises; a failed commit says which partitions failed, all of them when the call did.
+and partition and carries librdkafka's error name; produce-and-wait retries a full queue within its one
+deadline, counts what was not acknowledged and raises; a failed commit says which partitions failed, all
+of them when the call did.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from rollstream.infra import (
     missing_topic_error,
     produce_and_wait,
 )
+from rollstream.infra.deadline import GRACE_S, Deadline
 from rollstream.schemas import RollstreamError
 
 
@@ -72,6 +74,27 @@ def test_produce_and_wait_retries_a_full_queue_and_returns_the_count() -> None:
     producer = _Producer(full_once=True)
     assert produce_and_wait(producer, "ns.steps", [(b"k", b"1"), (None, b"2")], timeout=1.0) == 2  # type: ignore[arg-type]
     assert producer.sent == [(b"k", b"1"), (None, b"2")] and producer.polls == 1
+
+
+class _FullProducer(_Producer):
+    """A queue that never has room (the broker is gone and librdkafka's queue is full)."""
+
+    def produce(self, topic: str, value: bytes, key: bytes | None, on_delivery: Any) -> None:
+        raise BufferError("queue full")
+
+    def poll(self, timeout: float) -> int:
+        time.sleep(timeout)
+        return super().poll(timeout)
+
+
+@pytest.mark.parametrize("given", ["seconds", "deadline"])
+def test_produce_and_wait_gives_up_on_a_full_queue_at_its_deadline(given: str) -> None:
+    """Waiting for room spends the call's one deadline (it used to poll for ever before its flush timeout began)."""
+    started = time.monotonic()
+    timeout = 0.3 if given == "seconds" else Deadline.after(0.3)
+    with pytest.raises(KafkaIOError, match=r"0 of 0 .*no room in the queue.*queue stayed full after 0.3") as err:
+        produce_and_wait(_FullProducer(), "ns.prompts", [(None, b"a")], timeout=timeout)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 0.3 + GRACE_S and err.value.code == "_TIMED_OUT" and err.value.retriable
 
 
 def test_produce_and_wait_raises_with_topic_count_and_first_error() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 from rollstream.infra import KafkaConfig, ProducerState
+from rollstream.infra.deadline import GRACE_S, Deadline
 from rollstream.producers import (
     CustomEngine,
     PolicyFollower,
@@ -31,6 +32,7 @@ from rollstream.producers.gate import LagGate
 from rollstream.producers.intake import Intake, TakenPrompt
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.producers.publisher import Publisher, PublishError
+from rollstream.producers.service import _CLOSE_S
 from rollstream.schemas import ConfigError, LifecycleError, Prompt, ScoredGroup, decode
 
 from tests.standins.sglang_server import CharTokenizer, SGLangStandIn
@@ -72,8 +74,8 @@ class _Publisher:
             raise LifecycleError("the publisher to rollouts is closed")
         self.records.append(decode(value, ScoredGroup))
 
-    async def close(self, timeout: float = 30.0) -> int:
-        self.timeouts.append(timeout)
+    async def close(self, timeout: float | Deadline = 30.0) -> int:
+        self.timeouts.append(timeout.remaining() if isinstance(timeout, Deadline) else timeout)
         return 0
 
 
@@ -311,7 +313,7 @@ def test_close_passes_the_publisher_the_time_left_after_the_drain() -> None:
         assert [r.status for r in publisher.records] == ["ok"]
 
     asyncio.run(scenario())
-    assert publisher.timeouts and publisher.timeouts[0] <= 5.6
+    assert publisher.timeouts and publisher.timeouts[0] <= 6.0 + _CLOSE_S - 0.6  # the stop's deadline, less the drain
 
 
 def test_publisher_close_is_bounded_while_a_produce_waits_for_queue_room() -> None:
@@ -333,7 +335,7 @@ def test_publisher_close_is_bounded_while_a_produce_waits_for_queue_room() -> No
         return elapsed, left, await asyncio.gather(*sends, return_exceptions=True)
 
     elapsed, left, results = asyncio.run(scenario())
-    assert elapsed < 3.0 and left == 2
+    assert elapsed < 0.5 + GRACE_S and left == 2
     assert isinstance(results[2], PublishError) and results[2].code == "_DESTROY"
 
 
