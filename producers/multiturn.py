@@ -57,7 +57,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
-from rollstream.producers._threads import ThreadPool
+from rollstream.infra.threads import ThreadPool
 from rollstream.producers.engines._samples import gather_or_cancel
 from rollstream.producers.engines.base import Completion, EngineError, SamplingParams
 

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import cast
 
 from rollstream.infra import ControlWatcher, KafkaConfig
-from rollstream.producers._threads import in_thread
+from rollstream.infra.threads import in_thread
 from rollstream.producers.engines.base import Completion, Engine, EngineError, ReloadableEngine, capabilities_of
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.schemas import PolicyVersion, TrainerPosition

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import math
 import threading
@@ -27,7 +26,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from rollstream.infra import KafkaConfig, KafkaIOError, WorkerThread, open_producer
 from rollstream.infra.deadline import Deadline
-from rollstream.producers._threads import in_thread
+from rollstream.infra.threads import ThreadPool, in_thread
 from rollstream.schemas import LifecycleError
 
 log = logging.getLogger(__name__)
@@ -72,7 +71,7 @@ class Publisher(WorkerThread):
         self._on_queue_full = on_queue_full
         self._producer: Producer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollstream-publish")
+        self._waiter = ThreadPool("rollstream-publish", 1)  # a produce waiting for room in a full queue
         self._room = threading.Event()
         self._waiting = 0
         # Delivery results not handed to the loop yet: appended by the thread serving the reports (the poll
@@ -116,8 +115,7 @@ class Publisher(WorkerThread):
             self._on_queue_full()
         self._waiting += 1
         try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._produce_waiting,
-                                                             key, value, callback)
+            await self._waiter.run(self._produce_waiting, key, value, callback)
         finally:
             self._waiting -= 1
 
@@ -227,7 +225,7 @@ class Publisher(WorkerThread):
         await in_thread(self._close_up, producer, left, deadline, name="rollstream-publish-join")
         self._hand_over()  # reports the flush and the purge served
         self._producer = None
-        self._executor.shutdown(wait=False)
+        self._waiter.retire()
         if left:
             log.error("%d records to %s were not acknowledged before the publisher closed; purged (their prompts "
                       "stay uncommitted: the next owner generates them again)", left, self.topic)

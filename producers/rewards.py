@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any
 
+from rollstream.infra.threads import ThreadPool
 from rollstream.producers._plugins import load_callable
-from rollstream.producers._threads import ThreadPool
 from rollstream.schemas import RollstreamError
 
 RewardFn = Callable[[dict[str, Any], dict[str, Any]], Any]

@@ -36,8 +36,8 @@ from typing import Any
 
 from rollstream.infra import KafkaConfig, LagReader
 from rollstream.infra.deadline import Deadline
+from rollstream.infra.threads import in_thread
 from rollstream.producers._parts import Parts, open_parts
-from rollstream.producers._threads import in_thread
 from rollstream.producers.engines.base import Engine
 from rollstream.producers.engines.custom import as_engine
 from rollstream.producers.intake import TakenPrompt

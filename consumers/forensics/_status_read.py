@@ -1,7 +1,7 @@
 """The three reads of `rollstream status`: producers, prompts, trainer. Each blocks up to about its `timeout`
 (every read it makes has that timeout; its record scans stop at `deadline`) and raises what it cannot read
 (`rollstream.consumers.forensics._status.status` reports that instead). Read-only: explicit assignment, no commits, no
-membership (members come from the admin API).
+membership (members come from the coordinator, asked by a child process).
 
 - producers: the producers' group as the coordinator describes it, and each producer's state from the metadata
   of its prompt-offset commits (`rollstream.infra.ProducerState`);
@@ -19,12 +19,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaException
 from rollstream.consumers._errors import FilterError
 from rollstream.consumers._gather import judge
 from rollstream.consumers._ledger import StepLedger
 from rollstream.consumers._manifests import read_group_manifests
 from rollstream.consumers.filters import FilterContext, GroupFilter, reason_label
+from rollstream.consumers.forensics._group_members import describe_group
 from rollstream.consumers.forensics._status_causes import by_kind, ranked
 from rollstream.consumers.forensics._status_report import (
     EpochPrompts,
@@ -41,8 +41,6 @@ from rollstream.infra import (
     ProducerState,
     TopicNames,
     committed_with_metadata,
-    kafka_error,
-    open_admin,
     partitions_of,
     position_of,
     read_ranges,
@@ -55,17 +53,13 @@ log = logging.getLogger(__name__)
 
 
 def read_producers(config: KafkaConfig, topic: str, group: str, timeout: float) -> ProducersReport:
-    """The producers' group on `topic`: members (admin API) and their committed states, producers gone."""
-    admin = open_admin(config.admin())
-    try:
-        desc = admin.describe_consumer_groups([group], request_timeout=timeout)[group].result(timeout=timeout + 1.0)
-    except KafkaException as exc:
-        raise kafka_error(f"cannot describe the producers' group {group}", exc) from exc
+    """The producers' group on `topic`: members (the coordinator's description, read in a child process:
+    `rollstream.consumers.forensics._group_members`) and their committed states, producers gone."""
+    desc = describe_group(config, group, timeout)
     states = _committed_states(config, topic, group, timeout)
     members = []
     for m in desc.members:
-        parts = tuple(sorted(tp.partition for tp in (m.assignment.topic_partitions if m.assignment else [])
-                             if tp.topic == topic))
+        parts = tuple(sorted(p for t, p in m.assignment if t == topic))
         mine = [s for s in states.values() if m.group_instance_id and s.producer_id == m.group_instance_id]
         mine = mine or ([] if m.group_instance_id else [states[p] for p in parts if p in states])
         state = max(mine, key=lambda s: s.updated_at_ms, default=None)
@@ -81,8 +75,7 @@ def read_producers(config: KafkaConfig, topic: str, group: str, timeout: float) 
             s = known.state
         gone[s.producer_id] = ProducerInfo(s.producer_id, None, None, None, (*(known.partitions if known else ()), p),
                                            s)
-    state_name = getattr(desc.state, "name", str(desc.state))
-    return ProducersReport(group, state_name, tuple(members), tuple(gone.values()))
+    return ProducersReport(group, desc.state, tuple(members), tuple(gone.values()))
 
 
 def _committed_states(config: KafkaConfig, topic: str, group: str, timeout: float) -> dict[int, ProducerState]:

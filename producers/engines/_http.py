@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
-from rollstream.producers._threads import ThreadPool
+from rollstream.infra.threads import ThreadPool
 from rollstream.producers.engines._retry import Deadline
 from rollstream.producers.engines._tokenize import PromptEncoder, load_tokenizer
 from rollstream.producers.engines.base import EngineError

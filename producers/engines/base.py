@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
-from rollstream.producers._threads import ThreadPool
+from rollstream.infra.threads import ThreadPool
 from rollstream.schemas import FINISH_REASONS, ConfigError, RollstreamError, VersionSpan
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # one request of an HTTP engine may legitimately take minutes

@@ -39,8 +39,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
+from rollstream.infra.threads import ThreadPool, in_thread
 from rollstream.producers._plugins import load_callable
-from rollstream.producers._threads import ThreadPool, in_thread
 from rollstream.producers.engines.base import (
     Completion,
     Engine,

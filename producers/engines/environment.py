@@ -38,8 +38,8 @@ import inspect
 from collections.abc import Mapping
 from typing import Any, cast
 
+from rollstream.infra.threads import ThreadPool
 from rollstream.producers._plugins import load_callable
-from rollstream.producers._threads import ThreadPool
 from rollstream.producers.engines._retry import Deadline
 from rollstream.producers.engines.base import (
     ChecksSampling,

@@ -27,8 +27,6 @@ directory (`rollstream.infra.VERSION_FILE`), else the one given to the construct
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import json
 import logging
 import time
@@ -36,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rollstream.producers._threads import in_thread
+from rollstream.infra.threads import ThreadPool, in_thread
 from rollstream.producers.engines._tokenize import PromptEncoder, load_tokenizer
 from rollstream.producers.engines.base import Completion, EngineCapabilities, EngineError, Generation, SamplingParams
 from rollstream.schemas import GREEDY_BELOW, ConfigError, logprob_temperature, read_policy_version
@@ -66,7 +64,7 @@ class HFEngine:
         self._chat_template = chat_template
         self._torch_threads = torch_threads
         self._policy_version = policy_version  # written only by the worker thread after start()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._thread: ThreadPool | None = None  # one thread: the model runs one batch at a time
         self._model: Any = None
         self._encoder: PromptEncoder | None = None
         self._eos_ids: tuple[int, ...] = ()
@@ -82,9 +80,8 @@ class HFEngine:
             return
         if not self._model_dir.is_dir():
             raise ConfigError(f"--model {self._model_dir}: no such directory")
-        self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollstream-hf")
-        loop = asyncio.get_running_loop()
-        self._model, tokenizer = await loop.run_in_executor(self._executor, self._load)
+        self._thread = ThreadPool("rollstream-hf", 1)
+        self._model, tokenizer = await self._thread.run(self._load)
         self._encoder = PromptEncoder(tokenizer, chat_template=self._chat_template)
 
     def _load(self) -> tuple[Any, Any]:
@@ -134,8 +131,7 @@ class HFEngine:
         Raises:
             EngineError (not retriable): called before `start`, or chat messages without a chat template.
         """
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._running(), self.encode_prompt, dict(prompt))
+        return await self._running().run(self.encode_prompt, dict(prompt))
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -160,12 +156,11 @@ class HFEngine:
             EngineError (retriable): the directory holds no loadable weights for this model (missing
                 or mismatched tensors); the old weights keep serving.
         """
-        if self._model is None or self._executor is None:
+        if self._model is None or self._thread is None:
             raise EngineError("HFEngine.reload called before start()", retriable=False)
         started = time.perf_counter()
         state = await in_thread(_read_state_dict, Path(weights_path), name="rollstream-hf-read")
-        loop = asyncio.get_running_loop()
-        applied = await loop.run_in_executor(self._executor, self._apply_blocking, state, version)
+        applied = await self._thread.run(self._apply_blocking, state, version)
         if applied:
             log.info("loaded policy version %d from %s in %.0f ms", version, weights_path,
                      1e3 * (time.perf_counter() - started))
@@ -192,10 +187,11 @@ class HFEngine:
         return True
 
     async def close(self) -> None:
-        executor, self._executor = self._executor, None
+        thread, self._thread = self._thread, None
         self._model = None
-        if executor is not None:
-            await in_thread(executor.shutdown, True, name="rollstream-hf-close")
+        if thread is not None:  # what was submitted runs to its end first
+            thread.retire()
+            await in_thread(thread.join, None, name="rollstream-hf-close")
 
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
         """Generate `n` samples in one batch on the worker thread.
@@ -203,8 +199,7 @@ class HFEngine:
         Raises:
             EngineError: the model raised (e.g. out of memory); retriable.
         """
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._running(), self._generate_blocking, dict(prompt), n, sampling)
+        return await self._running().run(self._generate_blocking, dict(prompt), n, sampling)
 
     async def generate_tokens(self, input_ids: Sequence[int], n: int, sampling: SamplingParams) -> list[Completion]:
         """Token in, token out: `n` completions continuing `input_ids` exactly as given (no chat template, no
@@ -215,13 +210,12 @@ class HFEngine:
         """
         if not input_ids:
             raise EngineError("generate_tokens needs at least one input token", retriable=False)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._running(), self._sample_blocking, list(input_ids), n, sampling)
+        return await self._running().run(self._sample_blocking, list(input_ids), n, sampling)
 
-    def _running(self) -> concurrent.futures.ThreadPoolExecutor:
-        if self._model is None or self._executor is None:
+    def _running(self) -> ThreadPool:
+        if self._model is None or self._thread is None:
             raise EngineError("HFEngine used before start()", retriable=False)
-        return self._executor
+        return self._thread
 
     def _generate_blocking(self, prompt: dict[str, Any], n: int, sampling: SamplingParams) -> Generation:
         if self._encoder is None:

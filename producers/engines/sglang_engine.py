@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rollstream.producers._threads import ThreadPool, in_thread
+from rollstream.infra.threads import ThreadPool, in_thread
 from rollstream.producers.engines._samples import PARTIAL_ROLLOUTS, PartialRollouts
 from rollstream.producers.engines._sampling import sglang_options
 from rollstream.producers.engines._sglang_format import (

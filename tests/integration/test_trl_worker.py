@@ -228,7 +228,7 @@ def test_a_worker_built_for_another_step_shape_is_refused(tmp_path, monkeypatch)
     trainer = build_trainer(model_dir, trl_config(tmp_path / "b"), worker)  # 8 samples a step, not 4
     with pytest.raises(ConfigError, match="build RollstreamRolloutWorker with the trainer's args"):
         trainer.train()
-    assert worker._thread is None  # refused before TRL started it: nothing taken
+    assert not worker.started  # refused before TRL started it: nothing taken
 
 
 def test_check_health_raises_the_worker_threads_error(kafka_config, namespace_factory, group_id, tmp_path) -> None:
@@ -241,7 +241,7 @@ def test_check_health_raises_the_worker_threads_error(kafka_config, namespace_fa
     try:
         worker.check_health(60.0)  # running, nothing published yet: healthy
         deadline = time.monotonic() + 30
-        while worker._thread is not None and worker._thread.is_alive() and time.monotonic() < deadline:
+        while worker.running and time.monotonic() < deadline:
             time.sleep(0.1)
         with pytest.raises(TakeTimeout, match=r"take\(2\) timed out after 1 s with 0 of 2 groups"):
             worker.check_health(60.0)

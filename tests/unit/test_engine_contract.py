@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from rollstream.infra import KafkaConfig
+from rollstream.infra.threads import ThreadPool
 from rollstream.producers import (
     Completion,
     CustomEngine,
@@ -32,7 +33,6 @@ from rollstream.producers import (
     make_engine,
 )
 from rollstream.producers._pipeline import GroupPipeline, GroupSettings
-from rollstream.producers._threads import ThreadPool
 from rollstream.producers.engines.base import capabilities_of, prepare
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.producers.policy import PolicyFollower

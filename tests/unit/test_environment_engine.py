@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from rollstream.infra.threads import ThreadPool
 from rollstream.producers import Completion, CustomEngine, EngineError, EnvironmentEngine, SamplingParams, make_engine
-from rollstream.producers._threads import ThreadPool
 from rollstream.producers.engines._retry import Deadline
 from rollstream.producers.engines.base import EngineCapabilities
 from rollstream.producers.engines.environment import EXAMPLE_ENVIRONMENT, load_environment

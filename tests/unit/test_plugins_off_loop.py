@@ -18,8 +18,8 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
+from rollstream.infra.threads import ThreadPool
 from rollstream.producers import Completion, CustomEngine, EnvironmentEngine, SamplingParams
-from rollstream.producers._threads import ThreadPool
 from rollstream.producers.engines.base import EngineCapabilities
 from rollstream.producers.multiturn import Episode
 from rollstream.producers.rewards import Reward

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 from rollstream.infra import KafkaConfig, LagReader
-from rollstream.producers._threads import ThreadPool, in_thread
+from rollstream.infra.threads import ThreadPool, in_thread
 from rollstream.schemas import LifecycleError
 
 
