@@ -57,10 +57,12 @@ from rollstream.infra import (
     require_topics,
     sized_to_topic,
 )
+from rollstream.infra.deadline import Deadline
 from rollstream.schemas import ConfigError, LifecycleError
 
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`rollstream.consumers.DEFAULT_GROUP`)
+CLOSE_S = 11.0  # the most `RolloutConsumer.close` takes (plus GRACE_S): client 5 s, manifests 5 s, positions 1 s
 
 
 class RolloutConsumer:
@@ -120,7 +122,9 @@ class RolloutConsumer:
         self._timeout = timeout
         self._progress = Progress(StepLedger(dedupe_epochs=dedupe_epochs, window=dedupe_window))
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
-        self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout, run=announcer)
+        self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout,
+                                        answers=self._client.answers, serve=lambda s: self._fetched.serve(s),
+                                        run=announcer)
         self._restart = Restart(self.names, group_id, manifests=manifests, dedupe_epochs=dedupe_epochs,
                                 dedupe_window=dedupe_window, timeout=timeout)
         self._positions = PositionPublisher(self.names, group_id)
@@ -142,16 +146,20 @@ class RolloutConsumer:
 
     def close(self) -> None:
         """Close the Kafka clients. Idempotent. Uncommitted batches are not committed: their groups
-        come back to the next consumer of this group. Blocks at most about 11 s, whatever the broker does
-        (the trainer's client 5 s, the manifest producer 5 s, the position publisher 1 s): a client that
-        does not close in time is left to the process."""
+        come back to the next consumer of this group. Blocks at most `CLOSE_S` (11 s) plus
+        `rollstream.infra.deadline.GRACE_S`, whatever the broker does: one deadline, of which the trainer's
+        client gets up to 5 s, then the manifest producer up to 5 s and the position publisher up to 1 s of
+        what is left. No call on a client is running when it is closed (none outlives its caller); a client
+        whose close does not finish in time (librdkafka waits for a commit still unanswered) is left to the
+        process."""
         if self._closed:
             return
         self._closed = True
+        deadline = Deadline.after(CLOSE_S)
         self._progress.warn_uncommitted(self.group_id)
-        self._client.close()
-        self._committer.close()
-        self._positions.close()
+        self._client.close(deadline.seconds(CLOSE_TIMEOUT_S))
+        self._committer.close(deadline)
+        self._positions.close(deadline.remaining())
         self._timeouts.close()
 
     def _start(self) -> None:
@@ -275,7 +283,7 @@ class RolloutConsumer:
         if commit:
             self.commit(batch)
         elif self.manifests:
-            self._committer.retrying(lambda t: self._committer.record(batch, timeout=t), replacement=self._replacement)
+            self._committer.retrying(lambda d: self._committer.record(batch, d), replacement=self._replacement)
             self._progress.requeued(batch)
         return batch
 
@@ -327,16 +335,21 @@ class RolloutConsumer:
         For each such batch in order, its StepManifest is written to NS.steps (acknowledged by the
         broker), then the offsets are committed under the group id: per partition, the offset of the
         next record to read after `batch`. Blocks until both are acknowledged, at most the consumer's
-        timeout in all: a failed attempt is retried within it, and after `FRESH_CLIENT_AFTER` failed
+        timeout in all plus `rollstream.infra.deadline.GRACE_S` (one deadline: the offsets check, the
+        requeues, the manifests and the commit each spend what is left of it; the commit is librdkafka's
+        asynchronous one, so no call is left running inside the client when this returns or raises): a failed
+        attempt is retried within it, and after `FRESH_CLIENT_AFTER` failed
         attempts in a row (also across calls) the Kafka client is replaced by a fresh one at the
         position this consumer holds (records fetched and not looked at are fetched again, in order),
         because a client can lose its group coordinator for good (confluentinc/librdkafka#5511).
         Committing a batch already committed does nothing. Not thread-safe.
 
         Raises:
-            CommitError (retriable): the manifest or the commit still failed at the timeout; the batch
-                stays uncommitted and can be committed again (a manifest written twice is harmless:
-                the later one for the same step supersedes the earlier).
+            CommitError (retriable): the manifest or the commit still failed at the timeout, or the timeout
+                passed first (the message says what was not done); the batch stays uncommitted and can be
+                committed again (a manifest written twice is harmless: the later one for the same step
+                supersedes the earlier). A commit that got no answer in time may still land: then the next
+                start begins after this step, else it takes the same batch again; never half of it.
             GroupConflictError (a CommitError, not retriable): another client committed offsets for
                 this group since this consumer last did (two trainers on one group id); nothing was written.
             RunSupersededError: a newer trainer run began (with ``announcer``); the offsets were not committed.
@@ -430,7 +443,7 @@ class RolloutConsumer:
         self._start()
         standing = self._restart.after_step(self.config, step, self._progress.position, self._committer.index)
         self._committer.use_index(standing.index)
-        self._committer.retrying(lambda t: self._committer.rewind(standing.position, timeout=t),
+        self._committer.retrying(lambda d: self._committer.rewind(standing.position, d),
                                  replacement=self._replacement)
         self._forget_uncommitted()
         self._progress.drop_uncommitted()

@@ -1,0 +1,117 @@
+"""A consumer's offset commit kept within a deadline by librdkafka's asynchronous commit: never a call left behind.
+
+librdkafka's synchronous commit waits for the group coordinator's answer with no deadline (a client that lost its
+coordinator, confluentinc/librdkafka#5511, would hold its caller for ever), and running it in a thread that is
+abandoned on a timeout leaves a call inside librdkafka that a later replacement or close of the client races with.
+So a commit here is ``consumer.commit(offsets=..., asynchronous=True)``, which returns at once, and its answer comes
+through the consumer's ``on_commit`` callback (`CommitAnswers.on_commit`, given to the client when it is opened).
+
+librdkafka serves that callback only from the consumer's own queue, i.e. from ``poll()``/``consume()``, which also
+hand out fetched records. The caller therefore says how to wait (`serve`): a trainer consumes into the buffer its
+takes read first (`rollstream.consumers._fetched.Fetched.serve`), so a record fetched while the commit waits is kept,
+in order, not dropped. Pausing the assignment instead was weighed and not taken: librdkafka's pause drops what it
+already fetched (a version barrier) and fetches it again on resume, and it has had bugs around pause and resume.
+
+The wait polls in slices that start at 1 ms and double up to 100 ms, so a commit answered in a few milliseconds
+costs about that, and one that gets no answer costs at most what is left of its `Deadline` (plus the last slice's
+wake-up). When it returns or raises, no call of it is inside librdkafka; a commit that got no answer in time may
+still land later (librdkafka keeps it until the coordinator answers), which callers allow for.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from rollstream.infra.deadline import Deadline
+from rollstream.infra.kafka_errors import CommitFailed, error_text, kafka_error
+
+_FIRST_SLICE_S = 0.001
+_MAX_SLICE_S = 0.1
+_Key = tuple[tuple[str, int, int], ...]
+_Answer = tuple[KafkaError | None, list[TopicPartition]]
+
+
+def _key(tps: Sequence[TopicPartition]) -> _Key:
+    return tuple(sorted((tp.topic, tp.partition, tp.offset) for tp in tps))
+
+
+class CommitAnswers:
+    """The answers to one client's asynchronous commits. Give `on_commit` as the consumer's ``on_commit``
+    property (`conf`) when it is opened. Thread-safe: librdkafka calls `on_commit` on whichever thread polls or
+    closes the client. Only the answer to the newest commit is kept (`commit` forgets older ones)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._answers: dict[_Key, _Answer] = {}
+
+    def conf(self) -> dict[str, object]:
+        """The consumer property that routes the client's commit answers here."""
+        return {"on_commit": self.on_commit}
+
+    def on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """librdkafka's answer to a commit of `partitions` (`err`: the whole request's error, if any)."""
+        with self._lock:
+            self._answers[_key(partitions)] = (err, list(partitions))
+
+    def commit(self, consumer: Consumer, topic: str, offsets: Mapping[int, int], *, deadline: Deadline,
+               serve: Callable[[float], None], metadata: str | None = None) -> None:
+        """Commit `offsets` (partition -> offset of the next record to read) for the consumer's group, each with
+        `metadata` when given, asynchronously, and wait for the answer by calling ``serve(seconds)`` (which must
+        poll `consumer` without losing a record it hands out) until it came or `deadline` passed.
+
+        Blocks at most what is left of `deadline` plus one slice (<= 0.1 s). When it returns, every partition in
+        `offsets` is committed at exactly that offset. Not thread-safe for one consumer (one commit at a time).
+
+        Raises:
+            CommitFailed: librdkafka refused the commit, the coordinator failed some partitions (``failed``), or
+                no answer came in time (code ``_TIMED_OUT``: it may still land; retrying is safe).
+        """
+        if not offsets:
+            return
+        tps = [TopicPartition(topic, p, o) if metadata is None else TopicPartition(topic, p, o, metadata)
+               for p, o in sorted(offsets.items())]
+        key = _key(tps)
+        with self._lock:
+            self._answers.clear()  # answers to earlier commits (timed out, or of a replaced client) say nothing new
+        try:
+            consumer.commit(offsets=tps, asynchronous=True)
+        except KafkaException as exc:
+            cause = kafka_error(f"cannot commit offsets {dict(offsets)} on {topic}", exc, topic=topic)
+            raise CommitFailed(str(cause), {p: error_text(exc) for p in offsets}, topic=topic, code=cause.code,
+                               fatal=cause.fatal, retriable=not cause.fatal) from exc
+        answer = self._wait(key, deadline, serve)
+        if answer is None:
+            raise CommitFailed(f"commit of offsets {dict(offsets)} on {topic} got no answer from the group "
+                               f"coordinator within {deadline.total_s or 0:g} s; it may still land; retrying is safe "
+                               "(is the broker up? rollstream broker status)", {p: "timed out" for p in offsets},
+                               topic=topic, code="_TIMED_OUT")
+        raise_failures(topic, offsets, *answer)
+
+    def _wait(self, key: _Key, deadline: Deadline, serve: Callable[[float], None]) -> _Answer | None:
+        slice_s = _FIRST_SLICE_S
+        while True:
+            with self._lock:
+                answer = self._answers.pop(key, None)
+            if answer is not None:
+                return answer
+            left = deadline.remaining()
+            if left <= 0:
+                return None
+            serve(min(slice_s, left))
+            slice_s = min(2 * slice_s, _MAX_SLICE_S)
+
+
+def raise_failures(topic: str, offsets: Mapping[int, int], err: KafkaError | None,
+                   partitions: Sequence[TopicPartition]) -> None:
+    """Raise `CommitFailed` when a commit's answer (`err` for the whole request, else each partition's error)
+    says it failed; return when every partition was committed."""
+    if err is not None:
+        cause = kafka_error(f"cannot commit offsets {dict(offsets)} on {topic}", KafkaException(err), topic=topic)
+        raise CommitFailed(str(cause), {p: err.str() for p in offsets}, topic=topic, code=cause.code,
+                           fatal=cause.fatal, retriable=not cause.fatal)
+    failed = {tp.partition: str(tp.error) for tp in partitions if tp.error is not None}
+    if failed:
+        detail = ", ".join(f"partition {p}: {e}" for p, e in sorted(failed.items()))
+        raise CommitFailed(f"cannot commit offsets on {topic}: {detail}; retrying may help", failed, topic=topic)
