@@ -2,11 +2,11 @@
 
 A client can lose its group coordinator for good after a broker stall (confluentinc/librdkafka#5511):
 fetches keep working, every committed-offsets lookup and commit times out. `RolloutConsumer` then
-installs a fresh client (`swap`) at the position it holds, by the one replacement policy
-(`rollstream.infra.ClientReplacement`), which closes the old one in the background, since a client without
-a coordinator may take long to close. Every client commits asynchronously, its answers delivered to `answers`
-(`rollstream.infra.commits`), and no call on it outlives its caller, so a client is replaced or closed only
-when no call of this process is inside it. Not thread-safe, like its owner.
+installs a fresh client (`swap`) at the position it holds, and a fresh commit client (`StepCommitter.renew`),
+by the one replacement policy (`rollstream.infra.ClientReplacement`), which closes the old one in the
+background, since a client without a coordinator may take long to close. This client only fetches: the
+group's commits go through a client of their own (`rollstream.infra.commits.CommitClient`), since waiting for
+an asynchronous commit's answer polls the client that made it. Not thread-safe, like its owner.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from rollstream.infra import (
     open_consumer,
     position_of,
 )
-from rollstream.infra.commits import CommitAnswers
 from rollstream.schemas import LifecycleError
 
 log = logging.getLogger(__name__)
@@ -39,8 +38,7 @@ class TrainerClient:
 
     def __init__(self, group_id: str, topic: str, overrides: Mapping[str, object]) -> None:
         self.group_id, self.topic = group_id, topic
-        self.answers = CommitAnswers()  # the answers to every client's asynchronous commits (its on_commit)
-        self._overrides = {"enable.partition.eof": False, **overrides, **self.answers.conf()}
+        self._overrides = {"enable.partition.eof": False, **overrides}
         self._consumer: Consumer | None = None
 
     @property
@@ -111,13 +109,13 @@ class TrainerClient:
         return out
 
     def close(self, wait_s: float = CLOSE_TIMEOUT_S) -> None:
-        """Close the client, waiting at most `wait_s`. No other call is on it (none outlives its caller), but
-        librdkafka's close waits for a commit still unanswered (a client that lost its coordinator), which can
-        be for good: such a close is left to finish in its thread, the process then exits without it."""
+        """Close the client, waiting at most `wait_s`. It only fetches (the group's commits go through a client of
+        their own, `rollstream.infra.commits.CommitClient`) and no call on it outlives its caller, so nothing
+        else of this process is inside it; a close that does not finish in time is left to the process."""
         consumer, self._consumer = self._consumer, None
         if consumer is None:
             return
         if not close_quietly(consumer.close, f"trainer-{self.group_id}", wait_s=wait_s):
-            log.warning("the Kafka client of group %s did not close within %g s (a commit without an answer?); "
-                        "left to the process", self.group_id, wait_s)
+            log.warning("the Kafka client of group %s did not close within %g s; left to the process",
+                        self.group_id, wait_s)
 

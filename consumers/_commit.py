@@ -44,7 +44,7 @@ from rollstream.infra import (
     open_producer,
     produce_and_wait,
 )
-from rollstream.infra.commits import CommitAnswers
+from rollstream.infra.commits import CommitClient
 from rollstream.infra.deadline import Deadline
 from rollstream.schemas import LifecycleError, StepManifest, encode
 
@@ -55,6 +55,7 @@ _T = TypeVar("_T")
 
 FRESH_CLIENT_AFTER = 2  # failed commit attempts in a row after which the Kafka client is replaced
 CLOSE_FLUSH_S = 5.0  # the most `close` waits for the manifest producer
+CLOSE_CLIENT_S = 5.0  # the most `close` waits for the commit client (a commit still unanswered holds it)
 
 
 class StepCommitter:
@@ -63,20 +64,20 @@ class StepCommitter:
     Args:
         manifests: write step manifests (else only offsets are committed).
         timeout: seconds one commit (`retrying`) may take in all, every wait in it included.
-        answers: where the answers to the client's asynchronous commits arrive (its ``on_commit``).
-        serve: polls the client for up to the seconds given without losing a record it hands out (the answers
-            are served from its queue): `rollstream.consumers._fetched.Fetched.serve`.
+
+    The offsets check and the commits go through a client of their own (`rollstream.infra.commits.CommitClient`,
+    assigned nothing), never the client that fetches: waiting for an asynchronous commit's answer polls it.
     """
 
     def __init__(self, names: TopicNames, group_id: str, *, manifests: bool, timeout: float,
-                 answers: CommitAnswers, serve: Callable[[float], None], run: PolicyAnnouncer | None = None) -> None:
+                 run: PolicyAnnouncer | None = None) -> None:
         self.names = names
         self.run = run
         self.group_id = group_id
         self.manifests = manifests
         self._timeout = timeout
         self._config: KafkaConfig | None = None
-        self._consumer: Consumer | None = None
+        self._client: CommitClient | None = None
         self._producer: Producer | None = None
         # What this consumer knows to be the group's committed offsets, and offsets it tried to commit since
         # (a commit that failed on the client may still have landed): anything else means another client.
@@ -84,19 +85,20 @@ class StepCommitter:
         self._tried: dict[int, set[int]] = {}
         self._recorded: set[int] = set()  # id() of the uncommitted batches whose manifest is on NS.steps
         self._requeued: set[int] = set()  # id() of the uncommitted batches whose requeues are on NS.prompts
-        self._answers, self._serve = answers, serve
         # Where the group's manifests are on NS.steps; None: unknown (commits carry no index). Not updated
         # after a write that failed: that manifest may have landed at an offset no delivery report gave.
         self._index: ManifestIndex | None = None
         self._index_sure = False
 
-    def start(self, config: KafkaConfig, consumer: Consumer, committed: Mapping[int, int | None],
+    def start(self, config: KafkaConfig, committed: Mapping[int, int | None],
               index: ManifestIndex | None = None) -> None:
         """Remember the group's committed offsets as read at start and where its manifests are (`index`,
         complete up to the end of NS.steps as read at start; None: unknown), and open the manifest producer
         now (with NS.steps' metadata fetched, so that the first commit does not wait for it). Blocks up to
         the timeout. Raises KafkaIOError when NS.steps' metadata cannot be read."""
-        self._config, self._consumer = config, consumer
+        self._config = config
+        if self._client is None:
+            self._client = CommitClient(config, self.group_id)
         self._committed = dict(committed)
         self.use_index(index)
         if self.manifests and self._producer is None:
@@ -116,15 +118,19 @@ class StepCommitter:
         """The group's committed offsets as this consumer knows them (what it read at start and committed since)."""
         return dict(self._committed)
 
-    def use(self, consumer: Consumer) -> None:
-        """Go on with `consumer` (a fresh client in place of one that kept failing); what is known of
-        the group's committed offsets, and of the commits tried since, is kept."""
-        self._consumer = consumer
+    def renew(self) -> None:
+        """Go on with a fresh commit client (in place of one that kept failing; the old one is closed in the
+        background); what is known of the group's committed offsets, and of the commits tried since, is kept."""
+        if self._client is not None:
+            self._client.renew()
 
     def close(self, deadline: Deadline) -> None:
-        """Deliver what the manifest producer still holds, waiting at most `CLOSE_FLUSH_S` within `deadline`.
+        """Close the commit client (at most `CLOSE_CLIENT_S`: librdkafka waits for a commit still unanswered) and
+        deliver what the manifest producer still holds (at most `CLOSE_FLUSH_S`), both within `deadline`.
         Idempotent. What is left is only a manifest or requeue whose write already failed (every
         write waits for its acknowledgement), so a shutdown does not wait on a broker that does not answer."""
+        if self._client is not None:
+            self._client.close(deadline.seconds(CLOSE_CLIENT_S))
         producer, self._producer = self._producer, None
         if producer is not None:
             left = producer.flush(deadline.seconds(CLOSE_FLUSH_S))
@@ -228,10 +234,10 @@ class StepCommitter:
             replacement.succeeded()
             return result
 
-    def _started(self) -> tuple[KafkaConfig, Consumer]:
-        if self._config is None or self._consumer is None:
+    def _started(self) -> tuple[KafkaConfig, CommitClient]:
+        if self._config is None or self._client is None:
             raise LifecycleError(f"the committer of group {self.group_id} was not started: call start() first")
-        return self._config, self._consumer
+        return self._config, self._client
 
     def _left(self, deadline: Deadline, batch: Batch | None, what: str) -> float:
         """The seconds left of `deadline` for `what`; CommitError (retriable) naming it when none are."""
@@ -248,7 +254,7 @@ class StepCommitter:
         topic = self.names.rollouts
         left = self._left(deadline, batch, "checking the group's committed offsets")
         try:
-            found = committed_offsets(self._started()[1], topic, sorted(self._committed), timeout=left)
+            found = committed_offsets(self._started()[1].consumer, topic, sorted(self._committed), timeout=left)
         except KafkaIOError as exc:
             raise CommitError(batch, f"cannot read the committed offsets of group {self.group_id}: {exc}") from exc
         moved = {p: (self._committed.get(p), o) for p, o in found.items()
@@ -319,8 +325,7 @@ class StepCommitter:
             self._commit_in_run(self.run, offsets, batch, what, left)
             return
         try:
-            self._answers.commit(self._started()[1], self.names.rollouts, offsets, deadline=deadline,
-                                 serve=self._serve, metadata=self._metadata())
+            self._started()[1].commit(self.names.rollouts, offsets, deadline=deadline, metadata=self._metadata())
         except CommitFailed as exc:
             raise CommitError(batch, f"cannot commit offsets {dict(offsets)} of {what} for group "
                                      f"{self.group_id}: {exc}") from exc
@@ -333,7 +338,7 @@ class StepCommitter:
         tps = [TopicPartition(self.names.rollouts, p, o) if metadata is None
                else TopicPartition(self.names.rollouts, p, o, metadata) for p, o in sorted(offsets.items())]
         try:
-            run.commit_offsets(self._started()[1], tps, what=f"committing {what} of group {self.group_id}",
+            run.commit_offsets(self._started()[1].consumer, tps, what=f"committing {what} of group {self.group_id}",
                                timeout=timeout)
         except KafkaIOError as exc:
             error = CommitError(batch, f"cannot commit offsets {dict(offsets)} of {what} for group "

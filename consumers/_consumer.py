@@ -122,9 +122,7 @@ class RolloutConsumer:
         self._timeout = timeout
         self._progress = Progress(StepLedger(dedupe_epochs=dedupe_epochs, window=dedupe_window))
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
-        self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout,
-                                        answers=self._client.answers, serve=lambda s: self._fetched.serve(s),
-                                        run=announcer)
+        self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout, run=announcer)
         self._restart = Restart(self.names, group_id, manifests=manifests, dedupe_epochs=dedupe_epochs,
                                 dedupe_window=dedupe_window, timeout=timeout)
         self._positions = PositionPublisher(self.names, group_id)
@@ -147,11 +145,11 @@ class RolloutConsumer:
     def close(self) -> None:
         """Close the Kafka clients. Idempotent. Uncommitted batches are not committed: their groups
         come back to the next consumer of this group. Blocks at most `CLOSE_S` (11 s) plus
-        `rollstream.infra.deadline.GRACE_S`, whatever the broker does: one deadline, of which the trainer's
-        client gets up to 5 s, then the manifest producer up to 5 s and the position publisher up to 1 s of
-        what is left. No call on a client is running when it is closed (none outlives its caller); a client
-        whose close does not finish in time (librdkafka waits for a commit still unanswered) is left to the
-        process."""
+        `rollstream.infra.deadline.GRACE_S`, whatever the broker does: one deadline, of which each client gets at
+        most what is left, capped (the fetching client 5 s, the commit client 5 s, the manifest producer 5 s,
+        the position publisher 1 s). No call on a client is running when it is closed (none outlives its
+        caller); a client whose close does not finish in time (librdkafka waits for a commit still unanswered)
+        is left to the process."""
         if self._closed:
             return
         self._closed = True
@@ -179,7 +177,7 @@ class RolloutConsumer:
         except BaseException:
             close_quietly(consumer.close, f"trainer-{self.group_id}", wait_s=CLOSE_TIMEOUT_S)  # bounded (Ctrl-C)
             raise
-        self._committer.start(self.config, consumer, committed, standing.index)
+        self._committer.start(self.config, committed, standing.index)
         self._positions.start(self.config, timeout=min(self._timeout, REACH_TIMEOUT_S))
         log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
                  self._progress.position, self._progress.next_step)

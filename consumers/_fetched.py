@@ -14,12 +14,10 @@ Contract (pinned by tests/integration/test_consumer_take.py and test_poll_batch.
   ledger remembers each (the step's manifest records it ``requeued`` and it is not published again).
 - Every reassignment of the client (start, seek, a recorded step taken again, a replaced client) drops the
   buffer: those records are fetched again from the new position, none skipped, none twice.
-- While a commit waits for its answer (`serve`), records the client hands out go to the end of the buffer, in
-  order, like any fetch: the answer comes from the client's queue, where the fetched records are too.
 - A client that lost its group coordinator for good (confluentinc/librdkafka#5511) is replaced after
   `FRESH_CLIENT_AFTER` failed commit attempts in a row (`replacement`, the one policy of
-  `rollstream.infra.ClientReplacement`): the fresh client goes on at the consumer's position for the fetches
-  and the commits alike (`swap`).
+  `rollstream.infra.ClientReplacement`): the fresh client goes on at the consumer's position for the fetches,
+  and the commits go through a fresh commit client too (`swap`).
 """
 
 from __future__ import annotations
@@ -35,12 +33,11 @@ from rollstream.consumers._client import TrainerClient
 from rollstream.consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
 from rollstream.consumers._gather import Entry, Gathering
 from rollstream.consumers._requeue import Requeue
-from rollstream.infra import ClientReplacement, KafkaIOError
+from rollstream.infra import ClientReplacement
 from rollstream.schemas import RollstreamError
 
 log = logging.getLogger(__name__)
 _MAX_PULL = 1000
-_SERVE_PULL = 100  # records taken from librdkafka per poll while a commit waits for its answer
 
 
 def unpublished(gathering: Gathering) -> list[Requeue]:
@@ -67,21 +64,12 @@ class Fetched:
         self.clear()
         self._client.use(self._client.current(), position)
 
-    def serve(self, wait_s: float) -> None:
-        """Poll the client for up to `wait_s` s so that it serves its callbacks (a commit's answer), keeping the
-        records it hands out at the end of the buffer, in order. An error event is logged, not raised: the
-        commit waiting meanwhile gets its own answer."""
-        try:
-            self._client.fetch_into(self._buffer, _SERVE_PULL, wait_s)
-        except KafkaIOError as exc:
-            log.debug("group %s: while a commit waits: %s", self._client.group_id, exc)
-
     def swap(self, fresh: Consumer, position: Mapping[int, int]) -> Consumer | None:
-        """Install `fresh` at `position` for the fetches and the commits and return the client it replaces.
+        """Install `fresh` at `position` for the fetches (and a fresh commit client) and return the client it replaces.
         Records fetched and not looked at are dropped from the buffer and fetched again, in order: none
         skipped, none twice."""
         stale = self._client.swap(fresh, position)
-        self._committer.use(fresh)
+        self._committer.renew()
         self.clear()
         return stale
 

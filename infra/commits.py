@@ -1,4 +1,4 @@
-"""A consumer's offset commit kept within a deadline by librdkafka's asynchronous commit: never a call left behind.
+"""A consumer group's offset commits kept within a deadline by librdkafka's asynchronous commit: no call left behind.
 
 librdkafka's synchronous commit waits for the group coordinator's answer with no deadline (a client that lost its
 coordinator, confluentinc/librdkafka#5511, would hold its caller for ever), and running it in a thread that is
@@ -7,25 +7,36 @@ So a commit here is ``consumer.commit(offsets=..., asynchronous=True)``, which r
 through the consumer's ``on_commit`` callback (`CommitAnswers.on_commit`, given to the client when it is opened).
 
 librdkafka serves that callback only from the consumer's own queue, i.e. from ``poll()``/``consume()``, which also
-hand out fetched records. The caller therefore says how to wait (`serve`): a trainer consumes into the buffer its
-takes read first (`rollstream.consumers._fetched.Fetched.serve`), so a record fetched while the commit waits is kept,
-in order, not dropped. Pausing the assignment instead was weighed and not taken: librdkafka's pause drops what it
-already fetched (a version barrier) and fetches it again on resume, and it has had bugs around pause and resume.
+hand out the records the client fetched. So the commits go through a client of their own (`CommitClient`): a
+consumer of the group that is assigned nothing, so polling it hands out no record, and the client that fetches
+is never polled behind its owner's back (its records would pile up in the process or be lost). Pausing the
+fetching client's assignment instead was weighed and not taken: librdkafka's pause drops what it already
+fetched (a version barrier) and fetches it again on resume, at every commit. Kafka takes a commit of explicit
+offsets from any client of the group when no member is subscribed (partitions are assigned here).
 
 The wait polls in slices that start at 1 ms and double up to 100 ms, so a commit answered in a few milliseconds
 costs about that, and one that gets no answer costs at most what is left of its `Deadline` (plus the last slice's
 wake-up). When it returns or raises, no call of it is inside librdkafka; a commit that got no answer in time may
-still land later (librdkafka keeps it until the coordinator answers), which callers allow for.
+still land later (librdkafka keeps it until the coordinator answers), which callers allow for. Closing a client
+whose commit is still unanswered waits for it inside librdkafka (up to a minute, or for good without a
+coordinator): `CommitClient.close` bounds that wait and leaves the close to its thread, the only call on it.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from rollstream.infra._replaceable import close_quietly
+from rollstream.infra.clients import open_consumer
+from rollstream.infra.config import KafkaConfig
 from rollstream.infra.deadline import Deadline
 from rollstream.infra.kafka_errors import CommitFailed, error_text, kafka_error
+from rollstream.schemas import LifecycleError
+
+log = logging.getLogger(__name__)
 
 _FIRST_SLICE_S = 0.001
 _MAX_SLICE_S = 0.1
@@ -101,6 +112,67 @@ class CommitAnswers:
                 return None
             serve(min(slice_s, left))
             slice_s = min(2 * slice_s, _MAX_SLICE_S)
+
+
+class CommitClient:
+    """The client through which `group_id` commits and reads its committed offsets: a consumer assigned nothing,
+    whose commits are asynchronous (see the module docstring). Not thread-safe (one owner thread); no network
+    call until used (`consumer`).
+
+    `renew` puts a fresh client in its place (one that lost its coordinator never finds it again,
+    confluentinc/librdkafka#5511) and closes the old one in the background: no call of the owner is inside it
+    then, since every call returns within its deadline.
+    """
+
+    def __init__(self, config: KafkaConfig, group_id: str) -> None:
+        self._config, self.group_id = config, group_id
+        self._answers: CommitAnswers | None = None
+        self._consumer: Consumer | None = None
+        self._closed = False
+
+    @property
+    def consumer(self) -> Consumer:
+        """The client (opened on first use), for reads of the group's committed offsets and its group metadata.
+        Raises LifecycleError once closed; ConfigError for a bad property."""
+        if self._closed:
+            raise LifecycleError(f"the commit client of group {self.group_id} is closed")
+        if self._consumer is None:
+            self._answers = CommitAnswers()
+            self._consumer = open_consumer(self._config.consumer(
+                self.group_id, {"enable.partition.eof": False, **self._answers.conf()}))
+        return self._consumer
+
+    def commit(self, topic: str, offsets: Mapping[int, int], *, deadline: Deadline, metadata: str | None = None
+               ) -> None:
+        """`CommitAnswers.commit` through this client: blocks at most what is left of `deadline` plus 0.1 s.
+        Raises CommitFailed as it says."""
+        consumer = self.consumer
+        if self._answers is None:  # never: opened with its answers
+            raise LifecycleError(f"the commit client of group {self.group_id} has no commit answers")
+        self._answers.commit(consumer, topic, offsets, deadline=deadline, serve=self._serve, metadata=metadata)
+
+    def _serve(self, wait_s: float) -> None:
+        # Assigned nothing: what poll hands out is an error event at most, which the commit's answer reports.
+        event = self.consumer.poll(wait_s)
+        if event is not None and event.error() is not None:
+            log.debug("commit client of group %s: %s", self.group_id, event.error())
+
+    def renew(self) -> None:
+        """Open a fresh client on next use and close this one in the background (waiting for nothing)."""
+        old, self._consumer, self._answers = self._consumer, None, None
+        if old is not None:
+            close_quietly(old.close, f"commits-{self.group_id}")
+
+    def close(self, wait_s: float) -> bool:
+        """Close the client, waiting at most `wait_s` (librdkafka waits for a commit still unanswered; such a
+        close is left to its thread, the only call on the client). Idempotent. Returns whether it closed in time."""
+        self._closed = True
+        old, self._consumer, self._answers = self._consumer, None, None
+        if old is None or close_quietly(old.close, f"commits-{self.group_id}", wait_s=wait_s):
+            return True
+        log.warning("the commit client of group %s did not close within %g s (a commit without an answer); left "
+                    "to the process", self.group_id, wait_s)
+        return False
 
 
 def raise_failures(topic: str, offsets: Mapping[int, int], err: KafkaError | None,

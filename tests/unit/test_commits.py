@@ -2,9 +2,10 @@
 
 Pinned here, with real librdkafka clients pointed at an address where nothing listens: a commit that gets no
 answer raises `CommitFailed` (``_TIMED_OUT``, retriable) by its deadline plus one polling slice, and leaves no
-thread behind (nothing of it is running inside librdkafka when it returns), so the client can be closed at once
-(bounded, `close_quietly`); the answer is taken only for the offsets committed (an answer to another commit is
-not this one's), and a refused partition or request raises `CommitFailed` naming it.
+thread behind (nothing of it is running inside librdkafka when it returns), so the client can be replaced or
+closed at once (the close bounded: librdkafka's close waits for the unanswered commit); the answer is taken
+only for the offsets committed (an answer to another commit is not this one's), and a refused partition or
+request raises `CommitFailed` naming it.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-from rollstream.consumers._client import TrainerClient
+from confluent_kafka import KafkaError, TopicPartition
 from rollstream.infra import CommitFailed, KafkaConfig
+from rollstream.infra.commits import CommitAnswers, CommitClient
 from rollstream.infra.deadline import Deadline
 
 
@@ -29,30 +30,29 @@ def _nowhere() -> str:
 
 
 @pytest.fixture
-def client() -> Iterator[tuple[TrainerClient, Consumer]]:
-    holder = TrainerClient("g", "ns.rollouts", {"log_level": 0})
-    consumer = holder.open(KafkaConfig(bootstrap_servers=_nowhere()))
-    holder.use(consumer, {0: 0})
+def client() -> Iterator[CommitClient]:
+    commits = CommitClient(KafkaConfig(bootstrap_servers=_nowhere(), extra={"log_level": 0}), "g")
     try:
-        yield holder, consumer
+        yield commits
     finally:
-        holder.close(0.0)
+        commits.close(0.0)
 
 
-def test_a_commit_without_an_answer_ends_by_its_deadline_and_leaves_no_call_behind(
-        client: tuple[TrainerClient, Consumer]) -> None:
-    holder, consumer = client
+def test_a_commit_without_an_answer_ends_by_its_deadline_and_leaves_no_call_behind(client: CommitClient) -> None:
+    client.consumer.assignment()  # opened (its librdkafka threads are no calls of ours)
     threads = set(threading.enumerate())
     started = time.monotonic()
     with pytest.raises(CommitFailed, match="no answer") as err:
-        holder.answers.commit(consumer, "ns.rollouts", {0: 5}, deadline=Deadline.after(0.5),
-                              serve=lambda s: consumer.consume(10, timeout=s))
+        client.commit("ns.rollouts", {0: 5}, deadline=Deadline.after(0.5))
     took = time.monotonic() - started
     assert 0.5 <= took < 0.5 + 0.2, took  # the deadline, plus at most one polling slice
     assert err.value.code == "_TIMED_OUT" and err.value.retriable and set(err.value.failed) == {0}
     assert set(threading.enumerate()) == threads  # no thread was started: nothing is left inside librdkafka
+    client.renew()  # replaced at once: the old client closes in the background, nothing of ours inside it
+    with pytest.raises(CommitFailed, match="no answer"):
+        client.commit("ns.rollouts", {0: 5}, deadline=Deadline.after(0.2))
     started = time.monotonic()
-    holder.close(0.5)  # librdkafka's close waits for the unanswered commit: bounded, and no crash
+    assert client.close(0.5) is False  # librdkafka's close waits for the unanswered commit: bounded, no crash
     assert time.monotonic() - started < 0.5 + 0.5
 
 
@@ -66,9 +66,8 @@ class _Answered:
     error: KafkaError | None = None
 
 
-def test_only_the_answer_for_the_offsets_committed_is_taken(client: tuple[TrainerClient, Consumer]) -> None:
-    holder, consumer = client
-    answers = holder.answers
+def test_only_the_answer_for_the_offsets_committed_is_taken(client: CommitClient) -> None:
+    consumer, answers = client.consumer, CommitAnswers()  # its answers are fed here by hand
     replies = iter([[TopicPartition("ns.rollouts", 0, 4)], [TopicPartition("ns.rollouts", 0, 5)]])
     served: list[float] = []
 
