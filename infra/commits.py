@@ -14,8 +14,10 @@ fetching client's assignment instead was weighed and not taken: librdkafka's pau
 fetched (a version barrier) and fetches it again on resume, at every commit. Kafka takes a commit of explicit
 offsets from any client of the group when no member is subscribed (partitions are assigned here).
 
-The wait polls in slices that start at 1 ms and double up to 100 ms, so a commit answered in a few milliseconds
-costs about that, and one that gets no answer costs at most what is left of its `Deadline` (plus the last slice's
+librdkafka's poll serves the answer and goes on waiting for a record until its timeout, so the wait polls in
+slices: 1 ms ones for the first `_FAST_S` (a healthy coordinator answers in a few milliseconds: the answer costs
+under a millisecond more), then slices doubling up to 100 ms (a stalled one is not polled a thousand times a
+second), and one that gets no answer costs at most what is left of its `Deadline` (plus the last slice's
 wake-up). When it returns or raises, no call of it is inside librdkafka; a commit that got no answer in time may
 still land later (librdkafka keeps it until the coordinator answers), which callers allow for. Closing a client
 whose commit is still unanswered waits for it inside librdkafka (up to a minute, or for good without a
@@ -39,6 +41,7 @@ from rollstream.schemas import LifecycleError
 log = logging.getLogger(__name__)
 
 _FIRST_SLICE_S = 0.001
+_FAST_S = 0.1  # how long the wait polls in slices of _FIRST_SLICE_S before they grow
 _MAX_SLICE_S = 0.1
 _Key = tuple[tuple[str, int, int], ...]
 _Answer = tuple[KafkaError | None, list[TopicPartition]]
@@ -101,7 +104,7 @@ class CommitAnswers:
         raise_failures(topic, offsets, *answer)
 
     def _wait(self, key: _Key, deadline: Deadline, serve: Callable[[float], None]) -> _Answer | None:
-        slice_s = _FIRST_SLICE_S
+        slice_s, grow_after = _FIRST_SLICE_S, deadline.remaining() - _FAST_S
         while True:
             with self._lock:
                 answer = self._answers.pop(key, None)
@@ -111,7 +114,8 @@ class CommitAnswers:
             if left <= 0:
                 return None
             serve(min(slice_s, left))
-            slice_s = min(2 * slice_s, _MAX_SLICE_S)
+            if left < grow_after:
+                slice_s = min(2 * slice_s, _MAX_SLICE_S)
 
 
 class CommitClient:
