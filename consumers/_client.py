@@ -2,9 +2,11 @@
 
 A client can lose its group coordinator for good after a broker stall (confluentinc/librdkafka#5511):
 fetches keep working, every committed-offsets lookup and commit times out. `RolloutConsumer` then
-installs a fresh client (`swap`) at the position it holds, by the one replacement policy
-(`rollstream.infra.ClientReplacement`), which closes the old one in the background, since a client without
-a coordinator may take long to close. Not thread-safe, like its owner.
+installs a fresh client (`swap`) at the position it holds, and a fresh commit client (`StepCommitter.renew`),
+by the one replacement policy (`rollstream.infra.ClientReplacement`), which closes the old one in the
+background, since a client without a coordinator may take long to close. This client only fetches: the
+group's commits go through a client of their own (`rollstream.infra.commits.CommitClient`), since waiting for
+an asynchronous commit's answer polls the client that made it. Not thread-safe, like its owner.
 """
 
 from __future__ import annotations
@@ -106,13 +108,14 @@ class TrainerClient:
                 out[p] = bounds[1]
         return out
 
-    def close(self) -> None:
-        """Close the client, waiting at most `CLOSE_TIMEOUT_S`: a client whose synchronous commit never got
-        an answer (it lost its coordinator) can block its close for good; it is then left to the process."""
+    def close(self, wait_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Close the client, waiting at most `wait_s`. It only fetches (the group's commits go through a client of
+        their own, `rollstream.infra.commits.CommitClient`) and no call on it outlives its caller, so nothing
+        else of this process is inside it; a close that does not finish in time is left to the process."""
         consumer, self._consumer = self._consumer, None
         if consumer is None:
             return
-        if not close_quietly(consumer.close, f"trainer-{self.group_id}", wait_s=CLOSE_TIMEOUT_S):
-            log.warning("the Kafka client of group %s did not close within %g s (a commit without an answer?); "
-                        "left to the process", self.group_id, CLOSE_TIMEOUT_S)
+        if not close_quietly(consumer.close, f"trainer-{self.group_id}", wait_s=wait_s):
+            log.warning("the Kafka client of group %s did not close within %g s; left to the process",
+                        self.group_id, wait_s)
 

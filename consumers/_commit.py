@@ -12,6 +12,12 @@ carries in its metadata so that the next start reads only those (`rollstream.con
 Before each commit it checks those offsets did not move under it: one trainer per group id is the
 contract (partitions are assigned, not subscribed, so Kafka does not keep two consumers of a group
 apart); a second one is caught at its first commit, at the cost of one offset fetch per commit.
+
+One deadline per call (`rollstream.infra.deadline.Deadline`): a commit (`retrying`) makes one of the committer's
+timeout, and each attempt, and in it each wait in turn (the offsets check, each step's requeues, the manifests,
+the commit), spends what is left of it: no wait gets a fresh timeout or a floor past it. Every wait keeps its
+deadline with librdkafka's own timeouts and the asynchronous commit (`rollstream.infra.commits`), so when a call
+returns or raises, none of its calls is still inside librdkafka, and the client can be replaced or closed at once.
 """
 
 from __future__ import annotations
@@ -27,19 +33,19 @@ from rollstream.consumers._errors import CommitError, GroupConflictError
 from rollstream.consumers._manifests import ManifestIndex
 from rollstream.consumers._requeue import Requeue
 from rollstream.infra import (
-    BoundedCaller,
     ClientReplacement,
     CommitFailed,
     KafkaConfig,
     KafkaIOError,
     PolicyAnnouncer,
     TopicNames,
-    commit_offsets,
     committed_offsets,
     kafka_error,
     open_producer,
     produce_and_wait,
 )
+from rollstream.infra.commits import CommitClient
+from rollstream.infra.deadline import Deadline
 from rollstream.schemas import LifecycleError, StepManifest, encode
 
 log = logging.getLogger(__name__)
@@ -49,6 +55,7 @@ _T = TypeVar("_T")
 
 FRESH_CLIENT_AFTER = 2  # failed commit attempts in a row after which the Kafka client is replaced
 CLOSE_FLUSH_S = 5.0  # the most `close` waits for the manifest producer
+CLOSE_CLIENT_S = 5.0  # the most `close` waits for the commit client (a commit still unanswered holds it)
 
 
 class StepCommitter:
@@ -56,7 +63,10 @@ class StepCommitter:
 
     Args:
         manifests: write step manifests (else only offsets are committed).
-        timeout: seconds to wait for each acknowledgement (manifests, commit, offset check).
+        timeout: seconds one commit (`retrying`) may take in all, every wait in it included.
+
+    The offsets check and the commits go through a client of their own (`rollstream.infra.commits.CommitClient`,
+    assigned nothing), never the client that fetches: waiting for an asynchronous commit's answer polls it.
     """
 
     def __init__(self, names: TopicNames, group_id: str, *, manifests: bool, timeout: float,
@@ -67,7 +77,7 @@ class StepCommitter:
         self.manifests = manifests
         self._timeout = timeout
         self._config: KafkaConfig | None = None
-        self._consumer: Consumer | None = None
+        self._client: CommitClient | None = None
         self._producer: Producer | None = None
         # What this consumer knows to be the group's committed offsets, and offsets it tried to commit since
         # (a commit that failed on the client may still have landed): anything else means another client.
@@ -75,23 +85,24 @@ class StepCommitter:
         self._tried: dict[int, set[int]] = {}
         self._recorded: set[int] = set()  # id() of the uncommitted batches whose manifest is on NS.steps
         self._requeued: set[int] = set()  # id() of the uncommitted batches whose requeues are on NS.prompts
-        self._calls = BoundedCaller(f"rollstream-commit-{group_id}")  # offset checks and commits, bounded
         # Where the group's manifests are on NS.steps; None: unknown (commits carry no index). Not updated
         # after a write that failed: that manifest may have landed at an offset no delivery report gave.
         self._index: ManifestIndex | None = None
         self._index_sure = False
 
-    def start(self, config: KafkaConfig, consumer: Consumer, committed: Mapping[int, int | None],
+    def start(self, config: KafkaConfig, committed: Mapping[int, int | None],
               index: ManifestIndex | None = None) -> None:
         """Remember the group's committed offsets as read at start and where its manifests are (`index`,
         complete up to the end of NS.steps as read at start; None: unknown), and open the manifest producer
         now (with NS.steps' metadata fetched, so that the first commit does not wait for it). Blocks up to
         the timeout. Raises KafkaIOError when NS.steps' metadata cannot be read."""
-        self._config, self._consumer = config, consumer
+        self._config = config
+        if self._client is None:
+            self._client = CommitClient(config, self.group_id)
         self._committed = dict(committed)
         self.use_index(index)
         if self.manifests and self._producer is None:
-            self._producer = self._manifest_producer(config)
+            self._producer = self._manifest_producer(config, self._timeout)
 
     def use_index(self, index: ManifestIndex | None) -> None:
         """Go on with `index`, read from NS.steps just now (complete up to its end): the commits carry it."""
@@ -107,38 +118,40 @@ class StepCommitter:
         """The group's committed offsets as this consumer knows them (what it read at start and committed since)."""
         return dict(self._committed)
 
-    def use(self, consumer: Consumer) -> None:
-        """Go on with `consumer` (a fresh client in place of one that kept failing); what is known of
-        the group's committed offsets, and of the commits tried since, is kept."""
-        self._consumer = consumer
+    def renew(self) -> None:
+        """Go on with a fresh commit client (in place of one that kept failing; the old one is closed in the
+        background); what is known of the group's committed offsets, and of the commits tried since, is kept."""
+        if self._client is not None:
+            self._client.renew()
 
-    def close(self) -> None:
-        """Deliver what the manifest producer still holds, waiting at most `CLOSE_FLUSH_S` (or the timeout, when
-        shorter). Idempotent. What is left is only a manifest or requeue whose write already failed (every
+    def close(self, deadline: Deadline) -> None:
+        """Close the commit client (at most `CLOSE_CLIENT_S`: librdkafka waits for a commit still unanswered) and
+        deliver what the manifest producer still holds (at most `CLOSE_FLUSH_S`), both within `deadline`.
+        Idempotent. What is left is only a manifest or requeue whose write already failed (every
         write waits for its acknowledgement), so a shutdown does not wait on a broker that does not answer."""
-        self._calls.close()
+        if self._client is not None:
+            self._client.close(deadline.seconds(CLOSE_CLIENT_S))
         producer, self._producer = self._producer, None
         if producer is not None:
-            left = producer.flush(min(self._timeout, CLOSE_FLUSH_S))
+            left = producer.flush(deadline.seconds(CLOSE_FLUSH_S))
             if left:
                 log.warning("group %s: closing with %d records for %s/%s undelivered (writes that already failed)",
                             self.group_id, left, self.names.steps, self.names.prompts)
 
-    def record(self, batch: Batch, *, timeout: float | None = None) -> StepManifest:
+    def record(self, batch: Batch, deadline: Deadline) -> StepManifest:
         """Write the manifest of `batch`, taken and not committed, to NS.steps (acknowledged), after
         checking the group's offsets and publishing its requeues; return it. Does nothing without
-        manifests. Blocks up to `timeout`.
+        manifests. Blocks until `deadline` at most.
 
         Raises:
-            CommitError (retriable): the offsets check or the write failed.
+            CommitError (retriable): the offsets check or the write failed, or `deadline` passed first.
             GroupConflictError: another client committed for this group; nothing was written.
         """
-        timeout = self._timeout if timeout is None else timeout
         manifest = batch.manifest()
         if self.manifests:
-            self._check_sole_committer(batch, timeout)
-            self._publish_requeues([batch], timeout)
-            self._publish([manifest], batch, timeout)
+            self._check_sole_committer(batch, deadline)
+            self._publish_requeues([batch], deadline)
+            self._publish([manifest], batch, deadline)
             self._recorded.add(id(batch))
         return manifest
 
@@ -147,91 +160,101 @@ class StepCommitter:
         self._recorded.clear()
         self._requeued.clear()
 
-    def commit(self, batches: Sequence[Batch], *, timeout: float | None = None
-               ) -> tuple[dict[int, int], list[StepManifest]]:
+    def commit(self, batches: Sequence[Batch], deadline: Deadline) -> tuple[dict[int, int], list[StepManifest]]:
         """Commit `batches` (oldest first; the last is the one asked for): check the group's offsets,
         publish the requeues not published yet and write each manifest not `record`ed yet (each
         acknowledged), then commit, per partition, one past the last offset.
 
-        Blocks until each is acknowledged (up to `timeout` s each; None: the committer's timeout).
-        Returns the offsets committed and
-        the batches' manifests (written to NS.steps only with ``manifests=True``).
+        Blocks until each is acknowledged, each wait spending what is left of `deadline` (none past it).
+        Returns the offsets committed and the batches' manifests (written to NS.steps only with
+        ``manifests=True``).
 
         Raises:
-            CommitError (retriable): the offsets check, a manifest or the commit failed; nothing is
-                known committed (a retry is safe: a manifest written twice supersedes itself).
+            CommitError (retriable): the offsets check, a manifest or the commit failed, or `deadline` passed
+                first (the message says which was not done); nothing is known committed (a retry is safe: a
+                manifest written twice supersedes itself).
             GroupConflictError: another client committed for this group; nothing was written.
         """
         batch = batches[-1]
-        timeout = self._timeout if timeout is None else timeout
-        self._check_sole_committer(batch, timeout)
+        self._check_sole_committer(batch, deadline)
         manifests = [b.manifest() for b in batches]
         unwritten = [m for b, m in zip(batches, manifests, strict=True) if id(b) not in self._recorded]
-        self._publish_requeues(batches, timeout)
+        self._publish_requeues(batches, deadline)
         if self.manifests and unwritten:
-            self._publish(unwritten, batch, timeout)
+            self._publish(unwritten, batch, deadline)
         offsets: dict[int, int] = {}
         for b in batches:
             offsets.update({r.partition: r.end for r in b.ranges})
-        self._commit_tracked(offsets, batch, timeout)
+        self._commit_tracked(offsets, batch, deadline)
         for b in batches:
             self._recorded.discard(id(b))
             self._requeued.discard(id(b))
         return offsets, manifests
 
-    def rewind(self, offsets: Mapping[int, int], *, timeout: float | None = None) -> None:
+    def rewind(self, offsets: Mapping[int, int], deadline: Deadline) -> None:
         """Commit `offsets` (a position the trainer went back to) without a manifest, after checking
-        the group's offsets. Blocks up to `timeout`. Raises what `commit` raises (``err.batch`` is None)."""
-        timeout = self._timeout if timeout is None else timeout
-        self._check_sole_committer(None, timeout)
-        self._commit_tracked(offsets, None, timeout)
+        the group's offsets. Blocks until `deadline` at most. Raises what `commit` raises (``err.batch`` is None)."""
+        self._check_sole_committer(None, deadline)
+        self._commit_tracked(offsets, None, deadline)
 
-    def _commit_tracked(self, offsets: Mapping[int, int], batch: Batch | None, timeout: float) -> None:
+    def _commit_tracked(self, offsets: Mapping[int, int], batch: Batch | None, deadline: Deadline) -> None:
         for p, o in offsets.items():
             self._tried.setdefault(p, set()).add(o)
-        self._commit_offsets(offsets, batch, timeout)
+        self._commit_offsets(offsets, batch, deadline)
         self._committed.update(offsets)
         self._tried.clear()
 
     def commit_retrying(self, batches: Sequence[Batch], *, replacement: ClientReplacement[Consumer]
                         ) -> tuple[dict[int, int], list[StepManifest]]:
-        """`commit` retried within the committer's timeout in all (each attempt gets a share of it); after
-        `FRESH_CLIENT_AFTER` failed attempts in a row, also across calls, `replacement` replaces the
-        client (`rollstream.infra.ClientReplacement`, see `RolloutConsumer.commit`). Raises what `commit`
-        raises once the time is up; `GroupConflictError` at once."""
-        return self.retrying(lambda t: self.commit(batches, timeout=t), replacement=replacement)
+        """`commit` retried within one deadline of the committer's timeout (each attempt gets at most a
+        `FRESH_CLIENT_AFTER` + 1-th of it, and never more than is left); after `FRESH_CLIENT_AFTER` failed
+        attempts in a row, also across calls, `replacement` replaces the client
+        (`rollstream.infra.ClientReplacement`, see `RolloutConsumer.commit`). Blocks at most the timeout plus
+        `rollstream.infra.deadline.GRACE_S`. Raises what `commit` raises once the time is up;
+        `GroupConflictError` at once."""
+        return self.retrying(lambda d: self.commit(batches, d), replacement=replacement)
 
-    def retrying(self, attempt: Callable[[float], _T], *, replacement: ClientReplacement[Consumer]) -> _T:
-        """`attempt(timeout)` (a `record`, `commit` or `rewind`) retried as `commit_retrying` describes."""
-        deadline = time.monotonic() + self._timeout
-        share = max(1.0, self._timeout / (FRESH_CLIENT_AFTER + 1))
+    def retrying(self, attempt: Callable[[Deadline], _T], *, replacement: ClientReplacement[Consumer]) -> _T:
+        """`attempt(deadline)` (a `record`, `commit` or `rewind`) retried as `commit_retrying` describes."""
+        deadline = Deadline.after(self._timeout)
+        share = self._timeout / (FRESH_CLIENT_AFTER + 1)  # time for a fresh client to try within the deadline
         while True:
             try:
-                result = attempt(max(0.5, min(share, deadline - time.monotonic())))
+                result = attempt(deadline.within(share))
             except GroupConflictError:
                 raise
             except CommitError as exc:
                 log.info("group %s: commit attempt failed (%d in a row): %s", self.group_id,
                          replacement.failures + 1, exc)
                 replacement.failed(exc)  # every FRESH_CLIENT_AFTER-th in a row: a fresh client
-                if not exc.retriable or time.monotonic() + _RETRY_PAUSE_S >= deadline:
+                if not exc.retriable or deadline.remaining() <= _RETRY_PAUSE_S:
                     raise
                 time.sleep(_RETRY_PAUSE_S)
                 continue
             replacement.succeeded()
             return result
 
-    def _started(self) -> tuple[KafkaConfig, Consumer]:
-        if self._config is None or self._consumer is None:
+    def _started(self) -> tuple[KafkaConfig, CommitClient]:
+        if self._config is None or self._client is None:
             raise LifecycleError(f"the committer of group {self.group_id} was not started: call start() first")
-        return self._config, self._consumer
+        return self._config, self._client
 
-    def _check_sole_committer(self, batch: Batch | None, timeout: float) -> None:
+    def _left(self, deadline: Deadline, batch: Batch | None, what: str) -> float:
+        """The seconds left of `deadline` for `what`; CommitError (retriable) naming it when none are."""
+        left = deadline.remaining()
+        if left <= 0:
+            step = "the rewound position" if batch is None else f"step {batch.step}"
+            raise CommitError(batch, f"out of time before {what} for {step} of group {self.group_id} (the consumer's "
+                                     f"timeout is {self._timeout:g} s): the broker answered too slowly or not at "
+                                     "all; nothing more was written")
+        return left
+
+    def _check_sole_committer(self, batch: Batch | None, deadline: Deadline) -> None:
         """Raise GroupConflictError when the group's committed offsets moved under this consumer."""
         topic = self.names.rollouts
+        left = self._left(deadline, batch, "checking the group's committed offsets")
         try:
-            found = committed_offsets(self._started()[1], topic, sorted(self._committed), timeout=timeout,
-                                      caller=self._calls)
+            found = committed_offsets(self._started()[1].consumer, topic, sorted(self._committed), timeout=left)
         except KafkaIOError as exc:
             raise CommitError(batch, f"cannot read the committed offsets of group {self.group_id}: {exc}") from exc
         moved = {p: (self._committed.get(p), o) for p, o in found.items()
@@ -250,27 +273,29 @@ class StepCommitter:
                  ", ".join(f"{r.group_id} as attempt {r.attempt}" for r in requeues[:5])
                  + (" ..." if len(requeues) > 5 else ""))
 
-    def _publish_requeues(self, batches: Sequence[Batch], timeout: float) -> None:
-        """`publish_requeues` of each of `batches` not published yet. Raises CommitError (retriable)
-        naming the step whose requeues were not acknowledged."""
+    def _publish_requeues(self, batches: Sequence[Batch], deadline: Deadline) -> None:
+        """`publish_requeues` of each of `batches` not published yet, within `deadline`. Raises CommitError
+        (retriable) naming the step whose requeues were not acknowledged."""
         for b in batches:
             if not b.requeues or id(b) in self._requeued:
                 continue
+            left = self._left(deadline, b, f"publishing the {len(b.requeues)} prompts it requeues")
             try:
-                self.publish_requeues(b.requeues, timeout=timeout)
+                self.publish_requeues(b.requeues, timeout=left)
             except KafkaIOError as exc:
                 raise CommitError(b, f"the {len(b.requeues)} prompts step {b.step} requeues were not written to "
                                      f"{self.names.prompts}: {exc}") from exc
             self._requeued.add(id(b))
 
-    def _publish(self, manifests: list[StepManifest], batch: Batch, timeout: float) -> None:
+    def _publish(self, manifests: list[StepManifest], batch: Batch, deadline: Deadline) -> None:
+        what = f"writing {len(manifests)} manifest(s) to {self.names.steps}"
         if self._producer is None:
-            self._producer = self._manifest_producer(self._started()[0])
+            self._producer = self._manifest_producer(self._started()[0], self._left(deadline, batch, what))
         key = self.group_id.encode()
         written: list[tuple[int, int]] = []
         try:
             produce_and_wait(self._producer, self.names.steps, [(key, encode(m)) for m in manifests],
-                             timeout=timeout, on_acked=lambda p, o: written.append((p, o)))
+                             timeout=self._left(deadline, batch, what), on_acked=lambda p, o: written.append((p, o)))
         except KafkaIOError as exc:
             self._index_sure = False  # some may have landed where no delivery report says: keep the index as is
             raise CommitError(batch, f"the manifest of step {batch.step} was not written to {self.names.steps}: "
@@ -279,10 +304,10 @@ class StepCommitter:
             for p, o in written:
                 self._index = self._index.added(p, o)
 
-    def _manifest_producer(self, config: KafkaConfig) -> Producer:
+    def _manifest_producer(self, config: KafkaConfig, timeout: float) -> Producer:
         producer = open_producer(config.manifest_producer())
         try:
-            producer.list_topics(self.names.steps, timeout=self._timeout)
+            producer.list_topics(self.names.steps, timeout=timeout)
         except KafkaException as exc:
             raise kafka_error(f"cannot read metadata of {self.names.steps}", exc, topic=self.names.steps) from exc
         return producer
@@ -293,14 +318,14 @@ class StepCommitter:
             return None
         return self._index.to_metadata()
 
-    def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch | None, timeout: float) -> None:
+    def _commit_offsets(self, offsets: Mapping[int, int], batch: Batch | None, deadline: Deadline) -> None:
         what = "the rewound position" if batch is None else f"step {batch.step}"
+        left = self._left(deadline, batch, f"committing offsets {dict(offsets)}")
         if self.run is not None:
-            self._commit_in_run(self.run, offsets, batch, what, timeout)
+            self._commit_in_run(self.run, offsets, batch, what, left)
             return
         try:
-            commit_offsets(self._started()[1], self.names.rollouts, offsets, timeout=timeout, caller=self._calls,
-                           metadata=self._metadata())
+            self._started()[1].commit(self.names.rollouts, offsets, deadline=deadline, metadata=self._metadata())
         except CommitFailed as exc:
             raise CommitError(batch, f"cannot commit offsets {dict(offsets)} of {what} for group "
                                      f"{self.group_id}: {exc}") from exc
@@ -313,7 +338,7 @@ class StepCommitter:
         tps = [TopicPartition(self.names.rollouts, p, o) if metadata is None
                else TopicPartition(self.names.rollouts, p, o, metadata) for p, o in sorted(offsets.items())]
         try:
-            run.commit_offsets(self._started()[1], tps, what=f"committing {what} of group {self.group_id}",
+            run.commit_offsets(self._started()[1].consumer, tps, what=f"committing {what} of group {self.group_id}",
                                timeout=timeout)
         except KafkaIOError as exc:
             error = CommitError(batch, f"cannot commit offsets {dict(offsets)} of {what} for group "

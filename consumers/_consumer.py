@@ -57,10 +57,12 @@ from rollstream.infra import (
     require_topics,
     sized_to_topic,
 )
+from rollstream.infra.deadline import Deadline
 from rollstream.schemas import ConfigError, LifecycleError
 
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = DEFAULT_TRAINER_GROUP  # the public name of the trainer side (`rollstream.consumers.DEFAULT_GROUP`)
+CLOSE_S = 11.0  # the most `RolloutConsumer.close` takes (plus GRACE_S): client 5 s, manifests 5 s, positions 1 s
 
 
 class RolloutConsumer:
@@ -142,16 +144,20 @@ class RolloutConsumer:
 
     def close(self) -> None:
         """Close the Kafka clients. Idempotent. Uncommitted batches are not committed: their groups
-        come back to the next consumer of this group. Blocks at most about 11 s, whatever the broker does
-        (the trainer's client 5 s, the manifest producer 5 s, the position publisher 1 s): a client that
-        does not close in time is left to the process."""
+        come back to the next consumer of this group. Blocks at most `CLOSE_S` (11 s) plus
+        `rollstream.infra.deadline.GRACE_S`, whatever the broker does: one deadline, of which each client gets at
+        most what is left, capped (the fetching client 5 s, the commit client 5 s, the manifest producer 5 s,
+        the position publisher 1 s). No call on a client is running when it is closed (none outlives its
+        caller); a client whose close does not finish in time (librdkafka waits for a commit still unanswered)
+        is left to the process."""
         if self._closed:
             return
         self._closed = True
+        deadline = Deadline.after(CLOSE_S)
         self._progress.warn_uncommitted(self.group_id)
-        self._client.close()
-        self._committer.close()
-        self._positions.close()
+        self._client.close(deadline.seconds(CLOSE_TIMEOUT_S))
+        self._committer.close(deadline)
+        self._positions.close(deadline.remaining())
         self._timeouts.close()
 
     def _start(self) -> None:
@@ -171,7 +177,7 @@ class RolloutConsumer:
         except BaseException:
             close_quietly(consumer.close, f"trainer-{self.group_id}", wait_s=CLOSE_TIMEOUT_S)  # bounded (Ctrl-C)
             raise
-        self._committer.start(self.config, consumer, committed, standing.index)
+        self._committer.start(self.config, committed, standing.index)
         self._positions.start(self.config, timeout=min(self._timeout, REACH_TIMEOUT_S))
         log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
                  self._progress.position, self._progress.next_step)
@@ -275,7 +281,7 @@ class RolloutConsumer:
         if commit:
             self.commit(batch)
         elif self.manifests:
-            self._committer.retrying(lambda t: self._committer.record(batch, timeout=t), replacement=self._replacement)
+            self._committer.retrying(lambda d: self._committer.record(batch, d), replacement=self._replacement)
             self._progress.requeued(batch)
         return batch
 
@@ -327,16 +333,21 @@ class RolloutConsumer:
         For each such batch in order, its StepManifest is written to NS.steps (acknowledged by the
         broker), then the offsets are committed under the group id: per partition, the offset of the
         next record to read after `batch`. Blocks until both are acknowledged, at most the consumer's
-        timeout in all: a failed attempt is retried within it, and after `FRESH_CLIENT_AFTER` failed
+        timeout in all plus `rollstream.infra.deadline.GRACE_S` (one deadline: the offsets check, the
+        requeues, the manifests and the commit each spend what is left of it; the commit is librdkafka's
+        asynchronous one, so no call is left running inside the client when this returns or raises): a failed
+        attempt is retried within it, and after `FRESH_CLIENT_AFTER` failed
         attempts in a row (also across calls) the Kafka client is replaced by a fresh one at the
         position this consumer holds (records fetched and not looked at are fetched again, in order),
         because a client can lose its group coordinator for good (confluentinc/librdkafka#5511).
         Committing a batch already committed does nothing. Not thread-safe.
 
         Raises:
-            CommitError (retriable): the manifest or the commit still failed at the timeout; the batch
-                stays uncommitted and can be committed again (a manifest written twice is harmless:
-                the later one for the same step supersedes the earlier).
+            CommitError (retriable): the manifest or the commit still failed at the timeout, or the timeout
+                passed first (the message says what was not done); the batch stays uncommitted and can be
+                committed again (a manifest written twice is harmless: the later one for the same step
+                supersedes the earlier). A commit that got no answer in time may still land: then the next
+                start begins after this step, else it takes the same batch again; never half of it.
             GroupConflictError (a CommitError, not retriable): another client committed offsets for
                 this group since this consumer last did (two trainers on one group id); nothing was written.
             RunSupersededError: a newer trainer run began (with ``announcer``); the offsets were not committed.
@@ -430,7 +441,7 @@ class RolloutConsumer:
         self._start()
         standing = self._restart.after_step(self.config, step, self._progress.position, self._committer.index)
         self._committer.use_index(standing.index)
-        self._committer.retrying(lambda t: self._committer.rewind(standing.position, timeout=t),
+        self._committer.retrying(lambda d: self._committer.rewind(standing.position, d),
                                  replacement=self._replacement)
         self._forget_uncommitted()
         self._progress.drop_uncommitted()

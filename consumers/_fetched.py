@@ -16,8 +16,8 @@ Contract (pinned by tests/integration/test_consumer_take.py and test_poll_batch.
   buffer: those records are fetched again from the new position, none skipped, none twice.
 - A client that lost its group coordinator for good (confluentinc/librdkafka#5511) is replaced after
   `FRESH_CLIENT_AFTER` failed commit attempts in a row (`replacement`, the one policy of
-  `rollstream.infra.ClientReplacement`): the fresh client goes on at the consumer's position for the fetches
-  and the commits alike (`swap`).
+  `rollstream.infra.ClientReplacement`): the fresh client goes on at the consumer's position for the fetches,
+  and the commits go through a fresh commit client too (`swap`).
 """
 
 from __future__ import annotations
@@ -65,11 +65,11 @@ class Fetched:
         self._client.use(self._client.current(), position)
 
     def swap(self, fresh: Consumer, position: Mapping[int, int]) -> Consumer | None:
-        """Install `fresh` at `position` for the fetches and the commits and return the client it replaces.
+        """Install `fresh` at `position` for the fetches (and a fresh commit client) and return the client it replaces.
         Records fetched and not looked at are dropped from the buffer and fetched again, in order: none
         skipped, none twice."""
         stale = self._client.swap(fresh, position)
-        self._committer.use(fresh)
+        self._committer.renew()
         self.clear()
         return stale
 

@@ -65,8 +65,8 @@ class PositionPublisher:
                                    observed_at_ms=now_ms())
         publish_position(self._producer, self.names.control, position)
 
-    def close(self) -> None:
-        """Deliver what is queued (at most a second). Idempotent."""
+    def close(self, timeout: float = _FLUSH_S) -> None:
+        """Deliver what is queued (at most a second, and at most `timeout`). Idempotent."""
         producer, self._producer = self._producer, None
         if producer is not None:
-            producer.flush(_FLUSH_S)
+            producer.flush(min(timeout, _FLUSH_S))

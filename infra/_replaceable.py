@@ -14,6 +14,9 @@ share this policy: the prompt intake (`rollstream.producers.intake`), the traine
 - How: the new client is opened and handed to the owner first (``swap`` installs it and gives the old one
   back), so the owner goes on at once; then the old one is closed in the background (`close_quietly`,
   waiting 0 s): a client without a coordinator can block its close for long, and nothing of it is needed.
+  The close is then the only call on the old client: every owner's call returns within its own deadline, kept
+  with librdkafka's timeouts and asynchronous APIs (`rollstream.infra.commits`), never by leaving a call running
+  in a thread, so no call of the owner is inside the client while it closes.
 - Count: `replacements`, and ``on_replace(cause)``, where the owner counts its metric on its own registry
   (no global one) and logs what the replacement means for it.
 

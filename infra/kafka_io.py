@@ -2,7 +2,8 @@
 librdkafka errors (`rollstream.infra.kafka_errors.kafka_error`): what failed, where, librdkafka's code, retriable.
 
 - Writes: `produce_and_wait` (produce, flush, raise unless every record was acknowledged);
-  `commit_offsets` (a synchronous commit that says which partitions failed: `CommitFailed`).
+  `commit_offsets` (a synchronous commit that says which partitions failed: `CommitFailed`; one kept within a
+  deadline is `rollstream.infra.commits.CommitAnswers.commit`).
 - Reads: `require_topics` (startup check: broker reachable, topics exist), `reader` (a consumer that
   never commits), `partitions_of`, `committed_offsets`, `watermarks`, `read_ranges`, and `is_record` /
   `position_of` for what ``consume`` returns.
@@ -19,10 +20,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from rollstream.infra._bounded import BoundedCaller, call_within
 from rollstream.infra._reach import REACH_TIMEOUT_S as REACH_TIMEOUT_S  # re-exported: the startup check
 from rollstream.infra._reach import require_topics as require_topics
 from rollstream.infra.clients import open_consumer
+from rollstream.infra.commits import raise_failures
 from rollstream.infra.config import KafkaConfig
 from rollstream.infra.deadline import Deadline
 from rollstream.infra.kafka_errors import (
@@ -115,46 +116,29 @@ def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes,
             producer.poll(deadline.seconds(0.1))  # the queue is full: serve delivery reports until there is room
 
 
-def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *,
-                   timeout: float | None = None, metadata: str | None = None,
-                   caller: BoundedCaller | None = None) -> None:
-    """Commit `offsets` (partition -> offset of the next record to read) for the consumer's group,
-    each with `metadata` (Kafka's per-offset metadata string; None: none) when given.
+def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *, metadata: str | None = None) -> None:
+    """Commit `offsets` (partition -> offset of the next record to read) for the consumer's group, each with
+    `metadata` (Kafka's per-offset metadata string; None: none) when given, synchronously.
 
-    Blocks until the group coordinator answered, or at most `timeout` s (None: librdkafka's own wait,
-    which has no deadline). When it returns, every partition in `offsets` is committed at exactly that offset.
-    A bounded commit runs in `caller`'s thread (None: a thread of its own).
+    Blocks until the group coordinator answered: librdkafka's synchronous commit has no deadline, so a client
+    that must keep one commits with `rollstream.infra.commits.CommitAnswers` instead. When it returns, every
+    partition in `offsets` is committed at exactly that offset.
 
     Raises:
         CommitFailed: some partitions (``failed``: partition -> error) or the whole call failed
-            (then ``failed`` holds every partition); ``fatal`` when librdkafka said fatal; code
-            ``_TIMED_OUT`` when `timeout` passed. A commit that failed on the client may still land.
+            (then ``failed`` holds every partition); ``fatal`` when librdkafka said fatal.
     """
     if not offsets:
         return
     tps = [TopicPartition(topic, p, o) if metadata is None else TopicPartition(topic, p, o, metadata)
            for p, o in sorted(offsets.items())]
-
-    def commit() -> list[TopicPartition] | None:
-        return consumer.commit(offsets=tps, asynchronous=False)
-
     try:
-        if timeout is None:
-            result = commit()
-        else:
-            finished, result = call_within(commit, timeout, "rollstream-commit", caller=caller)
-            if not finished:
-                raise CommitFailed(f"commit of offsets {dict(offsets)} on {topic} got no answer within {timeout:g} s; "
-                                   "retrying may help (it may still land)", {p: "timed out" for p in offsets},
-                                   topic=topic, code="_TIMED_OUT")
+        result = consumer.commit(offsets=tps, asynchronous=False)
     except KafkaException as exc:
         cause = kafka_error(f"cannot commit offsets {dict(offsets)} on {topic}", exc, topic=topic)
         raise CommitFailed(str(cause), {p: error_text(exc) for p in offsets}, topic=topic, code=cause.code,
                            fatal=cause.fatal, retriable=not cause.fatal) from exc
-    failed = {tp.partition: str(tp.error) for tp in result or [] if tp.error is not None}
-    if failed:
-        detail = ", ".join(f"partition {p}: {e}" for p, e in sorted(failed.items()))
-        raise CommitFailed(f"cannot commit offsets on {topic}: {detail}; retrying may help", failed, topic=topic)
+    raise_failures(topic, offsets, None, result or [])
 
 
 @contextmanager
@@ -192,32 +176,25 @@ def partitions_of(consumer: Consumer, topic: str, *, timeout: float) -> list[int
     return sorted(info.partitions)
 
 
-def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float,
-                      caller: BoundedCaller | None = None) -> dict[int, int | None]:
+def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float
+                      ) -> dict[int, int | None]:
     """The consumer group's committed offsets on `topic` (None where it committed nothing). Blocks up to
-    `timeout` s; the lookup runs in `caller`'s thread (None: a thread of its own).
+    `timeout` s (librdkafka's own timeout, which it keeps: no thread is left behind).
 
     Raises:
         KafkaIOError: the coordinator did not answer (retriable), or refused for a partition.
     """
-    found = committed_with_metadata(consumer, topic, partitions, timeout=timeout, caller=caller)
+    found = committed_with_metadata(consumer, topic, partitions, timeout=timeout)
     return {p: offset for p, (offset, _) in found.items()}
 
 
-def committed_with_metadata(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float,
-                            caller: BoundedCaller | None = None) -> dict[int, tuple[int | None, str | None]]:
+def committed_with_metadata(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float
+                            ) -> dict[int, tuple[int | None, str | None]]:
     """`committed_offsets`, each with the metadata string committed with it (None: none). Blocks and
     raises as `committed_offsets` does."""
-    def lookup() -> list[TopicPartition]:
-        return consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
-
     try:
-        # Bounded from outside too, as commits are: a client that lost its coordinator may not keep its timeout.
-        finished, answer = call_within(lookup, timeout + 1.0, "rollstream-committed", caller=caller)
-        if not finished or answer is None:
-            raise KafkaIOError(f"cannot read committed offsets on {topic}: no answer within {timeout:g} s; retrying "
-                               "may help", topic=topic, code="_TIMED_OUT", retriable=True)
-        tps = answer
+        # rd_kafka_committed waits at most its timeout (also for a client without a coordinator): no thread needed.
+        tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=max(0.0, timeout))
     except KafkaException as exc:
         raise kafka_error(f"cannot read committed offsets on {topic}", exc, topic=topic) from exc
     for tp in tps:

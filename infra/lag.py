@@ -8,8 +8,7 @@ watermarks from the partition leaders), never through the admin API: librdkafka 
 was seen to leave a ListConsumerGroupOffsets unsent for good after a broker restart, and to abort the
 process (``rd_kafka_enq_once_del_source_return`` assertion) when a cluster node died under it. It never
 subscribes, so it never joins the group, triggers no rebalance and commits nothing. The committed-offset
-lookup (bounded from outside, as commits are) runs in one kept `BoundedCaller` thread per reader, not a
-thread started and joined per read.
+lookup keeps librdkafka's own timeout (no thread).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import time
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException
-from rollstream.infra._bounded import BoundedCaller
 from rollstream.infra.clients import open_consumer
 from rollstream.infra.config import KafkaConfig
 from rollstream.infra.kafka_errors import KafkaIOError
@@ -60,13 +58,12 @@ class LagReader:
     """Reads a consumer group's lag on a topic. Blocking: call it off any event loop.
 
     Not thread-safe per instance (one consumer per group asked about); cheap to create one per thread.
-    Close it, or use it as a context manager (its lookup thread, started on the first read, then ends).
+    Close it, or use it as a context manager.
     """
 
     def __init__(self, config: KafkaConfig) -> None:
         self._config = config
         self._consumers: dict[str, Consumer] = {}
-        self._calls = BoundedCaller("rollstream-lag-read")
 
     def __enter__(self) -> LagReader:
         return self
@@ -75,9 +72,7 @@ class LagReader:
         self.close()
 
     def close(self) -> None:
-        """Close the consumers (they hold no membership: nothing to leave) and let the lookup thread end.
-        Idempotent."""
-        self._calls.close()
+        """Close the consumers (they hold no membership: nothing to leave). Idempotent."""
         consumers, self._consumers = list(self._consumers.values()), {}
         for consumer in consumers:
             try:
@@ -128,8 +123,7 @@ class LagReader:
         deadline = time.monotonic() + timeout
         parts = self._partitions(consumer, topic, timeout)
         try:
-            committed = committed_offsets(consumer, topic, parts, timeout=max(0.1, deadline - time.monotonic()),
-                                          caller=self._calls)
+            committed = committed_offsets(consumer, topic, parts, timeout=max(0.1, deadline - time.monotonic()))
             bounds = {p: watermarks(consumer, topic, p, timeout=max(0.1, deadline - time.monotonic()))
                       for p in parts}
         except KafkaIOError as exc:

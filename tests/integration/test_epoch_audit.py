@@ -35,8 +35,7 @@ def commit_producers(config: KafkaConfig, names: TopicNames, offsets: dict[int, 
     """Commit the producers' group on NS.prompts (default: everything there, as if all was generated)."""
     consumer = Consumer(config.consumer(names.producer_group))
     try:
-        commit_offsets(consumer, names.prompts, end_offsets(config, names.prompts) if offsets is None else offsets,
-                       timeout=10)
+        commit_offsets(consumer, names.prompts, end_offsets(config, names.prompts) if offsets is None else offsets)
     finally:
         consumer.close()
 

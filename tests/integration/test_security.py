@@ -134,7 +134,7 @@ def _producer_is_denied(bootstrap: str, files: dict[str, Path], ns: str, group: 
     consumer: Consumer = open_consumer(config.consumer(group))
     try:
         with pytest.raises(KafkaIOError, match="GROUP_AUTHORIZATION_FAILED|not authorized"):
-            commit_offsets(consumer, names.rollouts, {0: 1}, timeout=10)
+            commit_offsets(consumer, names.rollouts, {0: 1})
     finally:
         consumer.close()
     # A producer cannot take the producers over: trainer runs are the trainer's transactional id.

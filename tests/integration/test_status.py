@@ -85,7 +85,7 @@ def _stand_in_producer(kafka_config: KafkaConfig, names: TopicNames, producer_id
 def _commit_state(consumer: Consumer, names: TopicNames, offsets: dict[int, int], producer_id: str,
                   paused: bool) -> ProducerState:
     state = ProducerState(producer_id, paused=paused, since_ms=now_ms() - 5000, max_lag=8, updated_at_ms=now_ms())
-    commit_offsets(consumer, names.prompts, offsets, timeout=10, metadata=state.to_metadata())
+    commit_offsets(consumer, names.prompts, offsets, metadata=state.to_metadata())
     return state
 
 
