@@ -1,7 +1,6 @@
 """Kafka-facing plumbing: client configuration, the topic plan, the Kafka I/O both sides share (one error
 mapping), consumer-group lag, policy versions on NS.control, the local broker."""
 
-from rollstream.infra._bounded import BoundedCaller, call_within
 from rollstream.infra._replaceable import ClientReplacement, close_quietly
 from rollstream.infra.acls import AclRule, apply_acls, plan_acls
 from rollstream.infra.clients import open_admin, open_consumer, open_producer
@@ -40,7 +39,7 @@ from rollstream.infra.kafka_io import (
 from rollstream.infra.lag import GroupLag, LagReader, PartitionLag
 from rollstream.infra.producer_state import ProducerState
 from rollstream.infra.runs import PolicyAnnouncer, RunSupersededError, announce_policy_version
-from rollstream.infra.threads import WorkerThread
+from rollstream.infra.threads import BoundedCaller, WorkerThread, call_within
 from rollstream.infra.topics import (
     TopicNames,
     TopicPlan,

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from confluent_kafka import KafkaException
-from rollstream.infra._bounded import call_within
+from rollstream.infra.threads import call_within
 from rollstream.schemas import ConfigError
 
 log = logging.getLogger(__name__)

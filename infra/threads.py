@@ -7,7 +7,9 @@ threads at exit. So each kind of blocking work gets a `ThreadPool` of its own (a
 ``rollstream-user`` for sync user code and ``rollstream-infra`` for its own work, an HTTP engine's
 ``rollstream-tokenize``, a trainer adapter's one thread for its consumer); one-off calls at start and
 close get a thread each (`in_thread`); a background loop that runs until asked to stop (a reader, a
-poller) is a `WorkerThread`, itself a pool of one. A hung call holds its own slot only: its awaiting
+poller) is a `WorkerThread`, itself a pool of one; a blocking call that has no timeout of its own (closing a
+librdkafka client) is waited for at most a timeout with `call_within` / a `BoundedCaller`, a pool of one
+that is given up on, never interrupted, when the call overruns. A hung call holds its own slot only: its awaiting
 coroutine is released by its deadline, and the thread is a daemon, so it never holds up a close or the
 process's exit.
 
@@ -166,3 +168,49 @@ class WorkerThread:
             return True
         done, _ = concurrent.futures.wait([self._work], timeout)
         return bool(done)
+
+
+def call_within(fn: Callable[[], _T], timeout: float, name: str, *,
+                caller: BoundedCaller | None = None) -> tuple[bool, _T | None]:
+    """Run `fn` in `caller`'s kept thread, or in a daemon thread `name` of its own; wait up to `timeout` s.
+    Returns (finished, result); re-raises what `fn` raised when it finished by raising. Not finished: `fn`
+    goes on in its thread, which ends when `fn` returns; callers must allow for its effect landing later."""
+    if caller is not None:
+        return caller.call(fn, timeout)
+    once = BoundedCaller(name)
+    try:
+        return once.call(fn, timeout)
+    finally:
+        once.close()
+
+
+class BoundedCaller:
+    """Runs blocking calls, one at a time, in a pool of one kept between calls, waiting at most a timeout for
+    each. Thread-safe (calls are serialized). A call that overruns keeps that thread (which ends when the
+    call returns) and the next call gets a fresh pool. `close` lets the thread end."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._lock = threading.Lock()
+        self._pool: ThreadPool | None = None
+
+    def call(self, fn: Callable[[], _T], timeout: float) -> tuple[bool, _T | None]:
+        """Run `fn` in the kept thread; wait up to `timeout` s. Returns (finished, result); re-raises what `fn`
+        raised when it finished by raising."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPool(self._name, 1)
+            future = self._pool.submit(fn)
+            done, _ = concurrent.futures.wait([future], max(0.0, timeout))
+            if not done:
+                self._pool.retire()  # its thread ends once `fn` returns, if it ever does
+                self._pool = None
+                return False, None
+        return True, future.result()
+
+    def close(self) -> None:
+        """Let the kept thread end. Idempotent; a later call starts a new one."""
+        with self._lock:
+            if self._pool is not None:
+                self._pool.retire()
+                self._pool = None

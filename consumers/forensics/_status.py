@@ -1,6 +1,6 @@
 """Why a trainer waits: a read-only report of a namespace (`status`).
 
-`status` reads three parts one after another, each in one kept thread (`rollstream.infra.BoundedCaller`), all
+`status` reads three parts one after another, each in one kept thread (`rollstream.infra.threads.BoundedCaller`), all
 within one deadline (the reads are in `rollstream.consumers.forensics._status_read`):
 
 - producers: the members of the producers' consumer group on NS.prompts (DescribeConsumerGroups: member,

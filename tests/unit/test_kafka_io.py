@@ -9,6 +9,7 @@ of them when the call did.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
