@@ -1,20 +1,26 @@
-"""``python -m tests.chaos.abandon``: commits cut off by a frozen broker, then their client replaced (issue 36).
+"""``python -m tests.chaos.abandon``: calls cut off by a frozen broker, in a loop, to find what aborts a trainer.
 
-The sequence that is suspected of aborting a trainer inside librdkafka (``rd_kafka_enq_once_del_source_return:
-Assertion 'eonce->refcnt > 0' failed``), driven on purpose, round after round, against a private broker:
+Issue 36: trainers died of ``rdkafka_queue.h:1086: rd_kafka_enq_once_del_source_return: Assertion
+'eonce->refcnt > 0' failed`` (SIGABRT) under a broker nemesis. Each ``--level`` drives one suspect sequence
+on purpose, round after round, against a private broker frozen (SIGSTOP) for ``--pause`` s per round:
 
-1. with the broker up, take a step (``commit=False``) or, with ``--level raw``, open a plain client;
-2. SIGSTOP the broker, then commit with a deadline shorter than the freeze: each attempt runs out while
-   librdkafka still waits for the coordinator's answer; with ``--level consumer`` `RolloutConsumer.commit`
-   replaces its client after two failed attempts and closes the old one in the background, with ``--level raw``
-   the round does that itself (`commit_offsets` bounded, then `close_quietly` of the client, a fresh one opened);
-3. SIGCONT the broker after ``--pause`` s, so that the late answers arrive while the old client closes;
-4. commit the step (or a plain commit on the fresh client) with the broker up, and go on.
+- ``status`` (default; reproduces the abort in the first round): the cluster read a timed-out take makes in the
+  background (`rollstream.consumers.forensics.status` of producers and prompts, bounded by ``--timeout`` in one
+  kept thread, as `TimeoutDiagnoser` reads it). Its producers part is an admin ``describe_consumer_groups``,
+  a request routed to the group coordinator; its ``request_timeout`` passes while the broker is frozen, and
+  when the broker answers late librdkafka 2.16 asserts (librdkafka#4605, #3663).
+- ``admin``: only that: an `AdminClient`'s ``describe_consumer_groups`` timed out by a freeze, the client kept
+  until the broker is continued. The minimal reproduction, without rollstream.
+- ``consumer``: `RolloutConsumer` take (``commit=False``), then a commit cut off by the freeze: attempts run out,
+  the client is replaced after two and the old one closed in the background while its call may still be
+  inside librdkafka (the first suspect: `infra/_bounded.py` abandons a synchronous call).
+- ``raw``: the same on a plain client: `commit_offsets` cut off, `close_quietly` of the client, a fresh one.
 
 Each worker is a process of its own (``--worker``, started by the supervisor): a worker that dies of a signal
-(SIGABRT, SIGSEGV) is counted with its stderr tail, the broker is continued, and a new worker goes on until
-``--rounds`` rounds or ``--seconds`` have passed. Exit status 1 if any worker died of a signal or failed
-with a traceback. A regression check kept out of ``make test`` (it freezes a broker for seconds per round).
+(SIGABRT, SIGSEGV) or with a traceback is counted with its output's tail, the broker is continued, and a new
+worker goes on until ``--rounds`` rounds or ``--seconds`` have passed. Exit status 1 if any worker died. A
+regression check kept out of ``make test`` (a broker start and seconds of freeze per round):
+``python -m tests.chaos.abandon --level status --rounds 10 --seconds 120``.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 from rollstream.consumers import CommitError, RolloutConsumer
 from rollstream.consumers.forensics import status
 from rollstream.infra import (
@@ -44,7 +50,7 @@ from rollstream.infra import (
     create_topics,
 )
 from rollstream.infra.broker import BrokerSpec, free_port
-from rollstream.infra.clients import open_consumer
+from rollstream.infra.clients import open_admin, open_consumer
 from rollstream.infra.kafka_io import commit_offsets
 
 from tests.chaos._cluster import Cluster
@@ -61,11 +67,10 @@ ROUND_DONE = "round done"  # a worker's progress line, counted by the supervisor
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.abandon", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--level", choices=("consumer", "raw", "status"), default="consumer",
-                        help="consumer: RolloutConsumer take/commit (the trainer's path); raw: commit_offsets "
-                             "and close_quietly on a plain client; status: the cluster read a waiting or timed-out "
-                             "take makes (`status` of producers and prompts: describe_consumer_groups) (default "
-                             "consumer)")
+    parser.add_argument("--level", choices=("status", "admin", "consumer", "raw"), default="status",
+                        help="status: the cluster read of a waiting or timed-out take (describe_consumer_groups); "
+                             "admin: that admin request alone; consumer: RolloutConsumer take/commit and client "
+                             "replacement; raw: commit_offsets and close_quietly on a plain client (default status)")
     parser.add_argument("--rounds", type=int, default=40, help="rounds in all, over every worker (default 40)")
     parser.add_argument("--seconds", type=float, default=300.0, help="stop after this long (default 300)")
     parser.add_argument("--timeout", type=float, default=2.0,
@@ -149,6 +154,23 @@ def status_rounds(config: KafkaConfig, namespace: str, broker_pid: int, args: ar
               f"{sorted(up.unavailable)}", flush=True)
 
 
+def admin_rounds(config: KafkaConfig, namespace: str, broker_pid: int, args: argparse.Namespace,
+                 rng: random.Random) -> None:
+    """Rounds of freeze, ``describe_consumer_groups`` timed out (the client kept), thaw, the same with the broker up."""
+    admin = open_admin(config.admin())
+    group = TopicNames(namespace).producer_group
+    for i in range(1, 10**9):
+        until = _freeze(broker_pid, args, rng)
+        try:
+            admin.describe_consumer_groups([group], request_timeout=args.timeout)[group].result(args.timeout + 1.0)
+            outcome = "answered during the freeze"
+        except KafkaException as exc:
+            outcome = f"timed out ({exc.args[0].name()})"
+        _thaw(broker_pid, until)
+        admin.describe_consumer_groups([group], request_timeout=10.0)[group].result(11.0)
+        print(f"{ROUND_DONE} {i}: {outcome}", flush=True)
+
+
 def _raw_client(config: KafkaConfig, topic: str) -> Consumer:
     from confluent_kafka import TopicPartition
 
@@ -172,8 +194,8 @@ def _commit_when_up(commit: object, tries: int = 20) -> None:
 def worker(args: argparse.Namespace) -> None:
     bootstrap, pid = args.worker[0], int(args.worker[1])
     config = KafkaConfig.load(bootstrap, client_id="abandon-worker")
-    rounds = {"consumer": consumer_rounds, "raw": raw_rounds, "status": status_rounds}[args.level]
-    rounds(config, args.namespace, pid, args, random.Random(args.seed * 1000 + args.worker_index))
+    levels = {"status": status_rounds, "admin": admin_rounds, "consumer": consumer_rounds, "raw": raw_rounds}
+    levels[args.level](config, args.namespace, pid, args, random.Random(args.seed * 1000 + args.worker_index))
 
 
 # -- the supervisor -----------------------------------------------------------------------------------------------
