@@ -148,10 +148,12 @@ def status_rounds(config: KafkaConfig, namespace: str, broker_pid: int, args: ar
     for i in range(1, 10**9):
         until = _freeze(broker_pid, args, rng)
         frozen = status(config, namespace, parts=("producers", "prompts"), timeout=args.timeout, caller=caller)
+        print(f"round {i}: the read during the freeze returned (unavailable {sorted(frozen.unavailable)}); "
+              f"continuing the broker in {max(0.0, until - time.monotonic()):.1f} s", flush=True)
         _thaw(broker_pid, until)
+        print(f"round {i}: broker continued", flush=True)
         up = status(config, namespace, parts=("producers", "prompts"), timeout=10.0, caller=caller)
-        print(f"{ROUND_DONE} {i}: frozen: unavailable {sorted(frozen.unavailable)}; up: unavailable "
-              f"{sorted(up.unavailable)}", flush=True)
+        print(f"{ROUND_DONE} {i}: with the broker up, unavailable {sorted(up.unavailable)}", flush=True)
 
 
 def admin_rounds(config: KafkaConfig, namespace: str, broker_pid: int, args: argparse.Namespace,
@@ -166,7 +168,9 @@ def admin_rounds(config: KafkaConfig, namespace: str, broker_pid: int, args: arg
             outcome = "answered during the freeze"
         except KafkaException as exc:
             outcome = f"timed out ({exc.args[0].name()})"
+        print(f"round {i}: describe_consumer_groups during the freeze: {outcome}", flush=True)
         _thaw(broker_pid, until)
+        print(f"round {i}: broker continued", flush=True)
         admin.describe_consumer_groups([group], request_timeout=10.0)[group].result(11.0)
         print(f"{ROUND_DONE} {i}: {outcome}", flush=True)
 
