@@ -7,10 +7,12 @@ another, ``--seconds`` (default 120) of nemesis each: about 4 minutes per seed o
    ``/tmp/chaos-*``, creates a namespace, and runs two ``rollstream produce --generate tests.plugins:slow``
    processes (stable ``--producer-id``) and a trainer, while a thread loads a wave of fresh prompts every
    few seconds (`rollstream.producers.prompts.load_prompts`). The trainer is one long-lived Python process
-   (`tests.chaos._trainer`) that takes N groups with ``commit=False`` and ``timeout=30``, appends them to
-   ``--out F`` and commits each step, retrying timeouts and failed commits as a training job would
-   (``--trainer cli``: ``rollstream take -n N --steps 0 --out F`` instead);
-2. for ``--seconds`` (default 180), a nemesis driven by ``random.Random(seed)`` injects a fault every
+   (`tests.chaos._trainer`) that takes N groups with ``commit=False`` and ``--trainer-timeout`` (default
+   10 s: a timed-out take reads the cluster to say why, and that read under a broker fault is what aborted
+   trainers in issue 36; 30, the issue's setting, hits it more rarely), appends them to ``--out F`` and
+   commits each step, retrying timeouts and failed commits as a training job would (``--trainer cli``:
+   ``rollstream take -n N --steps 0 --out F`` instead);
+2. for ``--seconds`` (default 120), a nemesis driven by ``random.Random(seed)`` injects a fault every
    2-8 s and undoes it a few seconds later (`tests.chaos._nemesis`): SIGKILL / SIGSTOP of producers and
    the trainer, broker pauses (SIGSTOP of a JVM, 3-25 s), and SIGKILL of a broker node (the broker, with
    one node; restarted 5-20 s later). Each fault is printed with the elapsed time as it happens;

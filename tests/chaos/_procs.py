@@ -151,7 +151,7 @@ def producer_role(name: str, bootstrap: str, namespace: str, group: str, log_dir
 
 
 def loop_trainer_role(bootstrap: str, namespace: str, group: str, out: Path, log_dir: Path, *, n: int,
-                      timeout_s: float = 30.0) -> Role:
+                      timeout_s: float) -> Role:
     """`tests.chaos._trainer`: one long-lived process taking N groups with ``commit=False`` (take timeout and
     consumer timeout `timeout_s`), appending to `out`, then committing each step; timeouts and failed commits
     are retried in the process, as a training job would."""
