@@ -1,4 +1,4 @@
-"""``make chaos``: ``python -m tests.chaos [--seed S] [--seconds N] [--nodes 1|3]`` (see `tests.chaos`)."""
+"""``make chaos``: ``python -m tests.chaos [--seed S ...] [--seconds N] [--nodes 1|3]`` (see `tests.chaos`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from rollstream.producers.prompts import load_prompts
 from tests.chaos._check import Verdict, check, loaded_group_ids, taken_in_out_file
 from tests.chaos._cluster import Cluster
 from tests.chaos._nemesis import Nemesis
-from tests.chaos._procs import GEN_DELAY_S, Role, producer_role, trainer_role
+from tests.chaos._procs import GEN_DELAY_S, Role, loop_trainer_role, producer_role, trainer_role
 from tests.chaos._report import RunFacts, render
 from tests.chaos._rss import RssSampler
 
@@ -32,6 +32,11 @@ PARTITIONS = 4
 FAULT_GAP_S = (2.0, 8.0)  # seconds between two faults, drawn uniformly
 WAVE_EVERY_S = 2.0  # a wave of --take-n prompts is loaded this often during the nemesis
 SETTLE_S = 10.0  # drain: the trainer counts as done once nothing moved for this long
+DEFAULT_SEEDS = (1, 2, 3)
+# A take that times out reads the cluster to say why (an admin request to the group coordinator): at 10 s that
+# read often overlaps a broker fault, which is what aborted trainers inside librdkafka (issue 36: 3 aborts in
+# one 130 s run of seed 2); at 30 s, none in 2 runs of 120 s.
+TRAINER_TIMEOUT_S = 10.0
 
 
 def _env_int(name: str, default: int | None) -> int | None:
@@ -39,12 +44,21 @@ def _env_int(name: str, default: int | None) -> int | None:
     return int(value) if value else default
 
 
+def _env_seeds() -> list[int] | None:
+    """CHAOS_SEEDS ("1,2,3") or CHAOS_SEED (one); None when neither is set."""
+    value = os.environ.get("CHAOS_SEEDS") or os.environ.get("CHAOS_SEED")
+    return [int(v) for v in value.replace(",", " ").split()] if value else None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__)
-    parser.add_argument("--seed", type=int, default=_env_int("CHAOS_SEED", None),
-                        help="seed of the nemesis (default: time-based, printed first; env CHAOS_SEED)")
-    parser.add_argument("--seconds", type=float, default=_env_int("CHAOS_SECONDS", 180),
-                        help="length of the nemesis phase (default 180; env CHAOS_SECONDS)")
+    parser.add_argument("--seed", dest="seeds", type=int, action="append", default=None,
+                        help="seed of a run's nemesis; repeat for several runs, one after another (default "
+                             f"{' '.join(map(str, DEFAULT_SEEDS))}; env CHAOS_SEEDS=1,2,3 or CHAOS_SEED; "
+                             "--random-seed: one time-based seed)")
+    parser.add_argument("--random-seed", action="store_true", help="one run with a time-based seed (printed first)")
+    parser.add_argument("--seconds", type=float, default=_env_int("CHAOS_SECONDS", 120),
+                        help="length of each run's nemesis phase (default 120; env CHAOS_SECONDS)")
     parser.add_argument("--nodes", type=int, choices=(1, 3), default=_env_int("NODES", 1),
                         help="broker nodes; 3 adds node kills (default 1; env NODES)")
     parser.add_argument("--port", type=int, default=0, help="first client port of the broker (default: free)")
@@ -55,8 +69,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a soak: no nemesis, only load (read the report's memory section)")
     parser.add_argument("--wave", type=int, default=None, help="prompts per wave (default --take-n)")
     parser.add_argument("--gen-delay", default=GEN_DELAY_S, help=f"seconds per group (default {GEN_DELAY_S})")
+    parser.add_argument("--trainer", choices=("loop", "cli"), default="loop",
+                        help="loop: one long-lived Python trainer (tests.chaos._trainer: take commit=False, "
+                             "commit, timeouts retried); cli: `rollstream take --steps 0` (default loop)")
+    parser.add_argument("--trainer-timeout", type=float, default=TRAINER_TIMEOUT_S,
+                        help="the loop trainer's take and consumer timeout in seconds (default "
+                             f"{TRAINER_TIMEOUT_S:g}; issue 36's trainers had 30)")
     parser.add_argument("--trainer-arg", action="append", default=[],
-                        help="one more argument for the trainer's `rollstream take` (repeat; e.g. "
+                        help="with --trainer cli, one more argument for its `rollstream take` (repeat; e.g. "
                              "--trainer-arg=--dedupe-window=none)")
     parser.add_argument("--rss-every", type=float, default=5.0, help="seconds between RSS samples (default 5)")
     parser.add_argument("--report", type=Path, default=Path("chaos-report.md"), help="report file")
@@ -145,6 +165,7 @@ class Run:
         self.config: KafkaConfig | None = None
         self.drain_s = 0.0
         self.drain_problem: str | None = None
+        self.bad_exits: list[str] = []  # process ends on our stop that were wrong (a foreign signal, a traceback)
 
     def execute(self) -> Verdict:
         bootstrap = self.cluster.start()
@@ -157,8 +178,7 @@ class Run:
                                         exit_when_idle_s=8.0, gen_delay_s=self.args.gen_delay,
                                         extra=self.client_args)
                           for i in range(1, PRODUCERS + 1)]
-        self.trainer = trainer_role(bootstrap, self.names.namespace, GROUP, self.out, logs, n=self.args.take_n,
-                                    extra=(*self.args.trainer_arg, *self.client_args))
+        self.trainer = self._trainer(bootstrap, logs)
         self.loader = Loader(config, self.names.namespace, self.args.wave or self.args.take_n,
                              self.run_dir / "prompts", self.say)
         self.loader.load_wave(0)
@@ -181,6 +201,25 @@ class Run:
         self.drain_s = time.monotonic() - started
         self.say("checking: audit, every committed step replayed, --out compared")
         return check(config, self.names, GROUP, self.out)
+
+    def _trainer(self, bootstrap: str, logs: Path) -> Role:
+        if self.args.trainer == "loop" and not self.client_file:
+            return loop_trainer_role(bootstrap, self.names.namespace, GROUP, self.out, logs, n=self.args.take_n,
+                                     timeout_s=self.args.trainer_timeout)
+        return trainer_role(bootstrap, self.names.namespace, GROUP, self.out, logs, n=self.args.take_n,
+                            extra=(*self.args.trainer_arg, *self.client_args))
+
+    def stop_role(self, role: Role, timeout_s: float = 30.0) -> None:
+        """Stop `role` (`Role.terminate`) and record a wrong end."""
+        failure = role.terminate(timeout_s)
+        if failure is not None:
+            self.bad_exits.append(failure)
+            self.say(f"FAILURE: {failure.splitlines()[0]}")
+
+    @property
+    def exit_failures(self) -> list[str]:
+        """Every wrong end of a trainer or producer process: during the nemesis and the drain, and at its stop."""
+        return [*(self.nemesis.failures if self.nemesis else []), *self.bad_exits]
 
     def _nemesis_phase(self, nemesis: Nemesis) -> None:
         end = time.monotonic() + self.args.seconds
@@ -232,7 +271,7 @@ class Run:
                 return
             time.sleep(1.0)
         if self.trainer is not None:
-            self.trainer.terminate()
+            self.stop_role(self.trainer)
         self._top_up(config, lag=seen[0])
 
     def _top_up(self, config: KafkaConfig, lag: int | None) -> None:
@@ -266,18 +305,19 @@ class Run:
             if self.rss is not None:
                 self.rss.stop()
             for role in [*self.producers, *(r for r in (self.trainer, self.topup) if r is not None)]:
-                role.terminate(timeout_s=20.0)
+                self.stop_role(role, timeout_s=20.0)
         finally:
             self.cluster.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    seed = args.seed if args.seed is not None else int(time.time() * 1000) % 1_000_000_007
+def run_seed(args: argparse.Namespace, seed: int) -> tuple[bool, str]:
+    """One chaos run with `seed`: (passed, its report)."""
     command = f"python -m tests.chaos --seed {seed} --seconds {args.seconds:g} --nodes {args.nodes}"
     command += "".join([" --no-faults"] * (not args.faults) + [f" --wave {args.wave}"] * bool(args.wave)
                        + [f" --take-n {args.take_n}"] * (args.take_n != 32)
                        + [f" --gen-delay {args.gen_delay}"] * (args.gen_delay != GEN_DELAY_S)
+                       + [f" --trainer {args.trainer}"] * (args.trainer != "loop")
+                       + [f" --trainer-timeout {args.trainer_timeout:g}"] * (args.trainer_timeout != TRAINER_TIMEOUT_S)
                        + [f" --trainer-arg={a}" for a in args.trainer_arg] + [" --tls"] * args.tls)
     print(f"chaos seed {seed}  (repeat: {command})", flush=True)
     say = Say()
@@ -302,17 +342,32 @@ def main(argv: list[str] | None = None) -> int:
                      events=say.events, loads=run.loader.loads if run.loader else 0,
                      load_failures=run.loader.failures if run.loader else [],
                      unexpected_exits=nemesis.unexpected_exits if nemesis else [], drain_s=run.drain_s,
-                     drain_problem=run.drain_problem, error=error, rss=run.rss.series if run.rss else [])
+                     drain_problem=run.drain_problem, error=error, rss=run.rss.series if run.rss else [],
+                     exit_failures=run.exit_failures)
     text = render(facts, verdict)
-    args.report.write_text(text)
     print("\n" + text, flush=True)
-    ok = verdict is not None and verdict.ok and run.drain_problem is None and error is None
+    ok = facts.passed(verdict)
     if ok and not args.keep:
         shutil.rmtree(run_dir, ignore_errors=True)
     else:
         print(f"data dir and logs kept in {run_dir}", flush=True)
-    print(f"chaos {'PASS' if ok else 'FAIL'} (seed {seed}); report in {args.report}", flush=True)
-    return 0 if ok else 1
+    print(f"chaos {'PASS' if ok else 'FAIL'} (seed {seed})", flush=True)
+    return ok, text
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.random_seed:
+        seeds = [int(time.time() * 1000) % 1_000_000_007]
+    else:
+        seeds = args.seeds or _env_seeds() or list(DEFAULT_SEEDS)
+    results = [(seed, *run_seed(args, seed)) for seed in seeds]
+    summary = ["# Chaos runs", "", *(f"- seed {seed}: {'PASS' if ok else '**FAIL**'}" for seed, ok, _ in results), ""]
+    args.report.write_text("\n".join(summary) + "\n" + "\n".join(text for _, _, text in results))
+    failed = [seed for seed, ok, _ in results if not ok]
+    print(f"chaos {'FAIL' if failed else 'PASS'}: {len(results)} run(s), seeds {seeds}"
+          + (f"; failed: {failed}" if failed else "") + f"; report in {args.report}", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

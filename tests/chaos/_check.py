@@ -69,7 +69,10 @@ def out_file_steps(path: Path) -> tuple[dict[int, list[str]], int, int]:
             torn += 1
             previous = None
             continue
-        if step != previous:  # one step's lines are written together; a new run restarts the copy
+        # One step's lines are written together; a new run restarts the copy. A run that re-takes the step the
+        # previous one wrote last (killed before its commit) writes the same step number again, right after it:
+        # a group id repeating within the copy (a step never holds one twice) starts the new copy.
+        if step != previous or group_id in copies[step][-1]:
             copies[step].append([])
         copies[step][-1].append(group_id)
         previous = step

@@ -2,8 +2,11 @@
 
 Faults (a kind is only drawn when it has a target): SIGKILL of a producer or the trainer (restarted
 later with the same arguments), SIGSTOP of a producer or the trainer (SIGCONT later), a broker pause
-(SIGSTOP of a node's JVM, 3-25 s) and, with 3 nodes, a SIGKILL of one node (restarted 5-20 s later).
-At most one broker fault is active at a time, so a 3-node cluster keeps its quorum and min.insync 2.
+(SIGSTOP of a node's JVM, 3-25 s) and a SIGKILL of one node (restarted 5-20 s later; with 1 node, the
+broker). At most one broker fault is active at a time, so a 3-node cluster keeps its quorum and min.insync 2.
+
+Every process end the nemesis did not cause is judged (`tests.chaos._procs.Role.bad_exit`): a death by a
+signal it did not send or a traceback is recorded in `failures`, which fails the run.
 
 The random draws depend only on the seed and the order of faults, not on timing, so a seed repeats the
 same sequence of fault kinds, targets and durations (what each one hits in the data flow still depends on timing).
@@ -48,6 +51,7 @@ class Nemesis:
         self.say = say
         self.counts: Counter[str] = Counter()
         self.unexpected_exits: list[str] = []
+        self.failures: list[str] = []  # process ends the nemesis did not cause: a foreign signal, a traceback
         self._recoveries: list[_Recovery] = []
         self._seq = itertools.count()
         self._awaiting: set[str] = set()  # roles killed by us, with a restart scheduled
@@ -69,8 +73,6 @@ class Nemesis:
             return bool(self._targets(self.producers))
         if kind.startswith("trainer"):
             return bool(self._targets([self.trainer]))
-        if kind == "node_kill" and self.cluster.spec.nodes == 1:
-            return False
         return not self._broker_fault
 
     @staticmethod
@@ -156,10 +158,18 @@ class Nemesis:
                 continue
             again = restart_exited or code != 0  # in the drain, rc 0 is a producer done (--exit-when-idle)
             self.say(f"{role.name} exited on its own with rc {code}" + ("; restarting" if again else ""))
-            if code != 0:
-                self.unexpected_exits.append(f"{role.name} rc {code}:\n{role.tail()}")
+            self.judge(role, code)
             if again:
                 role.start()
+
+    def judge(self, role: Role, code: int) -> None:
+        """Record a process life of `role` that ended with `code` without the nemesis killing it."""
+        if code != 0:
+            self.unexpected_exits.append(f"{role.name} rc {code}:\n{role.tail()}")
+        failure = role.bad_exit(code)
+        if failure is not None:
+            self.failures.append(failure)
+            self.say(f"FAILURE: {failure.splitlines()[0]}")
 
     def heal(self) -> None:
         """Undo every outstanding fault now (in due order): continue, restart, resume."""
@@ -170,5 +180,7 @@ class Nemesis:
             if role.stopped:
                 role.signal(signal.SIGCONT)
             if not role.alive:
-                role.reap()
+                code = role.reap()
+                if code is not None:
+                    self.judge(role, code)
                 role.start()

@@ -27,19 +27,28 @@ class RunFacts:
     drain_problem: str | None = None
     error: str | None = None
     rss: list[Series] = field(default_factory=list)
+    exit_failures: list[str] = field(default_factory=list)  # trainer/producer ends the nemesis did not cause
+
+    def passed(self, verdict: Verdict | None) -> bool:
+        """Nothing lost or duplicated, audit green, drained, no run error, and no process died wrongly."""
+        return (verdict is not None and verdict.ok and self.drain_problem is None and self.error is None
+                and not self.exit_failures)
 
 
 def render(facts: RunFacts, verdict: Verdict | None) -> str:
-    ok = verdict is not None and verdict.ok and facts.drain_problem is None and facts.error is None
+    ok = facts.passed(verdict)
     lines = [f"# Chaos report: {'PASS' if ok else 'FAIL'}", "",
              f"- seed **{facts.seed}**, {facts.nodes} broker node(s), nemesis {facts.seconds:.0f} s, "
              f"drain {facts.drain_s:.0f} s",
              f"- repeat with: `{facts.command}`", "", "## Faults injected", "",
              "| kind | count |", "|---|---:|"]
-    lines += [f"| {k} | {facts.faults.get(k, 0)} |" for k in KINDS if facts.nodes == 3 or k != "node_kill"]
+    lines += [f"| {k} | {facts.faults.get(k, 0)} |" for k in KINDS]
     lines += [f"| **total** | {sum(facts.faults.values())} |", ""]
     if facts.error:
         lines += ["## Run error", "", "```", facts.error, "```", ""]
+    if facts.exit_failures:
+        lines += ["## Processes that died of something the nemesis did not send (FAIL)", ""]
+        lines += [f"```\n{e}\n```" for e in facts.exit_failures] + [""]
     if facts.drain_problem:
         lines += ["## Drain", "", f"FAILED: {facts.drain_problem}", ""]
     if verdict is not None:
