@@ -82,16 +82,16 @@ class StepCommitter:
         self._index_sure = False
 
     def start(self, config: KafkaConfig, consumer: Consumer, committed: Mapping[int, int | None],
-              index: ManifestIndex | None = None) -> None:
+              index: ManifestIndex | None = None, *, timeout: float | None = None) -> None:
         """Remember the group's committed offsets as read at start and where its manifests are (`index`,
         complete up to the end of NS.steps as read at start; None: unknown), and open the manifest producer
         now (with NS.steps' metadata fetched, so that the first commit does not wait for it). Blocks up to
-        the timeout. Raises KafkaIOError when NS.steps' metadata cannot be read."""
+        `timeout` (None: the committer's). Raises KafkaIOError when NS.steps' metadata cannot be read."""
         self._config, self._consumer = config, consumer
         self._committed = dict(committed)
         self.use_index(index)
         if self.manifests and self._producer is None:
-            self._producer = self._manifest_producer(config)
+            self._producer = self._manifest_producer(config, timeout)
 
     def use_index(self, index: ManifestIndex | None) -> None:
         """Go on with `index`, read from NS.steps just now (complete up to its end): the commits carry it."""
@@ -230,8 +230,7 @@ class StepCommitter:
         """Raise GroupConflictError when the group's committed offsets moved under this consumer."""
         topic = self.names.rollouts
         try:
-            found = committed_offsets(self._started()[1], topic, sorted(self._committed), timeout=timeout,
-                                      caller=self._calls)
+            found = committed_offsets(self._started()[1], topic, sorted(self._committed), timeout=timeout)
         except KafkaIOError as exc:
             raise CommitError(batch, f"cannot read the committed offsets of group {self.group_id}: {exc}") from exc
         moved = {p: (self._committed.get(p), o) for p, o in found.items()
@@ -279,10 +278,10 @@ class StepCommitter:
             for p, o in written:
                 self._index = self._index.added(p, o)
 
-    def _manifest_producer(self, config: KafkaConfig) -> Producer:
+    def _manifest_producer(self, config: KafkaConfig, timeout: float | None = None) -> Producer:
         producer = open_producer(config.manifest_producer())
         try:
-            producer.list_topics(self.names.steps, timeout=self._timeout)
+            producer.list_topics(self.names.steps, timeout=self._timeout if timeout is None else timeout)
         except KafkaException as exc:
             raise kafka_error(f"cannot read metadata of {self.names.steps}", exc, topic=self.names.steps) from exc
         return producer
