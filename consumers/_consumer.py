@@ -225,7 +225,8 @@ class RolloutConsumer:
         Blocks until n groups are there, or up to `timeout` seconds (None: no limit; 0: only what is
         already fetched or arrives at once): returns or raises within `timeout` + `GRACE_S`, whatever the
         broker does. The first take connects within that one deadline too (at most the consumer's `timeout`,
-        also with ``timeout=None``; an unreachable cluster is reported within `REACH_TIMEOUT_S`). Once the n
+        also with ``timeout=None``; an unreachable cluster is reported within `REACH_TIMEOUT_S`; with 0, call
+        `connect` first). Once the n
         groups are there, the manifest write and the commit are `commit`'s, bounded by the consumer's
         `timeout` (a step in hand is not thrown away for want of time). The step's manifest is written to
         NS.steps before returning. With ``commit=True`` its offsets are then committed too: per partition the offset
