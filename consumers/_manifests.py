@@ -152,10 +152,10 @@ def read_group_manifests(config: KafkaConfig, steps_topic: str, consumer_group: 
     # The trainer's own group: a principal granted it needs no other group ACL. Safe next to a live trainer:
     # this reader assigns (never joins) and never commits, so the group never sees it.
     group_id = consumer_group
-    whole = Deadline.after(None) if deadline is None else deadline
+    budget = Deadline.after(None) if deadline is None else deadline
     with reader(config, group_id) as consumer:
-        partitions = partitions_of(consumer, steps_topic, timeout=whole.within(timeout))
-        bounds = {p: watermarks(consumer, steps_topic, p, timeout=whole.within(timeout)) for p in partitions}
+        partitions = partitions_of(consumer, steps_topic, timeout=budget.within(timeout))
+        bounds = {p: watermarks(consumer, steps_topic, p, timeout=budget.within(timeout)) for p in partitions}
     starts = dict(bounds)
     if newest is not None:
         bounds = {p: (max(low, high - newest), high) for p, (low, high) in bounds.items()}
