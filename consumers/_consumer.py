@@ -252,8 +252,9 @@ class RolloutConsumer:
             RunSupersededError: a newer trainer run began (with ``announcer``); nothing was committed.
             FilterError: a filter raised; nothing was taken.
             ConfigError: `n` < 1 or a negative `timeout`.
-            KafkaIOError (retriable): connecting failed: the broker did not answer in time (a stopped or
-                unreachable broker; the message says what to check), or the topic does not exist.
+            KafkaIOError (retriable): the broker did not answer in time while connecting or reading a recorded
+                step again (a stopped or unreachable broker; the message says what to check; the next take
+                retries, nothing is lost), or the topic does not exist.
         """
         batch = self._take(n, timeout, commit, policy_version, raising=True)
         if batch is None:  # never: a take that runs out raises
@@ -265,17 +266,16 @@ class RolloutConsumer:
         """`take` for a caller that waits in slices (an adapter serving its trainer in between): returns None
         instead of raising `TakeTimeout` when the groups are not there yet.
 
-        Blocks up to `timeout` s (0: only what is already fetched or arrives at once) + `GRACE_S`, plus the
-        manifest write and, with ``commit=True``, the commit once n groups are there. A first call connects first,
-        within the consumer's `timeout` from the call's start (a slice is usually shorter than connecting takes;
-        `connect` first to bound it otherwise). A batch is returned exactly as
-        `take(n, timeout, commit)` returns it: manifest written; offsets committed with ``commit=True``,
-        nothing committed with ``commit=False`` (call `commit(batch)` after the optimizer step). None: fewer
-        than n acceptable groups came within `timeout`; nothing is committed and nothing is lost (every record
-        looked at is put back, in order, and judged again by the next call), requeues found are published
-        (as by every take, before it waits for more groups), and no diagnosis is built (no cluster read, no
-        thread started). When the caller's own deadline passes, raise `timeout_error(n, deadline_s)`. Not
-        thread-safe.
+        Blocks up to `timeout` s (0: only what is already fetched or arrives at once) + `GRACE_S`, plus the manifest
+        write and, with ``commit=True``, the commit once n groups are there. A first call connects first, and a
+        recorded step is read again, within the consumer's `timeout` from the call's start (a slice is usually shorter
+        than those reads take; `connect` first to bound the connecting otherwise). A batch is returned exactly as
+        `take(n, timeout, commit)` returns it: manifest written; offsets committed with ``commit=True``, nothing
+        committed with ``commit=False`` (call `commit(batch)` after the optimizer step). None: fewer than n acceptable
+        groups came within `timeout`; nothing is committed and nothing is lost (every record looked at is put back, in
+        order, and judged again by the next call), requeues found are published (as by every take, before it waits for
+        more groups), and no diagnosis is built (no cluster read, no thread started). When the caller's own deadline
+        passes, raise `timeout_error(n, deadline_s)`. Not thread-safe.
 
         Raises:
             RollstreamError: what `take` raises, except TakeTimeout.
@@ -305,9 +305,11 @@ class RolloutConsumer:
         if policy_version is not None:
             self.policy_version = policy_version
         started, deadline = time.monotonic(), Deadline.of(timeout)
-        # A take connects within its own deadline; a poll, one slice of its caller's wait, within the consumer's.
-        self._start(deadline if raising else Deadline.after(self._timeout))
-        batch = self._take_recorded(n, deadline) if self._restart.redoing else None
+        # A take connects and reads a recorded step again within its own deadline; a poll, one slice of its
+        # caller's wait, within the consumer's timeout (a slice is shorter than those reads may take).
+        setup = deadline if raising else Deadline.after(self._timeout)
+        self._start(setup)
+        batch = self._take_recorded(n, setup) if self._restart.redoing else None
         if batch is None:
             gathering = self._gather(n, deadline, raising=raising)
             if gathering is None:

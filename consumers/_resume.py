@@ -216,8 +216,9 @@ class Restart:
         """The next recorded step again, as the same batch continuing from `position`, and its groups' bytes.
 
         None, and no more recorded steps, when it took other than `n` groups or its records cannot be read
-        back (also when `deadline` passes first): the take then gathers afresh from `position`. Blocks until its
-        records are read, at most until `deadline`. The batch's offsets are the position after it; nothing is committed.
+        back: the take then gathers afresh from `position`. Blocks until its records are read, at most until
+        `deadline`; raises what the read raised (KafkaIOError) when `deadline` passed first, keeping the step to
+        take again. The batch's offsets are the position after it; nothing is committed.
         """
         manifest = self._redo[0]
         taken = sum(1 for d in manifest.dispositions if d.kind == "taken")
@@ -230,6 +231,8 @@ class Restart:
         try:
             records = read_taken(config, manifest, deadline=deadline)
         except RollstreamError as exc:
+            if deadline.expired:
+                raise  # out of time, not unreadable: the next take reads the same step again
             log.warning("group %s: cannot take recorded step %d again (%s); taking afresh from offsets %s",
                         self.group_id, manifest.step, exc, dict(position))
             self._redo.clear()
