@@ -91,18 +91,18 @@ class StepCommitter:
         self._index_sure = False
 
     def start(self, config: KafkaConfig, committed: Mapping[int, int | None],
-              index: ManifestIndex | None = None) -> None:
+              index: ManifestIndex | None = None, *, timeout: float | None = None) -> None:
         """Remember the group's committed offsets as read at start and where its manifests are (`index`,
         complete up to the end of NS.steps as read at start; None: unknown), and open the manifest producer
         now (with NS.steps' metadata fetched, so that the first commit does not wait for it). Blocks up to
-        the timeout. Raises KafkaIOError when NS.steps' metadata cannot be read."""
+        `timeout` (None: the committer's). Raises KafkaIOError when NS.steps' metadata cannot be read."""
         self._config = config
         if self._client is None:
             self._client = CommitClient(config, self.group_id)
         self._committed = dict(committed)
         self.use_index(index)
         if self.manifests and self._producer is None:
-            self._producer = self._manifest_producer(config, self._timeout)
+            self._producer = self._manifest_producer(config, timeout)
 
     def use_index(self, index: ManifestIndex | None) -> None:
         """Go on with `index`, read from NS.steps just now (complete up to its end): the commits carry it."""
@@ -304,10 +304,10 @@ class StepCommitter:
             for p, o in written:
                 self._index = self._index.added(p, o)
 
-    def _manifest_producer(self, config: KafkaConfig, timeout: float) -> Producer:
+    def _manifest_producer(self, config: KafkaConfig, timeout: float | None = None) -> Producer:
         producer = open_producer(config.manifest_producer())
         try:
-            producer.list_topics(self.names.steps, timeout=timeout)
+            producer.list_topics(self.names.steps, timeout=self._timeout if timeout is None else timeout)
         except KafkaException as exc:
             raise kafka_error(f"cannot read metadata of {self.names.steps}", exc, topic=self.names.steps) from exc
         return producer

@@ -22,6 +22,12 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
 - One consumer per group at a time: two trainers sharing a group id would both read everything.
   Kafka does not keep them apart (no membership), so every commit first checks that the group's
   committed offsets are still the ones this consumer left; if not, `GroupConflictError`.
+- One deadline per call (`rollstream.infra.deadline`): a blocking call (take, poll_batch, seek_to_step, seek_to,
+  position, next_step, lag) makes one `Deadline` and everything it waits on spends it: connecting on first use
+  (the reachability check, the topic's size, partitions, committed offsets, watermarks, manifests), the recorded
+  step taken again, the wait for groups. It returns or raises a `RollstreamError` within its bound plus
+  `GRACE_S`, also against a stopped or unreachable broker. Connecting is bounded even when a take is not
+  (``timeout=None``): within the consumer's `timeout`, the reachability check within `REACH_TIMEOUT_S`.
 """
 
 from __future__ import annotations
@@ -57,7 +63,8 @@ from rollstream.infra import (
     require_topics,
     sized_to_topic,
 )
-from rollstream.infra.deadline import Deadline
+from rollstream.infra.deadline import GRACE_S, Deadline
+from rollstream.infra.kafka_io import time_left
 from rollstream.schemas import ConfigError, LifecycleError
 
 log = logging.getLogger(__name__)
@@ -68,7 +75,9 @@ CLOSE_S = 11.0  # the most `RolloutConsumer.close` takes (plus GRACE_S): client 
 class RolloutConsumer:
     """Takes scored groups from NS.rollouts for a trainer, exactly n per step.
 
-    Creating one makes no network call; it connects on first use (take, position, seek_to, lag).
+    Creating one makes no network call; it connects on first use (take, position, seek_to, lag), within that
+    call's deadline and at most `timeout`: a broker that does not answer then is a `KafkaIOError` (retriable;
+    the message says what to check), never a wait without end, also for ``take(n, timeout=None)``.
     Not thread-safe: use it from one thread. A context manager; `close()` is idempotent.
 
     Args:
@@ -90,7 +99,9 @@ class RolloutConsumer:
             retriable failure) while its attempts last (`rollstream.consumers._requeue`); False: every filter is final.
         metrics: a `ConsumerMetrics`, or a registry to create them in (default: a registry of its own).
         overrides: extra librdkafka consumer properties (e.g. fetch tuning).
-        timeout: seconds to wait for the broker when starting and committing.
+        timeout: seconds to wait for the broker when connecting (all of it, also for a take without a timeout;
+            an unreachable cluster is reported within `REACH_TIMEOUT_S`), committing, and for a call that takes
+            no timeout of its own (`seek_to_step`, `seek_to`, `position`, `next_step`).
         announcer: the trainer run this consumer commits for (`rollstream.infra.runs`): its offsets are
             committed in the run's transactions, so once a newer trainer run began, the broker refuses
             this one's commits (`RunSupersededError`, from `take` or `commit`). None: plain commits.
@@ -124,7 +135,7 @@ class RolloutConsumer:
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
         self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout, run=announcer)
         self._restart = Restart(self.names, group_id, manifests=manifests, dedupe_epochs=dedupe_epochs,
-                                dedupe_window=dedupe_window, timeout=timeout)
+                                dedupe_window=dedupe_window)
         self._positions = PositionPublisher(self.names, group_id)
         self._closed = False
         self._fetched = Fetched(self._client, self._committer)
@@ -160,25 +171,48 @@ class RolloutConsumer:
         self._positions.close(deadline.remaining())
         self._timeouts.close()
 
-    def _start(self) -> None:
+    def connect(self, timeout: float | None = None) -> None:
+        """Connect now instead of on first use: check that the cluster answers and the topics exist, size the
+        clients to the topic, read where the group stands (committed offsets, watermarks, manifests) and assign
+        its partitions. Does nothing once connected. Returns or raises within `timeout` s (None: the consumer's
+        `timeout`; never more than that) + `GRACE_S`; an unreachable cluster is reported within
+        `REACH_TIMEOUT_S`. Commits nothing. Not thread-safe.
+
+        Raises:
+            LifecycleError: the consumer is closed.
+            KafkaIOError (retriable): the broker did not answer in time (stopped, unreachable: the message says
+                what to check); nothing of the attempt is kept, so calling again retries it.
+            MissingNamespaceError, KafkaIOError: the namespace or a topic does not exist (the message says how
+                to create them); or this principal may not read them.
+            ConfigError: a negative `timeout`.
+        """
+        self._start(Deadline.of(self._timeout if timeout is None else timeout))
+
+    def _start(self, deadline: Deadline) -> None:
+        """Connect, on first use: every read spends `deadline` (the calling method's), all of them together at most
+        the consumer's timeout (`Deadline.within`). Raises LifecycleError when closed; KafkaIOError (retriable,
+        ``_TIMED_OUT`` when out of time) for what did not answer; nothing is kept of a start that failed."""
         if self._closed:
             raise LifecycleError(f"the consumer of group {self.group_id} is closed: build a new RolloutConsumer")
         if self._client.opened:
             return
+        start = deadline.within(self._timeout)
         # One bounded, clear error for an unreachable cluster or a missing topic, before the longer waits.
         require_topics(self.config, [self.names.rollouts] + ([self.names.steps] if self.manifests else []),
-                       namespace=self.names.namespace, timeout=min(self._timeout, REACH_TIMEOUT_S))
-        self.config = sized_to_topic(self.config, self.names.rollouts, timeout=self._timeout)
+                       namespace=self.names.namespace, timeout=start.within(REACH_TIMEOUT_S))
+        what = f"cannot start the consumer of group {self.group_id}"
+        self.config = sized_to_topic(self.config, self.names.rollouts, timeout=time_left(start, what))
         consumer = self._client.open(self.config)
         try:
-            standing, committed = self._restart.at_start(self.config, consumer)
-            self._stand(standing)
-            self._client.use(consumer, self._progress.position)
+            standing, committed = self._restart.at_start(self.config, consumer, start)
+            self._committer.start(self.config, committed, standing.index, timeout=time_left(start, what))
         except BaseException:
-            close_quietly(consumer.close, f"trainer-{self.group_id}", wait_s=CLOSE_TIMEOUT_S)  # bounded (Ctrl-C)
+            # Bounded (Ctrl-C, a broker that stopped): within the grace the caller's deadline allows.
+            close_quietly(consumer.close, f"trainer-{self.group_id}", wait_s=min(CLOSE_TIMEOUT_S, GRACE_S / 2))
             raise
-        self._committer.start(self.config, committed, standing.index)
-        self._positions.start(self.config, timeout=min(self._timeout, REACH_TIMEOUT_S))
+        self._stand(standing)
+        self._client.use(consumer, self._progress.position)
+        self._positions.start(self.config, timeout=start.seconds(REACH_TIMEOUT_S))
         log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
                  self._progress.position, self._progress.next_step)
 
@@ -194,8 +228,13 @@ class RolloutConsumer:
         """Take exactly `n` groups that pass the filters and are not duplicates: one training step.
 
         Blocks until n groups are there, or up to `timeout` seconds (None: no limit; 0: only what is
-        already fetched or arrives at once). The step's manifest is written to NS.steps before
-        returning. With ``commit=True`` its offsets are then committed too: per partition the offset
+        already fetched or arrives at once): returns or raises within `timeout` + `GRACE_S`, whatever the
+        broker does. The first take connects within that one deadline too (at most the consumer's `timeout`,
+        also with ``timeout=None``; an unreachable cluster is reported within `REACH_TIMEOUT_S`; with 0, call
+        `connect` first). Once the n
+        groups are there, the manifest write and the commit are `commit`'s, bounded by the consumer's
+        `timeout` (a step in hand is not thrown away for want of time). The step's manifest is written to
+        NS.steps before returning. With ``commit=True`` its offsets are then committed too: per partition the offset
         of the next record to read, exactly past this step. With ``commit=False`` nothing is
         committed; call `commit(batch)` after the optimizer step. Taking again before that continues
         *after* the uncommitted batch (the position is in memory); if the process dies first, the
@@ -218,7 +257,9 @@ class RolloutConsumer:
             RunSupersededError: a newer trainer run began (with ``announcer``); nothing was committed.
             FilterError: a filter raised; nothing was taken.
             ConfigError: `n` < 1 or a negative `timeout`.
-            RollstreamError: the topic does not exist or the broker is unreachable.
+            KafkaIOError (retriable): the broker did not answer in time while connecting or reading a recorded
+                step again (a stopped or unreachable broker; the message says what to check; the next take
+                retries, nothing is lost), or the topic does not exist.
         """
         batch = self._take(n, timeout, commit, policy_version, raising=True)
         if batch is None:  # never: a take that runs out raises
@@ -230,15 +271,16 @@ class RolloutConsumer:
         """`take` for a caller that waits in slices (an adapter serving its trainer in between): returns None
         instead of raising `TakeTimeout` when the groups are not there yet.
 
-        Blocks up to `timeout` s (0: only what is already fetched or arrives at once), plus the manifest write
-        and, with ``commit=True``, the commit once n groups are there. A batch is returned exactly as
-        `take(n, timeout, commit)` returns it: manifest written; offsets committed with ``commit=True``,
-        nothing committed with ``commit=False`` (call `commit(batch)` after the optimizer step). None: fewer
-        than n acceptable groups came within `timeout`; nothing is committed and nothing is lost (every record
-        looked at is put back, in order, and judged again by the next call), requeues found are published
-        (as by every take, before it waits for more groups), and no diagnosis is built (no cluster read, no
-        thread started). When the caller's own deadline passes, raise `timeout_error(n, deadline_s)`. Not
-        thread-safe.
+        Blocks up to `timeout` s (0: only what is already fetched or arrives at once) + `GRACE_S`, plus the manifest
+        write and, with ``commit=True``, the commit once n groups are there. A first call connects first, and a
+        recorded step is read again, within the consumer's `timeout` from the call's start (a slice is usually shorter
+        than those reads take; `connect` first to bound the connecting otherwise). A batch is returned exactly as
+        `take(n, timeout, commit)` returns it: manifest written; offsets committed with ``commit=True``, nothing
+        committed with ``commit=False`` (call `commit(batch)` after the optimizer step). None: fewer than n acceptable
+        groups came within `timeout`; nothing is committed and nothing is lost (every record looked at is put back, in
+        order, and judged again by the next call), requeues found are published (as by every take, before it waits for
+        more groups), and no diagnosis is built (no cluster read, no thread started). When the caller's own deadline
+        passes, raise `timeout_error(n, deadline_s)`. Not thread-safe.
 
         Raises:
             RollstreamError: what `take` raises, except TakeTimeout.
@@ -253,8 +295,8 @@ class RolloutConsumer:
         `poll_batch` returned None: the groups the last such poll gathered, what it looked at, and the likely
         cause from the cluster (``diagnosis``, as a timed-out `take` gives it). Returned for the caller to raise.
 
-        Blocks up to a quarter of `timeout` and at most 5 s (the cluster read, at most every 30 s, as for
-        `take`). Commits nothing. Never raises. Not thread-safe.
+        Blocks up to a quarter of `timeout` and at most ``GRACE_S / 2`` (the cluster read, at most every 30 s,
+        as for `take`). Commits nothing. Never raises. Not thread-safe.
         """
         return self._timeouts.last_poll(self.config, n, timeout, max_staleness=self.max_staleness,
                                         policy_version=self.policy_version)
@@ -267,11 +309,14 @@ class RolloutConsumer:
             raise ConfigError(f"take(timeout={timeout}): the timeout must be >= 0 seconds, or None")
         if policy_version is not None:
             self.policy_version = policy_version
-        started = time.monotonic()
-        self._start()
-        batch = self._take_recorded(n) if self._restart.redoing else None
+        started, deadline = time.monotonic(), Deadline.of(timeout)
+        # A take connects and reads a recorded step again within its own deadline; a poll, one slice of its
+        # caller's wait, within the consumer's timeout (a slice is shorter than those reads may take).
+        setup = deadline if raising else Deadline.after(self._timeout)
+        self._start(setup)
+        batch = self._take_recorded(n, setup) if self._restart.redoing else None
         if batch is None:
-            gathering = self._gather(n, started, timeout, raising=raising)
+            gathering = self._gather(n, deadline, raising=raising)
             if gathering is None:
                 return None
             batch = gathering.batch(self._progress.next_step, self._progress.position,
@@ -285,25 +330,25 @@ class RolloutConsumer:
             self._progress.requeued(batch)
         return batch
 
-    def _gather(self, n: int, started: float, timeout: float | None, *, raising: bool) -> Gathering | None:
-        """n groups gathered, or (timed out) everything put back and TakeTimeout raised, or None."""
-        deadline = None if timeout is None else started + timeout
+    def _gather(self, n: int, deadline: Deadline, *, raising: bool) -> Gathering | None:
+        """n groups gathered by `deadline`, or (timed out) everything put back and TakeTimeout raised, or None."""
         run = self._committer.run.run if self._committer.run is not None else None
         gathering = Gathering(self.names.rollouts, self.group_id, self.filters, self._progress.ledger, self.dedupe,
                               self.policy_version, self.max_staleness, self.requeue, run)
-        if self._fetched.gather(gathering, n, deadline):
+        if self._fetched.gather(gathering, n, None if deadline.total_s is None else deadline.expires_at):
             return gathering
         if raising:
-            raise self._timeouts.error(self.config, n, gathering.accepted, timeout, gathering.dispositions,
+            raise self._timeouts.error(self.config, n, gathering.accepted, deadline.total_s, gathering.dispositions,
                                        max_staleness=self.max_staleness, policy_version=self.policy_version)
         self._timeouts.polled(gathering.dispositions, gathering.accepted)
         return None
 
-    def _take_recorded(self, n: int) -> Batch | None:
-        """The next recorded step again, as the same batch (`Restart.take_again`); None (and no more redo) when
-        it took other than `n` groups or its records cannot be read back."""
+    def _take_recorded(self, n: int, deadline: Deadline) -> Batch | None:
+        """The next recorded step again, as the same batch (`Restart.take_again`, reading within `deadline` and
+        the consumer's timeout); None (and no more redo) when it took other than `n` groups or its records cannot
+        be read back."""
         started = time.monotonic()
-        again = self._restart.take_again(self.config, n, self._progress.position)
+        again = self._restart.take_again(self.config, n, self._progress.position, deadline.within(self._timeout))
         if again is None:
             return None
         batch, taken_bytes = again
@@ -369,15 +414,20 @@ class RolloutConsumer:
         """The trainer's position: per partition, the next offset a take will look at.
 
         Includes uncommitted batches (it is the in-memory position). Store it in a trainer checkpoint
-        (or `Batch.offsets`, the same after that batch) and restore it with `seek_to`.
+        (or `Batch.offsets`, the same after that batch) and restore it with `seek_to`. Does not block once the
+        consumer is connected; the first call connects, returning or raising within the consumer's `timeout`
+        + `GRACE_S`.
+
+        Raises:
+            KafkaIOError (retriable): connecting failed (the broker did not answer in time, or no topic).
         """
-        self._start()
+        self.connect()
         return dict(self._progress.position)
 
     @property
     def next_step(self) -> int:
-        """The step number the next take will get (read after the consumer has started)."""
-        self._start()
+        """The step number the next take will get. Connects first, as `position` does (and raises as it does)."""
+        self.connect()
         return self._progress.next_step
 
     def pending(self) -> list[Batch]:
@@ -396,19 +446,22 @@ class RolloutConsumer:
         can be taken again), and their manifests are superseded by the next ones. `next_step` sets the
         next step number (default: the first dropped uncommitted step, else unchanged). Nothing is
         committed until the next commit. Blocks briefly (reassignment); going back further than the dedupe
-        window, also until the manifests are read again (the ids it forgot count again).
+        window, also until the manifests are read again (the ids it forgot count again); connecting first if
+        not yet. Returns or raises within the consumer's `timeout` + `GRACE_S`.
 
         Raises:
             RollstreamError: a partition that the rollouts topic does not have, or a negative offset; or (a
                 seek beyond the dedupe window) what reading the manifests raises.
+            KafkaIOError (retriable): the broker did not answer in time (connecting, reading the manifests).
         """
-        self._start()
+        deadline = Deadline.after(self._timeout)
+        self._start(deadline)
         progress = self._progress
         forgot, dropped = progress.seek(offsets, next_step, topic=self.names.rollouts)  # checks them first
         self._forget_uncommitted()
         if forgot and self.manifests:  # back further than the dedupe window: what it forgot counts again
             progress.ledger = self._restart.ledger_at(self.config, progress.position, self._committer.committed,
-                                                      self._committer.index)
+                                                      self._committer.index, deadline)
         self._fetched.reassign(progress.position)
         log.info("group %s moved to offsets %s (next step %d; forgot steps %s)", self.group_id, progress.position,
                  progress.next_step, dropped)
@@ -419,7 +472,7 @@ class RolloutConsumer:
         self._fetched.clear()
         self._restart.forget()
 
-    def seek_to_step(self, step: int) -> None:
+    def seek_to_step(self, step: int, timeout: float | None = None) -> None:
         """Continue exactly after step `step`: the resume point of a trainer checkpoint saved after it.
 
         Reads the group's manifests from NS.steps, moves the position to where step `step` ended (on
@@ -429,7 +482,9 @@ class RolloutConsumer:
         (same groups, same order, same step number), as long as they chain and take the same n; then
         new groups. Their old manifests are superseded by the new ones, so the audit stays green.
         Uncommitted batches and buffered records are dropped. Blocks until the manifests are read
-        and the position is committed. Not thread-safe.
+        and the position is committed: connecting first if not yet, and reading the manifests, within
+        `timeout` s (None: the consumer's `timeout`), then committing the position as `commit` does (within
+        the consumer's `timeout`); returns or raises within the two + `GRACE_S`. Not thread-safe.
 
         Raises:
             RollstreamError: the consumer has no manifests (``manifests=False``), or the group has no step
@@ -437,9 +492,13 @@ class RolloutConsumer:
             CommitError: the position could not be committed (retriable: call again).
             GroupConflictError: another client committed for this group.
             RunSupersededError: a newer trainer run began (with ``announcer``); nothing was committed.
+            KafkaIOError (retriable): the broker did not answer within `timeout` (connecting, reading the
+                manifests); nothing changed.
         """
-        self._start()
-        standing = self._restart.after_step(self.config, step, self._progress.position, self._committer.index)
+        deadline = Deadline.of(self._timeout if timeout is None else timeout)
+        self._start(deadline)
+        standing = self._restart.after_step(self.config, step, self._progress.position, self._committer.index,
+                                            deadline)
         self._committer.use_index(standing.index)
         self._committer.retrying(lambda d: self._committer.rewind(standing.position, d),
                                  replacement=self._replacement)
@@ -452,10 +511,12 @@ class RolloutConsumer:
                  self.group_id, step, self._progress.position, [m.step for m in standing.redo])
 
     def lag(self, timeout: float = 10.0) -> GroupLag:
-        """The group's committed lag on NS.rollouts (`rollstream.infra.LagReader`). Blocks up to about `timeout` s.
+        """The group's committed lag on NS.rollouts (`rollstream.infra.LagReader`). Returns or raises within
+        `timeout` s + `GRACE_S` (one deadline for all its reads). Makes no other network call: it does not
+        connect the consumer.
 
         Raises:
-            RollstreamError (retriable): the broker did not answer in time.
+            KafkaIOError (retriable): the broker did not answer in time.
         """
         with LagReader(self.config) as reader:
             return reader.group_lag(self.group_id, self.names.rollouts, timeout=timeout)

@@ -26,7 +26,8 @@ class TakeTimeout(RollstreamError):
     the producers' group, no prompt left in the last epoch, every producer paused by backpressure, every
     group filtered). The cluster part is rate-limited, not read at every timeout: a consumer reads it in
     a background thread at most once every 30 s (bounded to 5 s) and reuses it in between, saying how old
-    it is; a take waits for a read it started at most a quarter of its own timeout (at most 5 s), so
+    it is; a take waits for a read it started at most a quarter of its own timeout (at most 1 s, half of
+    `rollstream.infra.deadline.GRACE_S`: a timed-out take raises within its grace), so
     ``timeout=0`` never waits, and the first timeout of a tight retry loop may say the cluster part is
     still being read. Building the diagnosis never raises: what could not be read is named instead.
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from rollstream.infra import KafkaConfig, partitions_of, position_of, read_ranges, reader, watermarks
+from rollstream.infra.deadline import Deadline
 from rollstream.schemas import SchemaError, StepManifest, decode
 
 log = logging.getLogger(__name__)
@@ -133,14 +134,16 @@ def read_manifests(config: KafkaConfig, steps_topic: str, consumer_group: str, *
 
 def read_group_manifests(config: KafkaConfig, steps_topic: str, consumer_group: str, *,
                          index: ManifestIndex | None = None, newest: int | None = None, timeout: float = 30.0,
-                         on_bad: Callable[[int, SchemaError], None] | None = None) -> ManifestRead:
+                         on_bad: Callable[[int, SchemaError], None] | None = None,
+                         deadline: Deadline | None = None) -> ManifestRead:
     """Every StepManifest of `consumer_group` on `steps_topic` (keyed by group), in log order, reading only
     where `index` says they can be (None: everything), and of each partition only its `newest` records
     (None: all; `rollstream status` reads a window, however long the history is).
 
     Records of other groups are skipped without decoding; an undecodable record under this group's
     key is reported to `on_bad(offset, error)` (default: a warning) and skipped. Blocks until everything
-    present when it started is read (no progress for `timeout` s is an error). Commits nothing.
+    present when it started is read (no progress for `timeout` s is an error), at most until `deadline` (None:
+    none; each read then waits up to `timeout`). Commits nothing.
 
     Raises:
         KafkaIOError: NS.steps does not exist, or (retriable) the broker did not answer in time.
@@ -149,9 +152,10 @@ def read_group_manifests(config: KafkaConfig, steps_topic: str, consumer_group: 
     # The trainer's own group: a principal granted it needs no other group ACL. Safe next to a live trainer:
     # this reader assigns (never joins) and never commits, so the group never sees it.
     group_id = consumer_group
+    budget = Deadline.after(None) if deadline is None else deadline
     with reader(config, group_id) as consumer:
-        partitions = partitions_of(consumer, steps_topic, timeout=timeout)
-        bounds = {p: watermarks(consumer, steps_topic, p, timeout=timeout) for p in partitions}
+        partitions = partitions_of(consumer, steps_topic, timeout=budget.within(timeout))
+        bounds = {p: watermarks(consumer, steps_topic, p, timeout=budget.within(timeout)) for p in partitions}
     starts = dict(bounds)
     if newest is not None:
         bounds = {p: (max(low, high - newest), high) for p, (low, high) in bounds.items()}
@@ -162,7 +166,7 @@ def read_group_manifests(config: KafkaConfig, steps_topic: str, consumer_group: 
     records = decoded = 0
     for round_ in range(max((len(r) for r in plan.values()), default=0)):  # one fetch session per range
         ranges = {p: r[round_] for p, r in plan.items() if round_ < len(r)}
-        for msg in read_ranges(config, steps_topic, ranges, group_id=group_id, timeout=timeout):
+        for msg in read_ranges(config, steps_topic, ranges, group_id=group_id, timeout=timeout, deadline=deadline):
             records += 1
             if msg.key() != key:
                 continue

@@ -19,6 +19,8 @@ effective steps rebuilds dedupe and the next step number, see `rollstream.consum
 the committed offsets was never committed and is taken again first); at `seek_to_step(k)`, from the steps
 up to k. It changes no state of the consumer's: `RolloutConsumer` installs the standing (its position,
 ledger and step numbers stay its own) and `Restart` keeps only the queue of recorded steps to take again.
+Every read spends the `Deadline` of the consumer's call that needs it (a take, a seek): the reads of a start
+together, never each a timeout of its own.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from rollstream.consumers._ledger import DedupeWindow, StepLedger
 from rollstream.consumers._manifests import ManifestIndex, ManifestRead, read_group_manifests
 from rollstream.consumers.forensics._replay import read_taken
 from rollstream.infra import KafkaConfig, TopicNames, committed_with_metadata, partitions_of, watermarks
+from rollstream.infra.deadline import Deadline
 from rollstream.schemas import RollstreamError, StepManifest
 
 log = logging.getLogger(__name__)
@@ -110,12 +113,11 @@ class Restart:
     again (the one owner of that queue). Not thread-safe, like its owner."""
 
     def __init__(self, names: TopicNames, group_id: str, *, manifests: bool, dedupe_epochs: int | None,
-                 dedupe_window: DedupeWindow | None, timeout: float) -> None:
+                 dedupe_window: DedupeWindow | None) -> None:
         self.names, self.group_id = names, group_id
         self._manifests = manifests
         self._dedupe_epochs = dedupe_epochs
         self._dedupe_window = dedupe_window
-        self._timeout = timeout
         self._redo: deque[StepManifest] = deque()  # recorded steps to take again first, in order
 
     @property
@@ -123,24 +125,26 @@ class Restart:
         """Whether a recorded step is still to be taken again before new groups."""
         return bool(self._redo)
 
-    def at_start(self, config: KafkaConfig, consumer: Consumer) -> tuple[Standing, dict[int, int | None]]:
+    def at_start(self, config: KafkaConfig, consumer: Consumer, deadline: Deadline
+                 ) -> tuple[Standing, dict[int, int | None]]:
         """Where the group stands as its consumer starts, and its committed offsets (None: nothing committed).
 
         The position is the committed offsets, else each partition's start. With manifests, the ledger and the
         next step come from the group's manifests, and the steps handed over and never committed are taken
-        again first, as recorded. Blocks until the offsets and the manifests are read (each read waits at most
-        the timeout). Raises what the reads raise (RollstreamError).
+        again first, as recorded. Blocks until the offsets and the manifests are read, all reads together at most
+        until `deadline`. Raises what the reads raise (RollstreamError; KafkaIOError ``_TIMED_OUT`` once
+        `deadline` passed).
         """
         topic = self.names.rollouts
-        partitions = partitions_of(consumer, topic, timeout=self._timeout)
-        found = committed_with_metadata(consumer, topic, partitions, timeout=self._timeout)
+        partitions = partitions_of(consumer, topic, timeout=deadline)
+        found = committed_with_metadata(consumer, topic, partitions, timeout=deadline)
         committed = {p: offset for p, (offset, _) in found.items()}
-        position = {p: c if c is not None else watermarks(consumer, topic, p, timeout=self._timeout)[0]
+        position = {p: c if c is not None else watermarks(consumer, topic, p, timeout=deadline)[0]
                     for p, c in committed.items()}
         if not self._manifests:
             ledger = StepLedger(dedupe_epochs=self._dedupe_epochs, window=self._dedupe_window)
             return Standing(position, ledger, 0, (), None), committed
-        read = self._read(config, ManifestIndex.newest(meta for _, meta in found.values()))
+        read = self._read(config, ManifestIndex.newest(meta for _, meta in found.values()), deadline)
         # Pending manifests (past the committed offsets) must not move the dedupe window: it counts from committed.
         ledger = StepLedger(dedupe_epochs=self._dedupe_epochs, window=self._dedupe_window, committed=committed)
         for manifest in read.manifests:
@@ -154,12 +158,12 @@ class Restart:
         return Standing(position, ledger, ledger.next_step, redo, read.index), committed
 
     def after_step(self, config: KafkaConfig, step: int, current: Mapping[int, int],
-                   index: ManifestIndex | None) -> Standing:
+                   index: ManifestIndex | None, deadline: Deadline) -> Standing:
         """Where the group stands right after its step `step` (`RolloutConsumer.seek_to_step`), from `current`.
 
         The position is where `step` ended on every partition (`position_after`), the ledger holds the effective
         steps up to it, and the steps after it are taken again first, as recorded. Blocks until the manifests
-        are read (where `index` says; None: all of NS.steps).
+        are read (where `index` says; None: all of NS.steps), at most until `deadline`.
 
         Raises:
             RollstreamError: the consumer keeps no manifests, the group has no step `step` (the message names the
@@ -169,7 +173,7 @@ class Restart:
             raise RollstreamError(f"seek_to_step({step}) needs the step manifests: create the consumer of group "
                                   f"{self.group_id} with manifests=True")
         history = StepLedger(keep_manifests=True)
-        read = self._read(config, index)
+        read = self._read(config, index, deadline)
         for m in read.manifests:
             history.add(m)
         effective = sorted(history.effective(), key=lambda m: m.step)
@@ -186,13 +190,14 @@ class Restart:
         return Standing(position, ledger, step + 1, tuple(chained(later, position)), read.index)
 
     def ledger_at(self, config: KafkaConfig, position: Mapping[int, int], committed: Mapping[int, int | None],
-                  index: ManifestIndex | None) -> StepLedger:
+                  index: ManifestIndex | None, deadline: Deadline) -> StepLedger:
         """The ledger of the group's committed steps that end at or before `position` (`seek_to` back further than
         the dedupe window: its window counts from `position`, never from further on). Blocks until the manifests
-        are read (where `index` says; None: all of NS.steps); raises what the read raises (RollstreamError)."""
+        are read (where `index` says; None: all of NS.steps), at most until `deadline`; raises what the read raises
+        (RollstreamError)."""
         limit = {p: min(c, position.get(p, c)) if c is not None else None for p, c in committed.items()}
         ledger = StepLedger(dedupe_epochs=self._dedupe_epochs, window=self._dedupe_window, committed=limit)
-        for m in self._read(config, index).manifests:
+        for m in self._read(config, index, deadline).manifests:
             ledger.add(m)
         ledger.drop_uncommitted(committed)
         ledger.rewind(position)
@@ -206,12 +211,14 @@ class Restart:
         """Take no recorded step again: the position moved (`seek_to`, uncommitted batches dropped)."""
         self._redo.clear()
 
-    def take_again(self, config: KafkaConfig, n: int, position: Mapping[int, int]) -> tuple[Batch, int] | None:
+    def take_again(self, config: KafkaConfig, n: int, position: Mapping[int, int],
+                   deadline: Deadline) -> tuple[Batch, int] | None:
         """The next recorded step again, as the same batch continuing from `position`, and its groups' bytes.
 
         None, and no more recorded steps, when it took other than `n` groups or its records cannot be read
-        back: the take then gathers afresh from `position`. Blocks until its records are read (at most the
-        timeout per read). The batch's offsets are the position after it; nothing is committed.
+        back: the take then gathers afresh from `position`. Blocks until its records are read, at most until
+        `deadline`; raises what the read raised (KafkaIOError) when `deadline` passed first, keeping the step to
+        take again. The batch's offsets are the position after it; nothing is committed.
         """
         manifest = self._redo[0]
         taken = sum(1 for d in manifest.dispositions if d.kind == "taken")
@@ -222,8 +229,10 @@ class Restart:
             self._redo.clear()
             return None
         try:
-            records = read_taken(config, manifest, timeout=self._timeout)
+            records = read_taken(config, manifest, deadline=deadline)
         except RollstreamError as exc:
+            if deadline.expired:
+                raise  # out of time, not unreadable: the next take reads the same step again
             log.warning("group %s: cannot take recorded step %d again (%s); taking afresh from offsets %s",
                         self.group_id, manifest.step, exc, dict(position))
             self._redo.clear()
@@ -237,10 +246,11 @@ class Restart:
                       created_at_ms=manifest.created_at_ms)
         return batch, sum(len(r.value) for r in records)
 
-    def _read(self, config: KafkaConfig, index: ManifestIndex | None) -> ManifestRead:
-        """The group's manifests, read where `index` says they are (None: all of NS.steps). Blocks until read."""
+    def _read(self, config: KafkaConfig, index: ManifestIndex | None, deadline: Deadline) -> ManifestRead:
+        """The group's manifests, read where `index` says they are (None: all of NS.steps). Blocks until read, at
+        most until `deadline`."""
         started = time.monotonic()
-        read = read_group_manifests(config, self.names.steps, self.group_id, index=index, timeout=self._timeout)
+        read = read_group_manifests(config, self.names.steps, self.group_id, index=index, deadline=deadline)
         log.info("group %s: read %d step manifests from %d records of %s in %.3f s (%s)", self.group_id,
                  len(read.manifests), read.records, self.names.steps, time.monotonic() - started,
                  "all of it: no index in the commits" if index is None else "where the commits' index says")

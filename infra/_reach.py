@@ -5,7 +5,6 @@ bounded time, with librdkafka's own log lines captured instead of printed. Re-ex
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +13,7 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata
 from rollstream.infra._tls_probe import speaks_tls, verify_failure
 from rollstream.infra.clients import open_admin
 from rollstream.infra.config import BOOTSTRAP_ENV, KafkaConfig
+from rollstream.infra.deadline import Deadline
 from rollstream.infra.kafka_errors import (
     NOT_AUTHORIZED,
     KafkaIOError,
@@ -29,12 +29,14 @@ from rollstream.infra.kafka_errors import (
 )
 
 _AUTH_ATTEMPT_S = 1.0  # one metadata attempt of require_topics (a SCRAM login is refused after ~0.3 s)
+_LAST_ATTEMPT_S = 0.01  # the shortest metadata attempt: librdkafka's 0 means "cached only"
 _KINDS = ("prompts", "rollouts", "steps", "control")  # a namespace's topics (rollstream.infra.TopicNames)
 REACH_TIMEOUT_S = 15.0  # how long a command waits for an unreachable cluster before its one-line error
 
 
-def require_topics(config: KafkaConfig, topics: Sequence[str], *, namespace: str, timeout: float) -> None:
-    """Verify the broker answers within `timeout` s and every topic in `topics` exists. Blocks; call off-loop.
+def require_topics(config: KafkaConfig, topics: Sequence[str], *, namespace: str, timeout: float | Deadline) -> None:
+    """Verify the broker answers within `timeout` (seconds or a `Deadline`: all its reads together) and every
+    topic in `topics` exists. Blocks up to `timeout`; call off-loop.
 
     Raises:
         KafkaIOError (retriable): the broker did not answer; the message names the address and the fix.
@@ -49,17 +51,18 @@ def require_topics(config: KafkaConfig, topics: Sequence[str], *, namespace: str
     seen = _SeenLog()
     admin = open_admin(config.admin({"logger": seen, "log_level": 6, "error_cb": seen.error,
                                      "log.connection.close": True}))
+    deadline = Deadline.of(timeout)
     try:
-        metadata = _list_or_refused(admin, seen, config, timeout)
+        metadata = _list_or_refused(admin, seen, config, deadline)
     except KafkaException as exc:
         cause = kafka_error("list topics", exc)
         raise KafkaIOError(
-            f"cannot reach Kafka at {config.bootstrap_servers} within {timeout:g} s ({error_text(exc)}); "
+            f"cannot reach Kafka at {config.bootstrap_servers} within {deadline.total_s:g} s ({error_text(exc)}); "
             f"start one (rollstream broker start) or set {BOOTSTRAP_ENV} / --bootstrap-servers to a running "
             "broker", code=cause.code, fatal=cause.fatal, retriable=True) from exc
     missing = [t for t in topics if t not in metadata.topics]
     for topic in missing:  # a topic this principal may not Describe is left out of the listing
-        _check_authorized(admin, topic, namespace, timeout)
+        _check_authorized(admin, topic, namespace, deadline)
     if missing and not any(f"{namespace}.{kind}" in metadata.topics for kind in _KINDS):
         raise missing_namespace_error(namespace, config.bootstrap_servers, namespaces_in(metadata.topics))
     if len(missing) == 1:
@@ -110,29 +113,30 @@ class _SeenLog:
         return None
 
 
-def _list_or_refused(admin: AdminClient, seen: _SeenLog, config: KafkaConfig, timeout: float) -> ClusterMetadata:
-    """``list_topics`` within `timeout` s, in short attempts so that a refused login fails at once (~0.5 s).
+def _list_or_refused(admin: AdminClient, seen: _SeenLog, config: KafkaConfig, deadline: Deadline) -> ClusterMetadata:
+    """``list_topics`` within `deadline`, in short attempts so that a refused login fails at once (~0.5 s).
 
     Raises:
         KafkaIOError: the broker refused the login (`_SeenLog.refusal`).
-        KafkaException: no answer within `timeout`.
+        KafkaException: no answer within `deadline`.
     """
-    deadline = time.monotonic() + timeout
     while True:
         try:
-            return admin.list_topics(timeout=max(0.1, min(_AUTH_ATTEMPT_S, deadline - time.monotonic())))
+            return admin.list_topics(timeout=max(_LAST_ATTEMPT_S, deadline.seconds(_AUTH_ATTEMPT_S)))
         except KafkaException as exc:
             admin.poll(0.05)  # delivers the log lines and error events of the failed attempt to `seen`
             refused = seen.refusal(config)
             if refused is not None:
                 raise refused from exc
-            if time.monotonic() >= deadline:
+            if deadline.expired:
                 raise
 
 
-def _check_authorized(admin: AdminClient, topic: str, namespace: str, timeout: float) -> None:
+def _check_authorized(admin: AdminClient, topic: str, namespace: str, deadline: Deadline) -> None:
+    if deadline.expired:
+        return  # the missing-topic error that follows is still true enough
     try:
-        info = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+        info = admin.list_topics(topic, timeout=deadline.seconds(REACH_TIMEOUT_S)).topics.get(topic)
     except KafkaException:
         return  # the missing-topic error that follows is still true enough
     if info is not None and info.error is not None and info.error.name() in NOT_AUTHORIZED:

@@ -37,6 +37,17 @@ class Deadline:
             raise ConfigError(f"a deadline must be > 0 s, got {seconds}")
         return cls(seconds, time.monotonic() + seconds)
 
+    @classmethod
+    def of(cls, timeout: float | Deadline | None) -> Deadline:
+        """What a call given `timeout` may spend: a `Deadline` as it is (a nested call spends its caller's),
+        else `after(timeout)`, where 0 is a deadline already passed (only what needs no wait).
+        Raises ConfigError for a negative timeout."""
+        if isinstance(timeout, Deadline):
+            return timeout
+        if timeout == 0:
+            return cls(0.0, time.monotonic())
+        return cls.after(timeout)
+
     def remaining(self) -> float:
         """Seconds left (0 once expired; inf without a deadline)."""
         return max(0.0, self.expires_at - time.monotonic())

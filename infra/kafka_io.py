@@ -8,7 +8,9 @@ librdkafka errors (`rollstream.infra.kafka_errors.kafka_error`): what failed, wh
   never commits), `partitions_of`, `committed_offsets`, `watermarks`, `read_ranges`, and `is_record` /
   `position_of` for what ``consume`` returns.
 
-Every function blocks (bounded by its timeout): call it off any event loop. None is thread-safe for one
+Every function blocks (bounded by its timeout): call it off any event loop. A read's `timeout` is seconds or a
+`Deadline` (`rollstream.infra.deadline`): a caller that makes several reads for one call passes its deadline, so
+that all of them together keep it; a read that finds it passed raises at once (`time_left`). None is thread-safe for one
 client; separate clients may be used from separate threads.
 """
 
@@ -39,11 +41,11 @@ from rollstream.infra.kafka_errors import (
     not_authorized_error,
     where,
 )
+from rollstream.schemas import ConfigError
 
 log = logging.getLogger(__name__)
 _BATCH = 500
-
-
+_FIRST_BACKOFF_S, _MAX_BACKOFF_S = 0.1, 1.0  # between attempts of a read retried within its deadline
 def produce_and_wait(producer: Producer, topic: str, records: Iterable[tuple[bytes | None, bytes]], *,
                      timeout: float | Deadline, on_acked: Callable[[int, int], None] | None = None) -> int:
     """Produce each (key, value) of `records` to `topic`, flush, and return how many were acknowledged.
@@ -116,6 +118,24 @@ def _produce(producer: Producer, topic: str, key: bytes | None, value: bytes,
             producer.poll(deadline.seconds(0.1))  # the queue is full: serve delivery reports until there is room
 
 
+def time_left(deadline: Deadline, what: str, *, topic: str | None = None, partition: int | None = None) -> float:
+    """Seconds `deadline` leaves for the next wait on librdkafka, never past it.
+
+    Raises:
+        KafkaIOError (retriable, code ``_TIMED_OUT``): the deadline has passed; the message says `what` was
+            being done and what to check.
+        ConfigError: `deadline` has no limit (a Kafka read is always bounded).
+    """
+    if deadline.total_s is None:
+        raise ConfigError(f"{what}: a Kafka read needs a bounded timeout, got none")
+    left = deadline.remaining()
+    if left <= 0:
+        raise KafkaIOError(f"{what}: no answer within {deadline.total_s:g} s; is the broker up (rollstream broker "
+                           "status)? retrying may help", topic=topic, partition=partition, code="_TIMED_OUT",
+                           retriable=True)
+    return left
+
+
 def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *, metadata: str | None = None) -> None:
     """Commit `offsets` (partition -> offset of the next record to read) for the consumer's group, each with
     `metadata` (Kafka's per-offset metadata string; None: none) when given, synchronously.
@@ -154,14 +174,15 @@ def reader(config: KafkaConfig, group_id: str) -> Iterator[Consumer]:
         consumer.close()
 
 
-def partitions_of(consumer: Consumer, topic: str, *, timeout: float) -> list[int]:
-    """Partition ids of `topic`, sorted. Blocks up to `timeout` s.
+def partitions_of(consumer: Consumer, topic: str, *, timeout: float | Deadline) -> list[int]:
+    """Partition ids of `topic`, sorted. Blocks up to `timeout` (seconds or a `Deadline`).
 
     Raises:
         KafkaIOError: the topic does not exist (`missing_topic_error`), or (retriable) no answer.
     """
+    wait_s = time_left(Deadline.of(timeout), f"cannot read the partitions of {topic}", topic=topic)
     try:
-        meta = consumer.list_topics(topic, timeout=timeout)
+        meta = consumer.list_topics(topic, timeout=wait_s)
     except KafkaException as exc:
         raise kafka_error(f"cannot read the partitions of {topic}", exc, topic=topic) from exc
     info = meta.topics.get(topic)
@@ -176,10 +197,12 @@ def partitions_of(consumer: Consumer, topic: str, *, timeout: float) -> list[int
     return sorted(info.partitions)
 
 
-def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float
+def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float | Deadline
                       ) -> dict[int, int | None]:
     """The consumer group's committed offsets on `topic` (None where it committed nothing). Blocks up to
-    `timeout` s (librdkafka's own timeout, which it keeps: no thread is left behind).
+    `timeout` (seconds or a `Deadline`), on the calling thread: librdkafka keeps that timeout itself, and a
+    lookup left running in another thread would outlive the client it uses once the caller closes it (librdkafka
+    then aborts the process: ``rd_kafka_enq_once_del_source_return``).
 
     Raises:
         KafkaIOError: the coordinator did not answer (retriable), or refused for a partition.
@@ -188,13 +211,14 @@ def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int],
     return {p: offset for p, (offset, _) in found.items()}
 
 
-def committed_with_metadata(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float
+def committed_with_metadata(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float | Deadline
                             ) -> dict[int, tuple[int | None, str | None]]:
     """`committed_offsets`, each with the metadata string committed with it (None: none). Blocks and
     raises as `committed_offsets` does."""
+    what = f"cannot read committed offsets on {topic}"
+    wait_s = time_left(Deadline.of(timeout), what, topic=topic)
     try:
-        # rd_kafka_committed waits at most its timeout (also for a client without a coordinator): no thread needed.
-        tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=max(0.0, timeout))
+        tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=wait_s)
     except KafkaException as exc:
         raise kafka_error(f"cannot read committed offsets on {topic}", exc, topic=topic) from exc
     for tp in tps:
@@ -204,26 +228,26 @@ def committed_with_metadata(consumer: Consumer, topic: str, partitions: Sequence
     return {tp.partition: (tp.offset if tp.offset >= 0 else None, tp.metadata or None) for tp in tps}
 
 
-def watermarks(consumer: Consumer, topic: str, partition: int, *, timeout: float) -> tuple[int, int]:
+def watermarks(consumer: Consumer, topic: str, partition: int, *, timeout: float | Deadline) -> tuple[int, int]:
     """(low, high) offsets of a partition: the first stored record and one past the last. Blocks up to
-    `timeout` s (asks the partition leader, never the cache). While the partition has no leader for a
-    moment (a broker restarting or resuming from a stall) it asks again until `timeout`.
+    `timeout` (seconds or a `Deadline`; asks the partition leader, never the cache). While the partition has
+    no leader for a moment (a broker restarting or resuming from a stall) it asks again within `timeout`.
 
     Raises:
         KafkaIOError: no answer (retriable), or the leader refused.
     """
-    deadline, backoff = time.monotonic() + timeout, 0.1
+    deadline, backoff = Deadline.of(timeout), _FIRST_BACKOFF_S
+    what = f"cannot read the offsets of {topic}[{partition}]"
     while True:
         try:
             bounds = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=False,
-                                                    timeout=max(0.1, deadline - time.monotonic()))
+                                                    timeout=time_left(deadline, what, topic=topic, partition=partition))
         except KafkaException as exc:
-            error = kafka_error(f"cannot read the offsets of {topic}[{partition}]", exc, topic=topic,
-                                partition=partition)
-            if not (error.retriable or error.code in NO_LEADER) or time.monotonic() + backoff >= deadline:
+            error = kafka_error(what, exc, topic=topic, partition=partition)
+            if not (error.retriable or error.code in NO_LEADER) or deadline.remaining() <= backoff:
                 raise error from exc
             time.sleep(backoff)
-            backoff = min(2 * backoff, 1.0)
+            backoff = min(2 * backoff, _MAX_BACKOFF_S)
             continue
         if bounds is None:
             raise KafkaIOError(f"cannot read the offsets of {topic}[{partition}]: the leader gave none; retrying "
@@ -261,28 +285,32 @@ def position_of(msg: Message) -> tuple[int, int]:
 
 def read_ranges(config: KafkaConfig, topic: str, bounds: Mapping[int, tuple[int, int]], *,
                 group_id: str = "rollstream-reader", timeout: float = 30.0,
-                progress: Callable[[int], None] | None = None) -> Iterator[Message]:
+                progress: Callable[[int], None] | None = None, deadline: Deadline | None = None
+                ) -> Iterator[Message]:
     """Yield the records of `topic` in the offset ranges [start, end) per partition, in order per partition.
 
     Ends are clamped to what the partition holds now; starts below the first stored offset (deleted by
     retention) are raised to it with a warning. `progress` gets the number of offsets advanced. Reads
-    with a consumer of its own (`reader`): commits nothing. Blocks until done.
+    with a consumer of its own (`reader`): commits nothing. Blocks until done, and at most until `deadline`
+    (None: none) while it reads.
 
     Raises:
-        KafkaIOError: a read failed; or (retriable) `timeout` s passed without progress.
+        KafkaIOError: a read failed; or (retriable) `timeout` s passed without progress, or `deadline` passed.
     """
     with reader(config, group_id) as consumer:
-        yield from read_assigned(consumer, topic, bounds, timeout=timeout, progress=progress)
+        yield from read_assigned(consumer, topic, bounds, timeout=timeout, progress=progress, deadline=deadline)
 
 
 def read_assigned(consumer: Consumer, topic: str, bounds: Mapping[int, tuple[int, int]], *, timeout: float = 30.0,
-                  progress: Callable[[int], None] | None = None) -> Iterator[Message]:
+                  progress: Callable[[int], None] | None = None, deadline: Deadline | None = None
+                  ) -> Iterator[Message]:
     """`read_ranges` with a `reader` the caller holds: many reads, one client (a read assigns its ranges,
     replacing the last read's). Not thread-safe (the consumer is the caller's). Blocks and raises as
     `read_ranges`."""
     todo: dict[int, tuple[int, int]] = {}
+    whole = Deadline.after(None) if deadline is None else deadline
     for p, (start, end) in bounds.items():
-        low, high = watermarks(consumer, topic, p, timeout=timeout)
+        low, high = watermarks(consumer, topic, p, timeout=whole.within(timeout))
         if start < low:
             log.warning("%s[%d]: offsets [%d, %d) were deleted (retention); starting at %d",
                         topic, p, start, low, low)
@@ -294,19 +322,20 @@ def read_assigned(consumer: Consumer, topic: str, bounds: Mapping[int, tuple[int
     assignment = [TopicPartition(topic, p, start) for p, (start, _) in todo.items()]
     consumer.assign(assignment)
     consumer.resume(assignment)  # a partition an earlier read finished was paused
-    yield from _drain(consumer, topic, todo, timeout, progress)
+    yield from _drain(consumer, topic, todo, timeout, progress, whole)
 
 
 def _drain(consumer: Consumer, topic: str, todo: dict[int, tuple[int, int]], timeout: float,
-           progress: Callable[[int], None] | None) -> Iterator[Message]:
+           progress: Callable[[int], None] | None, deadline: Deadline) -> Iterator[Message]:
     nexts = {p: start for p, (start, _) in todo.items()}
     last_progress = time.monotonic()
     while todo:
         # consume() waits for all it asks for: ask for no more than is left, or every call would wait out the timeout.
         left = sum(end - nexts[p] for p, (_, end) in todo.items())
-        msgs = consumer.consume(max(1, min(_BATCH, left)), timeout=min(1.0, timeout))
-        if not msgs and time.monotonic() - last_progress > timeout:
-            raise KafkaIOError(f"no progress reading {topic} for {timeout:g} s (still to read: "
+        msgs = consumer.consume(max(1, min(_BATCH, left)), timeout=deadline.seconds(min(1.0, timeout)))
+        if not msgs and (time.monotonic() - last_progress > timeout or deadline.expired):
+            stalled = f"for {timeout:g} s" if not deadline.expired else f"within {deadline.total_s:g} s"
+            raise KafkaIOError(f"no progress reading {topic} {stalled} (still to read: "
                                + ", ".join(f"[{p}] {nexts[p]}..{e}" for p, (_, e) in todo.items())
                                + "); is the broker up (rollstream broker status)?", topic=topic, code="_TIMED_OUT",
                                retriable=True)

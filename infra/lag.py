@@ -7,8 +7,9 @@ The reader asks as the group's own consumers do (committed offsets through the g
 watermarks from the partition leaders), never through the admin API: librdkafka 2.16's admin client
 was seen to leave a ListConsumerGroupOffsets unsent for good after a broker restart, and to abort the
 process (``rd_kafka_enq_once_del_source_return`` assertion) when a cluster node died under it. It never
-subscribes, so it never joins the group, triggers no rebalance and commits nothing. The committed-offset
-lookup keeps librdkafka's own timeout (no thread).
+subscribes, so it never joins the group, triggers no rebalance and commits nothing. Every request runs on
+the caller's thread with librdkafka's own timeout, so a reader is never closed under a request still running.
+A read has one deadline: its retries and every request in them spend it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaException
 from rollstream.infra.clients import open_consumer
 from rollstream.infra.config import KafkaConfig
+from rollstream.infra.deadline import Deadline
 from rollstream.infra.kafka_errors import KafkaIOError
 from rollstream.infra.kafka_io import committed_offsets, partitions_of, watermarks
 from rollstream.schemas import RollstreamError
@@ -26,7 +28,6 @@ from rollstream.schemas import RollstreamError
 # Retrying a read that failed for a passing reason (coordinator loading, reconnecting).
 _FIRST_BACKOFF_S = 0.1
 _MAX_BACKOFF_S = 1.0
-_MIN_ATTEMPT_S = 0.5
 # The group id of the consumer that only reads metadata (`partitions`); it never commits or joins.
 _METADATA_GROUP = "rollstream-lag-reader"
 
@@ -80,30 +81,32 @@ class LagReader:
             except (KafkaException, RuntimeError):
                 pass
 
-    def partitions(self, topic: str, *, timeout: float = 10.0) -> list[int]:
-        """Partition ids of `topic`. Blocks up to `timeout` s.
+    def partitions(self, topic: str, *, timeout: float | Deadline = 10.0) -> list[int]:
+        """Partition ids of `topic`. Blocks up to `timeout` (seconds or a `Deadline`).
 
         Raises:
             KafkaIOError: the topic does not exist (`rollstream.infra.missing_topic_error`), or (retriable) no answer.
         """
         return self._partitions(self._consumer(_METADATA_GROUP), topic, timeout)
 
-    def group_lag(self, group: str, topic: str, *, timeout: float = 10.0) -> GroupLag:
-        """The lag of `group` on every partition of `topic`. Blocks up to about `timeout` s.
+    def group_lag(self, group: str, topic: str, *, timeout: float | Deadline = 10.0) -> GroupLag:
+        """The lag of `group` on every partition of `topic`. Returns or raises within `timeout` (seconds or a
+        `Deadline`) plus `rollstream.infra.deadline.GRACE_S`, whatever the broker does.
 
         A retriable broker error (coordinator still loading after a broker start, a leader moving, a
-        connection being re-established) is retried until `timeout` runs out.
+        connection being re-established) is retried while `timeout` lasts; every attempt spends the one deadline.
 
         Raises:
-            KafkaIOError: the topic does not exist; or (retriable) no good answer within `timeout`.
+            KafkaIOError: the topic does not exist; or (retriable) no good answer within `timeout` (is the broker
+                up? the message says what did not answer).
         """
-        deadline = time.monotonic() + timeout
+        deadline = Deadline.of(timeout)
         backoff = _FIRST_BACKOFF_S
         while True:
             try:
-                return self._group_lag(group, topic, max(_MIN_ATTEMPT_S, deadline - time.monotonic()))
+                return self._group_lag(group, topic, deadline)
             except RollstreamError as exc:
-                if not exc.retriable or time.monotonic() + backoff >= deadline:
+                if not exc.retriable or deadline.remaining() <= backoff:
                     raise
             time.sleep(backoff)
             backoff = min(2 * backoff, _MAX_BACKOFF_S)
@@ -115,17 +118,15 @@ class LagReader:
             self._consumers[group] = consumer
         return consumer
 
-    def _partitions(self, consumer: Consumer, topic: str, timeout: float) -> list[int]:
+    def _partitions(self, consumer: Consumer, topic: str, timeout: float | Deadline) -> list[int]:
         return partitions_of(consumer, topic, timeout=timeout)
 
-    def _group_lag(self, group: str, topic: str, timeout: float) -> GroupLag:
+    def _group_lag(self, group: str, topic: str, deadline: Deadline) -> GroupLag:
         consumer = self._consumer(group)
-        deadline = time.monotonic() + timeout
-        parts = self._partitions(consumer, topic, timeout)
+        parts = self._partitions(consumer, topic, deadline)
         try:
-            committed = committed_offsets(consumer, topic, parts, timeout=max(0.1, deadline - time.monotonic()))
-            bounds = {p: watermarks(consumer, topic, p, timeout=max(0.1, deadline - time.monotonic()))
-                      for p in parts}
+            committed = committed_offsets(consumer, topic, parts, timeout=deadline)
+            bounds = {p: watermarks(consumer, topic, p, timeout=deadline) for p in parts}
         except KafkaIOError as exc:
             # Any failure here is a passing one (coordinator loading, leader moving): retried by group_lag.
             raise KafkaIOError(f"cannot read lag of group {group} on {topic}: {exc}", topic=topic,

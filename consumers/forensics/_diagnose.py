@@ -17,6 +17,7 @@ from rollstream.consumers.forensics._status import status
 from rollstream.consumers.forensics._status_causes import age, causes_of, seen_line, take_cause, unavailable_note
 from rollstream.consumers.forensics._status_report import Diagnosis, StatusReport
 from rollstream.infra import BoundedCaller, KafkaConfig, TopicNames
+from rollstream.infra.deadline import GRACE_S
 from rollstream.schemas import OffsetDisposition, now_ms
 
 log = logging.getLogger(__name__)
@@ -120,12 +121,13 @@ class TakeTimeouts:
               seen: Sequence[OffsetDisposition], *, max_staleness: int | None,
               policy_version: int | None) -> TakeTimeout:
         """The timeout of a take of `n` that gathered `gathered` after looking at `seen`, diagnosed (the
-        cluster read at most every 30 s; waits at most a quarter of `timeout` and 5 s for it)."""
+        cluster read at most every 30 s; waits at most a quarter of `timeout` and half of `GRACE_S` for it: a
+        timed-out take raises within its deadline's grace)."""
         try:
             diagnoser = self._diagnoser
             if diagnoser is None:
                 diagnoser = self._diagnoser = TimeoutDiagnoser(config, self._names, trainer_group=self._trainer_group)
-            why: Diagnosis | str = diagnoser.diagnose(seen, wait_s=min(5.0, (timeout or 0.0) / 4),
+            why: Diagnosis | str = diagnoser.diagnose(seen, wait_s=min(GRACE_S / 2, (timeout or 0.0) / 4),
                                                       max_staleness=max_staleness, policy_version=policy_version)
         except Exception as exc:  # noqa: BLE001 - the timeout must be raised, whatever the diagnosis does
             why = f"Why: diagnosis unavailable ({type(exc).__name__}: {exc})"

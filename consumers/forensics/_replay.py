@@ -29,6 +29,7 @@ from rollstream.infra import (
     reader,
     watermarks,
 )
+from rollstream.infra.deadline import Deadline
 from rollstream.schemas import RollstreamError, SchemaError, ScoredGroup, StepManifest, decode
 
 Progress = Callable[[int], None]
@@ -173,8 +174,9 @@ def replay_step(config: KafkaConfig, namespace: str, consumer_group: str, step: 
 
 
 def read_taken(config: KafkaConfig, manifest: StepManifest, *, timeout: float = 30.0,
-               progress: Progress | None = None) -> tuple[ReplayedRecord, ...]:
-    """The records `manifest` took, fetched by offset, in the manifest's order. Blocks until read.
+               progress: Progress | None = None, deadline: Deadline | None = None) -> tuple[ReplayedRecord, ...]:
+    """The records `manifest` took, fetched by offset, in the manifest's order. Blocks until read (no progress
+    for `timeout` s is an error), at most until `deadline` (None: none).
 
     Raises:
         RollstreamError: a taken offset no longer exists (retention) or holds another group than the
@@ -186,7 +188,7 @@ def read_taken(config: KafkaConfig, manifest: StepManifest, *, timeout: float = 
     found: dict[tuple[int, int], ReplayedRecord] = {}
     # The step's own group (never joined, never committed): a trainer granted only its group may replay.
     for msg in read_ranges(config, manifest.topic, bounds, group_id=manifest.consumer_group, timeout=timeout,
-                           progress=progress):
+                           progress=progress, deadline=deadline):
         if position_of(msg) in wanted:
             found[position_of(msg)] = record_of(msg)
     records = []

@@ -112,7 +112,8 @@ def take(
     namespace: NamespaceOpt = DEFAULT_NAMESPACE,
     out: TakeOutOpt = None,
     timeout: Annotated[float | None, typer.Option(
-        help="Seconds to wait for each batch; on timeout exit 2 and leave what was gathered uncommitted.")] = None,
+        help="Seconds to wait for each batch, connecting included; on timeout (a stopped or unreachable broker "
+             "too) exit 2 and leave what was gathered uncommitted.")] = None,
     max_staleness: Annotated[int | None, typer.Option(
         help="Skip groups more than this many policy versions behind --policy-version.")] = None,
     policy_version: Annotated[int | None, typer.Option(help="The trainer's current policy version.")] = None,

@@ -65,14 +65,16 @@ def take_saying_why(consumer: RolloutConsumer, n: int, timeout: float | None, no
                     say: Callable[[str], None], committed: int = 0) -> Batch:
     """``consumer.take(n, timeout, commit=False)``, calling `say` with a `waiting_line` whenever a line is due.
 
-    Blocks until n groups are there or `timeout` s (None: no limit) have passed, plus at most about 5 s per line
-    (the cluster read, when the broker is slow). Commits nothing; every slice puts back what it looked at.
+    Blocks until n groups are there or `timeout` s (None: no limit) have passed, connecting first within that
+    time (None: the consumer's timeout), plus at most about 5 s per line (the cluster read, when the broker is slow)
+    and `GRACE_S`. Commits nothing; every slice puts back what it looked at.
 
     Raises:
         TakeTimeout: `timeout` passed, diagnosed as a timed-out `take` is.
-        RollstreamError: what `RolloutConsumer.poll_batch` raises.
+        RollstreamError: what `RolloutConsumer.connect` and `RolloutConsumer.poll_batch` raise.
     """
     started = time.monotonic()
+    consumer.connect(timeout)  # the step's time covers connecting (a slice connects within the consumer's timeout)
     due = notices.times()
     notice, read = next(due), False
     while True:

@@ -1,9 +1,9 @@
-"""The producer's thread pools, and the lag reader's lookups on the caller's thread.
+"""The producer's thread pools, and the lag reader's reads on the caller's thread.
 
 Pinned: a `ThreadPool` runs at most `size` calls at once in daemon threads named after it, so a hung call
 holds one slot and the others go on; closing never waits for a hung call and cancels what had not
 started; `in_thread` runs a one-off call in a thread of its own. `LagReader` reads committed offsets on the
-caller's thread, with librdkafka's own timeout (no thread left inside librdkafka).
+caller's thread (librdkafka keeps the timeout), never in a thread that could outlive the client it uses.
 """
 
 from __future__ import annotations

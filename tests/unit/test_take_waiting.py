@@ -40,12 +40,16 @@ def test_the_line_says_how_long_how_many_and_why_with_the_fix() -> None:
 
 
 class _Fake:
-    """poll_batch: a batch once `ready_after` s have passed (else None after its slice); timeout_error records."""
+    """connect: records its timeout; poll_batch: a batch once `ready_after` s have passed (else None after its
+    slice); timeout_error records."""
 
     def __init__(self, ready_after: float) -> None:
         self.started, self.ready_after = time.monotonic(), ready_after
         self.slices: list[float] = []
         self.errors: list[float] = []
+
+    def connect(self, timeout: float | None = None) -> None:
+        self.connected = timeout
 
     def poll_batch(self, n: int, timeout: float, commit: bool = True) -> Any:
         assert not commit and timeout >= 0

@@ -1,0 +1,72 @@
+"""Kafka reads keep one deadline, without a broker (stand-in clients).
+
+Pinned here: a read takes seconds or a `Deadline` (`Deadline.of`; 0 is a deadline already passed); a read whose
+deadline passed raises a retriable ``_TIMED_OUT`` KafkaIOError at once, saying what to check; `watermarks`
+retries a partition without a leader within its deadline and no further (no per-attempt floor), and each attempt
+waits at most what is left; several reads handed one deadline spend it together.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from rollstream.infra import KafkaIOError, partitions_of, watermarks
+from rollstream.infra.deadline import GRACE_S, Deadline
+from rollstream.infra.kafka_io import time_left
+from rollstream.schemas import ConfigError
+
+
+def test_a_timeout_or_a_deadline() -> None:
+    shared = Deadline.after(5)
+    assert Deadline.of(shared) is shared  # a nested call spends its caller's deadline
+    assert Deadline.of(0).expired and Deadline.of(None).total_s is None
+    assert 2.9 < Deadline.of(3).remaining() <= 3
+    with pytest.raises(ConfigError):
+        Deadline.of(-1)
+
+
+def test_time_left_raises_once_the_deadline_passed() -> None:
+    assert 0 < time_left(Deadline.after(1), "read") <= 1
+    with pytest.raises(KafkaIOError) as info:
+        time_left(Deadline.of(0), "cannot read the offsets of ns.rollouts[1]", topic="ns.rollouts", partition=1)
+    error = info.value
+    assert error.retriable and error.code == "_TIMED_OUT" and (error.topic, error.partition) == ("ns.rollouts", 1)
+    assert "no answer within 0 s" in str(error) and "rollstream broker status" in str(error)
+    with pytest.raises(ConfigError, match="bounded"):
+        time_left(Deadline.of(None), "read")
+
+
+class _Leaderless:
+    """A consumer whose partition has no leader: every watermark query fails after waiting its timeout's tenth."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def get_watermark_offsets(self, tp: TopicPartition, cached: bool, timeout: float) -> Any:
+        self.waits.append(timeout)
+        time.sleep(timeout / 10)
+        raise KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE))
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        raise AssertionError("not called once the deadline passed")
+
+
+def test_watermarks_retry_within_the_deadline_and_no_further() -> None:
+    consumer = _Leaderless()
+    started = time.monotonic()
+    with pytest.raises(KafkaIOError) as info:
+        watermarks(consumer, "ns.rollouts", 0, timeout=0.5)  # type: ignore[arg-type]
+    took = time.monotonic() - started
+    assert 0.3 < took < 0.5 + GRACE_S and info.value.code == "LEADER_NOT_AVAILABLE"
+    assert len(consumer.waits) > 1 and all(0 < w <= 0.5 for w in consumer.waits)
+    assert consumer.waits == sorted(consumer.waits, reverse=True)  # each attempt waits what is left, no floor
+    spent = Deadline.after(0.2)
+    with pytest.raises(KafkaIOError):
+        watermarks(consumer, "ns.rollouts", 0, timeout=spent)  # type: ignore[arg-type]
+    assert spent.remaining() < 0.2  # it gave up rather than sleep past the deadline
+    time.sleep(spent.remaining())
+    with pytest.raises(KafkaIOError, match="no answer within 0.2 s"):  # the same deadline: nothing left for another
+        partitions_of(consumer, "ns.rollouts", timeout=spent)  # type: ignore[arg-type]
