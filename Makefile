@@ -26,6 +26,7 @@ bench: install jars
 # Seeded randomized faults against a private local broker, then 0 lost / 0 duplicated / audit green (not in `test`).
 chaos: install jars
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
+	$(PY) -m tests.chaos.abandon --level status --rounds 10 --seconds 120
 
 # 100+ producers on a private 3-node cluster, poll vs pushed backpressure at two fleet sizes (not in `test`).
 fleet: install jars

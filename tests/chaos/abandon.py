@@ -4,17 +4,17 @@ Issue 36: trainers died of ``rdkafka_queue.h:1086: rd_kafka_enq_once_del_source_
 'eonce->refcnt > 0' failed`` (SIGABRT) under a broker nemesis. Each ``--level`` drives one suspect sequence
 on purpose, round after round, against a private broker frozen (SIGSTOP) for ``--pause`` s per round:
 
-- ``status`` (default; reproduces the abort in the first round): the cluster read a timed-out take makes in the
-  background (`rollstream.consumers.forensics.status` of producers and prompts, bounded by ``--timeout`` in one
-  kept thread, as `TimeoutDiagnoser` reads it). Its producers part is an admin ``describe_consumer_groups``,
-  a request routed to the group coordinator; its ``request_timeout`` passes while the broker is frozen, and
-  when the broker answers late librdkafka 2.16 asserts (librdkafka#4605, #3663).
+- ``status`` (default): the cluster read of a timed-out take (`rollstream.consumers.forensics.status` of
+  producers and prompts, bounded by ``--timeout`` in one kept thread, as `TimeoutDiagnoser` reads it). Its
+  producers part describes the producers' group, a request routed to the group coordinator; its
+  ``request_timeout`` passes while the broker is frozen, and when the broker answers late librdkafka 2.16
+  asserts (librdkafka#4605, #3663). It aborted every worker in the first round until that read moved to a child
+  process (`rollstream.consumers.forensics._group_members`); now it must pass.
 - ``admin``: only that: an `AdminClient`'s ``describe_consumer_groups`` timed out by a freeze, the client kept
   until the broker is continued. The minimal reproduction, without rollstream.
 - ``consumer``: `RolloutConsumer` take (``commit=False``), then a commit cut off by the freeze: attempts run out,
-  the client is replaced after two and the old one closed in the background while its call may still be
-  inside librdkafka (the first suspect: `infra/_bounded.py` abandons a synchronous call).
-- ``raw``: the same on a plain client: `commit_offsets` cut off, `close_quietly` of the client, a fresh one.
+  the client is replaced after two and the old one closed (the first suspect, when a synchronous commit was
+  run in a thread and abandoned at its timeout; commits are asynchronous now, `rollstream.infra.commits`).
 
 Each worker is a process of its own (``--worker``, started by the supervisor): a worker that dies of a signal
 (SIGABRT, SIGSEGV) or with a traceback is counted with its output's tail, the broker is continued, and a new
@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import KafkaException
 from rollstream.consumers import CommitError, RolloutConsumer
 from rollstream.consumers.forensics import status
 from rollstream.infra import (
@@ -46,12 +46,10 @@ from rollstream.infra import (
     KafkaConfig,
     TopicNames,
     TopicPlan,
-    close_quietly,
     create_topics,
 )
 from rollstream.infra.broker import BrokerSpec, free_port
-from rollstream.infra.clients import open_admin, open_consumer
-from rollstream.infra.kafka_io import commit_offsets
+from rollstream.infra.clients import open_admin
 
 from tests.chaos._cluster import Cluster
 from tests.integration._kafka import REPO_ROOT
@@ -67,14 +65,14 @@ ROUND_DONE = "round done"  # a worker's progress line, counted by the supervisor
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.abandon", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--level", choices=("status", "admin", "consumer", "raw"), default="status",
+    parser.add_argument("--level", choices=("status", "admin", "consumer"), default="status",
                         help="status: the cluster read of a waiting or timed-out take (describe_consumer_groups); "
                              "admin: that admin request alone; consumer: RolloutConsumer take/commit and client "
-                             "replacement; raw: commit_offsets and close_quietly on a plain client (default status)")
+                             "replacement (default status)")
     parser.add_argument("--rounds", type=int, default=40, help="rounds in all, over every worker (default 40)")
     parser.add_argument("--seconds", type=float, default=300.0, help="stop after this long (default 300)")
     parser.add_argument("--timeout", type=float, default=2.0,
-                        help="the consumer's timeout (raw: each bounded commit's) in seconds (default 2)")
+                        help="the consumer's timeout in seconds (default 2)")
     parser.add_argument("--pause", type=float, default=4.0,
                         help="seconds the broker is frozen per round; with --jitter, at most (default 4)")
     parser.add_argument("--jitter", action="store_true",
@@ -121,25 +119,6 @@ def consumer_rounds(config: KafkaConfig, namespace: str, broker_pid: int, args: 
             print(f"{ROUND_DONE} {i}: step {batch.step} {outcome}; clients replaced so far: {replaced:g}", flush=True)
 
 
-def raw_rounds(config: KafkaConfig, namespace: str, broker_pid: int, args: argparse.Namespace,
-               rng: random.Random) -> None:
-    """Rounds of freeze, bounded commit that runs out, close of that client in the background, thaw, new client."""
-    topic = TopicNames(namespace).rollouts
-    client = _raw_client(config, topic)
-    for i in range(1, 10**9):
-        until = _freeze(broker_pid, args, rng)
-        try:
-            commit_offsets(client, topic, {0: i}, timeout=args.timeout)
-            outcome = "committed during the freeze"
-        except CommitFailed as exc:
-            outcome = f"cut off ({exc.code})"
-        stale, client = client, _raw_client(config, topic)
-        close_quietly(stale.close, "abandon-raw")
-        _thaw(broker_pid, until)
-        _commit_when_up(lambda c=client, i=i: commit_offsets(c, topic, {0: i}, timeout=10.0))
-        print(f"{ROUND_DONE} {i}: {outcome}", flush=True)
-
-
 def status_rounds(config: KafkaConfig, namespace: str, broker_pid: int, args: argparse.Namespace,
                   rng: random.Random) -> None:
     """Rounds of freeze, the cluster read of a timed-out take (`status`, producers and prompts, bounded by the
@@ -175,14 +154,6 @@ def admin_rounds(config: KafkaConfig, namespace: str, broker_pid: int, args: arg
         print(f"{ROUND_DONE} {i}: {outcome}", flush=True)
 
 
-def _raw_client(config: KafkaConfig, topic: str) -> Consumer:
-    from confluent_kafka import TopicPartition
-
-    client = open_consumer(config.consumer(GROUP, {"enable.partition.eof": False}))
-    client.assign([TopicPartition(topic, 0, 0)])
-    return client
-
-
 def _commit_when_up(commit: object, tries: int = 20) -> None:
     """Retry `commit` (a callable) until it succeeds with the broker up; the last failure propagates."""
     for attempt in range(tries):
@@ -198,7 +169,7 @@ def _commit_when_up(commit: object, tries: int = 20) -> None:
 def worker(args: argparse.Namespace) -> None:
     bootstrap, pid = args.worker[0], int(args.worker[1])
     config = KafkaConfig.load(bootstrap, client_id="abandon-worker")
-    levels = {"status": status_rounds, "admin": admin_rounds, "consumer": consumer_rounds, "raw": raw_rounds}
+    levels = {"status": status_rounds, "admin": admin_rounds, "consumer": consumer_rounds}
     levels[args.level](config, args.namespace, pid, args, random.Random(args.seed * 1000 + args.worker_index))
 
 
