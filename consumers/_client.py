@@ -3,7 +3,7 @@
 A client can lose its group coordinator for good after a broker stall (confluentinc/librdkafka#5511):
 fetches keep working, every committed-offsets lookup and commit times out. `RolloutConsumer` then
 installs a fresh client (`swap`) at the position it holds, and a fresh commit client (`StepCommitter.renew`),
-by the one replacement policy (`rollstream.infra.ClientReplacement`), which closes the old one in the
+by the one replacement policy (`rollstream.infra._replaceable.ClientReplacement`), which closes the old one in the
 background, since a client without a coordinator may take long to close. This client only fetches: the
 group's commits go through a client of their own (`rollstream.infra.commits.CommitClient`), since waiting for
 an asynchronous commit's answer polls the client that made it. Not thread-safe, like its owner.
@@ -17,16 +17,11 @@ from collections.abc import Mapping
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from rollstream.consumers._gather import Entry
-from rollstream.infra import (
-    KafkaConfig,
-    KafkaIOError,
-    close_quietly,
-    is_record,
-    kafka_error,
-    not_authorized_error,
-    open_consumer,
-    position_of,
-)
+from rollstream.infra import KafkaConfig, KafkaIOError
+from rollstream.infra._replaceable import close_quietly
+from rollstream.infra.clients import open_consumer
+from rollstream.infra.kafka_errors import kafka_error, not_authorized_error
+from rollstream.infra.kafka_io import is_record, position_of
 from rollstream.schemas import LifecycleError
 
 log = logging.getLogger(__name__)

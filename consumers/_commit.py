@@ -32,20 +32,13 @@ from rollstream.consumers._batch import Batch
 from rollstream.consumers._errors import CommitError, GroupConflictError
 from rollstream.consumers._manifests import ManifestIndex
 from rollstream.consumers._requeue import Requeue
-from rollstream.infra import (
-    ClientReplacement,
-    CommitFailed,
-    KafkaConfig,
-    KafkaIOError,
-    PolicyAnnouncer,
-    TopicNames,
-    committed_offsets,
-    kafka_error,
-    open_producer,
-    produce_and_wait,
-)
+from rollstream.infra import KafkaConfig, KafkaIOError, PolicyAnnouncer, TopicNames
+from rollstream.infra._replaceable import ClientReplacement
+from rollstream.infra.clients import open_producer
 from rollstream.infra.commits import CommitClient
 from rollstream.infra.deadline import Deadline
+from rollstream.infra.kafka_errors import CommitFailed, kafka_error
+from rollstream.infra.kafka_io import committed_offsets, produce_and_wait
 from rollstream.schemas import LifecycleError, StepManifest, encode
 
 log = logging.getLogger(__name__)
@@ -209,8 +202,8 @@ class StepCommitter:
         """`commit` retried within one deadline of the committer's timeout (each attempt gets at most a
         `FRESH_CLIENT_AFTER` + 1-th of it, and never more than is left); after `FRESH_CLIENT_AFTER` failed
         attempts in a row, also across calls, `replacement` replaces the client
-        (`rollstream.infra.ClientReplacement`, see `RolloutConsumer.commit`). Blocks at most the timeout plus
-        `rollstream.infra.deadline.GRACE_S`. Raises what `commit` raises once the time is up;
+        (`rollstream.infra._replaceable.ClientReplacement`, see `RolloutConsumer.commit`). Blocks at most the timeout
+        plus `rollstream.infra.deadline.GRACE_S`. Raises what `commit` raises once the time is up;
         `GroupConflictError` at once."""
         return self.retrying(lambda d: self.commit(batches, d), replacement=replacement)
 

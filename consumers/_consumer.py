@@ -51,20 +51,11 @@ from rollstream.consumers._progress import Progress
 from rollstream.consumers._resume import Restart, Standing
 from rollstream.consumers.filters import GroupFilter, default_filters
 from rollstream.consumers.forensics._diagnose import TakeTimeouts
-from rollstream.infra import (
-    DEFAULT_TRAINER_GROUP,
-    REACH_TIMEOUT_S,
-    GroupLag,
-    KafkaConfig,
-    LagReader,
-    PolicyAnnouncer,
-    TopicNames,
-    close_quietly,
-    require_topics,
-    sized_to_topic,
-)
+from rollstream.infra import DEFAULT_TRAINER_GROUP, GroupLag, KafkaConfig, LagReader, PolicyAnnouncer, TopicNames
+from rollstream.infra._replaceable import close_quietly
 from rollstream.infra.deadline import GRACE_S, Deadline
-from rollstream.infra.kafka_io import time_left
+from rollstream.infra.kafka_io import REACH_TIMEOUT_S, require_topics, time_left
+from rollstream.infra.topics import sized_to_topic
 from rollstream.schemas import ConfigError, LifecycleError
 
 log = logging.getLogger(__name__)

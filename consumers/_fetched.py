@@ -16,8 +16,8 @@ Contract (pinned by tests/integration/test_consumer_take.py and test_poll_batch.
   buffer: those records are fetched again from the new position, none skipped, none twice.
 - A client that lost its group coordinator for good (confluentinc/librdkafka#5511) is replaced after
   `FRESH_CLIENT_AFTER` failed commit attempts in a row (`replacement`, the one policy of
-  `rollstream.infra.ClientReplacement`): the fresh client goes on at the consumer's position for the fetches,
-  and the commits go through a fresh commit client too (`swap`).
+  `rollstream.infra._replaceable.ClientReplacement`): the fresh client goes on at the consumer's position for the
+  fetches, and the commits go through a fresh commit client too (`swap`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from rollstream.consumers._client import TrainerClient
 from rollstream.consumers._commit import FRESH_CLIENT_AFTER, StepCommitter
 from rollstream.consumers._gather import Entry, Gathering
 from rollstream.consumers._requeue import Requeue
-from rollstream.infra import ClientReplacement
+from rollstream.infra._replaceable import ClientReplacement
 from rollstream.schemas import RollstreamError
 
 log = logging.getLogger(__name__)

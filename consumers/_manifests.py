@@ -18,8 +18,9 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from rollstream.infra import KafkaConfig, partitions_of, position_of, read_ranges, reader, watermarks
+from rollstream.infra import KafkaConfig
 from rollstream.infra.deadline import Deadline
+from rollstream.infra.kafka_io import partitions_of, position_of, read_ranges, reader, watermarks
 from rollstream.schemas import SchemaError, StepManifest, decode
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,9 @@ import logging
 from collections.abc import Mapping
 
 from confluent_kafka import KafkaException, Producer
-from rollstream.infra import KafkaConfig, TopicNames, open_producer, publish_position
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.infra.clients import open_producer
+from rollstream.infra.control import publish_position
 from rollstream.schemas import TrainerPosition, now_ms
 
 log = logging.getLogger(__name__)

@@ -36,8 +36,9 @@ from rollstream.consumers._batch import Batch
 from rollstream.consumers._ledger import DedupeWindow, StepLedger
 from rollstream.consumers._manifests import ManifestIndex, ManifestRead, read_group_manifests
 from rollstream.consumers.forensics._replay import read_taken
-from rollstream.infra import KafkaConfig, TopicNames, committed_with_metadata, partitions_of, watermarks
+from rollstream.infra import KafkaConfig, TopicNames
 from rollstream.infra.deadline import Deadline
+from rollstream.infra.kafka_io import committed_with_metadata, partitions_of, watermarks
 from rollstream.schemas import RollstreamError, StepManifest
 
 log = logging.getLogger(__name__)

@@ -85,7 +85,8 @@ class LagReader:
         """Partition ids of `topic`. Blocks up to `timeout` (seconds or a `Deadline`).
 
         Raises:
-            KafkaIOError: the topic does not exist (`rollstream.infra.missing_topic_error`), or (retriable) no answer.
+            KafkaIOError: the topic does not exist (`rollstream.infra.kafka_errors.missing_topic_error`), or
+                (retriable) no answer.
         """
         return self._partitions(self._consumer(_METADATA_GROUP), topic, timeout)
 

@@ -57,15 +57,16 @@ class ThreadPool:
         """
         return await asyncio.wrap_future(self.submit(fn, *args))
 
-    def submit(self, fn: Callable[..., _T], *args: Any) -> concurrent.futures.Future[_T]:
-        """Queue `fn(*args)`; a thread is started when none is idle and fewer than `size` run. Never blocks.
+    def submit(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> concurrent.futures.Future[_T]:
+        """Queue `fn(*args, **kwargs)`; a thread is started when none is idle and fewer than `size` run. Never
+        blocks.
 
         Raises:
             LifecycleError: the pool is closed or retired.
         """
         future: concurrent.futures.Future[_T] = concurrent.futures.Future()
-        if args:
-            fn = functools.partial(fn, *args)
+        if args or kwargs:
+            fn = functools.partial(fn, *args, **kwargs)
         with self._lock:
             if self._closed:
                 raise LifecycleError(f"thread pool {self.name} is closed: the producer is closing, nothing more runs")

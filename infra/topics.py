@@ -265,8 +265,8 @@ def _answer(future: Future[Any], what: str, config: KafkaConfig, timeout: float,
             ok: int | None = None) -> Any:
     """The result of an admin `future` about `topic`, or `_TOLERATED` when it failed with the error code `ok`.
 
-    Raises KafkaIOError saying `what` failed (mapped by `rollstream.infra.kafka_error`; retriable when the broker
-    did not answer within `timeout`)."""
+    Raises KafkaIOError saying `what` failed (mapped by `rollstream.infra.kafka_errors.kafka_error`; retriable when the
+    broker did not answer within `timeout`)."""
     try:
         value = future.result(timeout=timeout)
     except KafkaException as exc:

@@ -1,7 +1,7 @@
 """The producer state that prompt intake's commits carry, and its commits after a lag gate change.
 
 Contract:
-- Every commit of intake carries this producer's state (`rollstream.infra.ProducerState`) as the offsets'
+- Every commit of intake carries this producer's state (`rollstream.infra.producer_state.ProducerState`) as the offsets'
   metadata (`StateCommits.metadata`).
 - When the lag gate opens or closes, the known offsets are committed again with the new state (at most once
   per `_STATE_COMMIT_S`), so `rollstream status` sees a paused producer within about a second. Known means
@@ -18,7 +18,7 @@ import logging
 import time
 
 from confluent_kafka import Consumer
-from rollstream.infra import ProducerState
+from rollstream.infra.producer_state import ProducerState
 from rollstream.producers._watermarks import Watermarks, commit_partitions
 from rollstream.producers.gate import LagGate
 from rollstream.schemas import now_ms

@@ -25,9 +25,11 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from rollstream.infra import KafkaConfig, LagReader, require_topics, sized_to_topic
+from rollstream.infra import KafkaConfig, LagReader
 from rollstream.infra.deadline import Deadline
+from rollstream.infra.kafka_io import require_topics
 from rollstream.infra.threads import in_thread
+from rollstream.infra.topics import sized_to_topic
 from rollstream.producers._pipeline import GroupPipeline, GroupSettings
 from rollstream.producers._threads import ProducerThreads
 from rollstream.producers.engines.base import Engine, prepare

@@ -32,7 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer
-from rollstream.infra import CommitFailed, commit_offsets
+from rollstream.infra.kafka_errors import CommitFailed
+from rollstream.infra.kafka_io import commit_offsets
 
 log = logging.getLogger(__name__)
 

@@ -39,9 +39,10 @@ import time
 from collections import deque
 from collections.abc import Mapping
 
-from rollstream.infra import ClientReplacement, GroupLag, KafkaConfig, LagReader, WorkerThread
+from rollstream.infra import GroupLag, KafkaConfig, LagReader
+from rollstream.infra._replaceable import ClientReplacement
 from rollstream.infra.deadline import Deadline
-from rollstream.infra.threads import in_thread
+from rollstream.infra.threads import WorkerThread, in_thread
 from rollstream.producers._share import FleetShare
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.schemas import TrainerPosition, now_ms
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 
 # Failed lag reads in a row after which (and after each further as many) the gate replaces its reader: a new
 # client (fresh connections and coordinator lookup), so no state a client kept from before a broker restart
-# or failover can pin the gate (rollstream.infra.ClientReplacement).
+# or failover can pin the gate (rollstream.infra._replaceable.ClientReplacement).
 _FRESH_CLIENT_AFTER = 3
 _PUSHED_MARGIN_MS = 5  # a pushed position counts this producer's records acknowledged from this long before it
 _STALL_S = 5.0  # a polling gate's stall time (see `FleetShare.admits_in_stall`)

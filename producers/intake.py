@@ -26,7 +26,7 @@ Contract:
   no longer move the watermark, and the next owner regenerates them with the same group_id
   (duplicates, never a loss). Once intake is stopping (`close`) nothing more can be acknowledged, so a
   drain returns at once; lost partitions (session expired) are not drained: they are someone else's.
-- Every commit carries this producer's state (`rollstream.infra.ProducerState`), and a lag gate change is
+- Every commit carries this producer's state (`rollstream.infra.producer_state.ProducerState`), and a lag gate change is
   committed within about a second (`_intake_state.StateCommits`).
 - A client that stopped serving its partitions while prompts wait there is replaced (`_intake_stall`): its
   partitions are dropped as lost (duplicates at worst, never a loss), and a fresh client joins the group.
@@ -48,14 +48,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
-from rollstream.infra import (
-    KafkaConfig,
-    ProducerState,
-    WorkerThread,
-    kafka_error,
-    position_of,
-)
+from rollstream.infra import KafkaConfig
 from rollstream.infra.deadline import Deadline
+from rollstream.infra.kafka_errors import kafka_error
+from rollstream.infra.kafka_io import position_of
+from rollstream.infra.producer_state import ProducerState
+from rollstream.infra.threads import WorkerThread
 from rollstream.producers._intake_stall import IntakeClient
 from rollstream.producers._intake_state import StateCommits
 from rollstream.producers._watermarks import Drain, Watermarks, commit_acknowledged, commit_partitions

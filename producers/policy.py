@@ -1,7 +1,7 @@
 """The producer's policy follower: which policy version generated a sample, and loading announced weights.
 
-It follows NS.control (`rollstream.infra.ControlWatcher`, its own thread) for the versions the trainer announces,
-by the runs' rule (`rollstream.infra.runs`): the newest trainer run's latest announcement, also when its
+It follows NS.control (`rollstream.infra.control.ControlWatcher`, its own thread) for the versions the trainer
+announces, by the runs' rule (`rollstream.infra.runs`): the newest trainer run's latest announcement, also when its
 version is lower than an older run's (a trainer resumed from a checkpoint); a superseded run's
 announcements move nothing (counted in ``rollstream_producer_superseded_announcements_total``).
 Where the engine owns its weights (it declares ``reloads_weights``, a `ReloadableEngine`: `HFEngine`, the
@@ -36,7 +36,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from rollstream.infra import ControlWatcher, KafkaConfig
+from rollstream.infra import KafkaConfig
+from rollstream.infra.control import ControlWatcher
 from rollstream.infra.threads import in_thread
 from rollstream.producers.engines.base import Completion, Engine, EngineError, ReloadableEngine, capabilities_of
 from rollstream.producers.metrics import ProducerMetrics

@@ -18,7 +18,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from rollstream.infra import KafkaConfig, TopicNames, open_producer, produce_and_wait, require_topics, sized_to_topic
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.infra.clients import open_producer
+from rollstream.infra.kafka_io import produce_and_wait, require_topics
+from rollstream.infra.topics import sized_to_topic
 from rollstream.schemas import ConfigError, InvalidRecordError, Prompt, encode
 
 log = logging.getLogger(__name__)

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from rollstream.infra import KafkaConfig, KafkaIOError, WorkerThread, open_producer
+from rollstream.infra import KafkaConfig, KafkaIOError
+from rollstream.infra.clients import open_producer
 from rollstream.infra.deadline import Deadline
-from rollstream.infra.threads import ThreadPool, in_thread
+from rollstream.infra.threads import ThreadPool, WorkerThread, in_thread
 from rollstream.schemas import LifecycleError
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 from rollstream.consumers._ledger import StepLedger
 from rollstream.consumers._manifests import read_manifests
-from rollstream.infra import REACH_TIMEOUT_S, KafkaConfig, LagReader, TopicNames, require_topics
+from rollstream.infra import KafkaConfig, LagReader, TopicNames
+from rollstream.infra.kafka_io import REACH_TIMEOUT_S, require_topics
 from rollstream.schemas import DISPOSITION_KINDS, SchemaError, StepManifest
 
 

@@ -16,8 +16,9 @@ from rollstream.consumers._errors import TakeTimeout
 from rollstream.consumers.forensics._status import status
 from rollstream.consumers.forensics._status_causes import age, causes_of, seen_line, take_cause, unavailable_note
 from rollstream.consumers.forensics._status_report import Diagnosis, StatusReport
-from rollstream.infra import BoundedCaller, KafkaConfig, TopicNames
+from rollstream.infra import KafkaConfig, TopicNames
 from rollstream.infra.deadline import GRACE_S
+from rollstream.infra.threads import BoundedCaller
 from rollstream.schemas import OffsetDisposition, now_ms
 
 log = logging.getLogger(__name__)

@@ -35,15 +35,8 @@ from typing import Any
 from rollstream.consumers._ledger import StepLedger, epoch_of
 from rollstream.consumers._manifests import read_manifests
 from rollstream.consumers.filters import reason_label
-from rollstream.infra import (
-    REACH_TIMEOUT_S,
-    KafkaConfig,
-    LagReader,
-    TopicNames,
-    position_of,
-    read_ranges,
-    require_topics,
-)
+from rollstream.infra import KafkaConfig, LagReader, TopicNames
+from rollstream.infra.kafka_io import REACH_TIMEOUT_S, position_of, read_ranges, require_topics
 from rollstream.schemas import Prompt, SchemaError, ScoredGroup, StepManifest, decode, make_group_id
 
 _OPEN_END = 2**62  # read_ranges clamps an end to what the partition holds when it starts reading

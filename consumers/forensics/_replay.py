@@ -19,17 +19,10 @@ from rollstream.consumers._batch import Batch
 from rollstream.consumers._gather import key_text
 from rollstream.consumers._ledger import StepLedger
 from rollstream.consumers._manifests import read_manifests
-from rollstream.infra import (
-    KafkaConfig,
-    TopicNames,
-    kafka_error,
-    partitions_of,
-    position_of,
-    read_ranges,
-    reader,
-    watermarks,
-)
+from rollstream.infra import KafkaConfig, TopicNames
 from rollstream.infra.deadline import Deadline
+from rollstream.infra.kafka_errors import kafka_error
+from rollstream.infra.kafka_io import partitions_of, position_of, read_ranges, reader, watermarks
 from rollstream.schemas import RollstreamError, SchemaError, ScoredGroup, StepManifest, decode
 
 Progress = Callable[[int], None]

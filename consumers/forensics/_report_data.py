@@ -24,7 +24,8 @@ from rollstream.consumers.filters import reason_label
 from rollstream.consumers.forensics._export import group_advantages
 from rollstream.consumers.forensics._replay import offsets_at
 from rollstream.consumers.forensics._step_read import Covered, CoveredStep
-from rollstream.infra import KafkaConfig, reader, watermarks
+from rollstream.infra import KafkaConfig
+from rollstream.infra.kafka_io import reader, watermarks
 from rollstream.schemas import StepManifest
 
 MAX_LAG_LOOKUPS = 400

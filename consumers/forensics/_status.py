@@ -5,8 +5,8 @@ within one deadline (the reads are in `rollstream.consumers.forensics._status_re
 
 - producers: the members of the producers' consumer group on NS.prompts (DescribeConsumerGroups: member,
   client and instance ids, host, assigned partitions) and the state each producer writes into the metadata
-  of its prompt-offset commits (`rollstream.infra.ProducerState`: paused by backpressure or open, since when,
-  when written);
+  of its prompt-offset commits (`rollstream.infra.producer_state.ProducerState`: paused by backpressure or open, since
+  when, when written);
 - trainer: the trainer group's lag on NS.rollouts, its last step and that step's age, the dispositions of
   its last `recent_steps` effective steps by kind and reason label (from the newest records of NS.steps,
   with the consumer's own ledger rules), and a peek at the next `peek` groups past its committed offsets,
@@ -47,7 +47,9 @@ from rollstream.consumers.forensics._status_report import (
     StatusReport,
     TrainerReport,
 )
-from rollstream.infra import DEFAULT_TRAINER_GROUP, BoundedCaller, KafkaConfig, TopicNames, kafka_error
+from rollstream.infra import DEFAULT_TRAINER_GROUP, KafkaConfig, TopicNames
+from rollstream.infra.kafka_errors import kafka_error
+from rollstream.infra.threads import BoundedCaller
 from rollstream.schemas import RollstreamError, now_ms
 
 _ORDER = ("producers", "trainer", "prompts")  # the prompt scan reads until its deadline: last

@@ -4,7 +4,7 @@
 membership (members come from the coordinator, asked by a child process).
 
 - producers: the producers' group as the coordinator describes it, and each producer's state from the metadata
-  of its prompt-offset commits (`rollstream.infra.ProducerState`);
+  of its prompt-offset commits (`rollstream.infra.producer_state.ProducerState`);
 - prompts: the producers' group's lag on NS.prompts (`rollstream.infra.LagReader`), decoded by epoch up to
   `max_records` records;
 - trainer: the trainer group's lag on NS.rollouts, its newest step manifests (with the consumer's own ledger
@@ -34,18 +34,9 @@ from rollstream.consumers.forensics._status_report import (
     TrainerReport,
     WaitingGroups,
 )
-from rollstream.infra import (
-    KafkaConfig,
-    KafkaIOError,
-    LagReader,
-    ProducerState,
-    TopicNames,
-    committed_with_metadata,
-    partitions_of,
-    position_of,
-    read_ranges,
-    reader,
-)
+from rollstream.infra import KafkaConfig, KafkaIOError, LagReader, TopicNames
+from rollstream.infra.kafka_io import committed_with_metadata, partitions_of, position_of, read_ranges, reader
+from rollstream.infra.producer_state import ProducerState
 from rollstream.infra.runs import Followed, followed_policy
 from rollstream.schemas import Prompt, SchemaError, ScoredGroup, StepManifest, decode
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rollstream.infra import ProducerState
+from rollstream.infra.producer_state import ProducerState
 
 PARTS: tuple[str, ...] = ("producers", "prompts", "trainer")
 

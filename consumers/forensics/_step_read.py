@@ -1,7 +1,7 @@
 """Every offset a range of steps covered, with what each step did with it: what export and report read.
 
 Built on replay (`_replay`): the same manifests that count (`effective_manifests`), the same offset-range
-reads (`rollstream.infra.read_ranges`' `read_assigned`, under the trainer's own group id, never joined, never
+reads (`rollstream.infra.kafka_io.read_ranges`' `read_assigned`, under the trainer's own group id, never joined, never
 committed) and
 the same decoding (`record_of`). Where `replay_step` keeps a step's taken records, this keeps every offset
 of the step's ranges (taken, filtered, duplicate, undecodable, requeued), so a filtered group can be looked
@@ -28,7 +28,8 @@ from rollstream.consumers.forensics._replay import (
     record_of,
     replay_range,
 )
-from rollstream.infra import KafkaConfig, position_of, read_assigned, reader, watermarks
+from rollstream.infra import KafkaConfig
+from rollstream.infra.kafka_io import position_of, read_assigned, reader, watermarks
 from rollstream.schemas import OffsetDisposition, RollstreamError, StepManifest
 
 MAX_BUFFERED = 2000  # decoded records held waiting for their step, before partitions running ahead pause

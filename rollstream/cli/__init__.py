@@ -1,8 +1,8 @@
 """The `rollstream` command line: a thin layer that parses arguments and calls library code.
 
 Each group of commands lives in its own module and registers itself on the root app here.
-Errors derived from `RollstreamError` (and librdkafka's own, mapped by `rollstream.infra.kafka_error`) are printed
-as one clear line (`_common.fail`: never a traceback) and exit with status 2.
+Errors derived from `RollstreamError` (and librdkafka's own, mapped by `rollstream.infra.kafka_errors.kafka_error`) are
+printed as one clear line (`_common.fail`: never a traceback) and exit with status 2.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from confluent_kafka import KafkaException
 
 from rollstream.cli import _acls, _broker, _consume, _demo, _inspect, _produce, _prompts, _status, _topics
 from rollstream.cli._common import examples, fail, setup_logging
-from rollstream.infra import kafka_error
+from rollstream.infra.kafka_errors import kafka_error
 from rollstream.schemas import RollstreamError
 
 app = typer.Typer(

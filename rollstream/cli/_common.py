@@ -9,8 +9,9 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from rollstream.infra import BOOTSTRAP_ENV, REACH_TIMEOUT_S, KafkaConfig, TopicNames, require_topics
+from rollstream.infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames
 from rollstream.infra import DEFAULT_TRAINER_GROUP as DEFAULT_TRAINER_GROUP  # defined once, in infra; re-exported here
+from rollstream.infra.kafka_io import REACH_TIMEOUT_S, require_topics
 
 BootstrapOpt = Annotated[str | None, typer.Option(
     "--bootstrap-servers", "-b", envvar=BOOTSTRAP_ENV, show_envvar=True,
@@ -64,5 +65,5 @@ def setup_logging(verbose: int) -> None:
 
 def require_reachable(config: KafkaConfig, topics: list[str], namespace: str, timeout: float = REACH_TIMEOUT_S) -> None:
     """Fail fast and in one line when the cluster does not answer, the namespace has no topics or a topic is missing
-    (see `rollstream.infra.require_topics`), before a command's own, longer timeouts."""
+    (see `rollstream.infra.kafka_io.require_topics`), before a command's own, longer timeouts."""
     require_topics(config, topics, namespace=namespace, timeout=min(timeout, REACH_TIMEOUT_S))

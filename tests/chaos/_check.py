@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollstream.consumers import AuditReport, ReplayedStep, audit, replay_step
-from rollstream.infra import KafkaConfig, TopicNames, partitions_of, read_ranges, reader, watermarks
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.infra.kafka_io import partitions_of, read_ranges, reader, watermarks
 from rollstream.schemas import Prompt, decode
 
 

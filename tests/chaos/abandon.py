@@ -40,16 +40,11 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from rollstream.consumers import CommitError, RolloutConsumer
 from rollstream.consumers.forensics import status
-from rollstream.infra import (
-    BoundedCaller,
-    CommitFailed,
-    KafkaConfig,
-    TopicNames,
-    TopicPlan,
-    create_topics,
-)
+from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, create_topics
 from rollstream.infra.broker import BrokerSpec, free_port
 from rollstream.infra.clients import open_admin
+from rollstream.infra.kafka_errors import CommitFailed
+from rollstream.infra.threads import BoundedCaller
 
 from tests.chaos._cluster import Cluster
 from tests.integration._kafka import REPO_ROOT

@@ -1,6 +1,6 @@
 """What idle producers' NS.control watchers cost the brokers: Fetch requests per second per watcher.
 
-Every producer runs one `rollstream.infra.ControlWatcher`, a consumer that long-polls NS.control
+Every producer runs one `rollstream.infra.control.ControlWatcher`, a consumer that long-polls NS.control
 (``fetch.wait.max.ms`` 1000) for policy versions and trainer positions. With nothing announced its fetches
 are what an idle fleet costs; this counts them with librdkafka's statistics (`ClientStats`), for N watchers
 in one process on a namespace of their own, over a window after they caught up. Run by ``make fleet``
@@ -15,7 +15,9 @@ import time
 import uuid
 from typing import Any
 
-from rollstream.infra import ControlWatcher, KafkaConfig, TopicNames, TopicPlan, create_topics, open_admin
+from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, create_topics
+from rollstream.infra.clients import open_admin
+from rollstream.infra.control import ControlWatcher
 
 from tests.fleet._probes import CONTROL_WATCH_PREFIX, ClientStats
 

@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rollstream.infra import KafkaConfig, LagReader, TopicNames, TopicPlan, create_topics, open_admin
+from rollstream.infra import KafkaConfig, LagReader, TopicNames, TopicPlan, create_topics
+from rollstream.infra.clients import open_admin
 from rollstream.infra.config import MiB
 from rollstream.producers import ProducerSettings
 

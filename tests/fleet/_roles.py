@@ -18,7 +18,9 @@ from typing import Any
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 from rollstream.consumers import RolloutConsumer, audit
-from rollstream.infra import KafkaConfig, TopicNames, open_admin, open_producer, produce_and_wait
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.infra.clients import open_admin, open_producer
+from rollstream.infra.kafka_io import produce_and_wait
 from rollstream.schemas import Prompt, encode
 
 from tests.chaos._check import loaded_group_ids

@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 from rollstream.consumers import RolloutConsumer, audit
-from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, create_topics, open_admin
+from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, create_topics
 from rollstream.infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
+from rollstream.infra.clients import open_admin
 
 from tests.integration._kafka import REPO_ROOT, cli_env, end_offsets, write_prompts
 

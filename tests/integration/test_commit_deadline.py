@@ -18,9 +18,10 @@ from collections.abc import Iterator
 import pytest
 from rollstream.consumers import Batch, RolloutConsumer
 from rollstream.consumers._consumer import CLOSE_S
-from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, committed_offsets, create_topics, reader
+from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, create_topics
 from rollstream.infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
 from rollstream.infra.deadline import GRACE_S, Deadline
+from rollstream.infra.kafka_io import committed_offsets, reader
 from rollstream.schemas import RollstreamError
 
 from tests.records import publish_many

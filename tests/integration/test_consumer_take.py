@@ -122,7 +122,7 @@ def test_the_consumer_sizes_itself_from_the_topic_not_its_default(kafka_config, 
     """Topics made with a larger --max-message-mib than the clients' 64 MiB default: a record above 64 MiB
     still reaches the trainer, because the consumer takes its fetch limits from the topic."""
     import numpy as np
-    from rollstream.infra import sized_to_topic
+    from rollstream.infra.topics import sized_to_topic
     from rollstream.schemas import Sample, ScoredGroup, make_group_id
 
     names = namespace_factory(partitions=1, max_message_bytes=80 * 1024 * 1024)

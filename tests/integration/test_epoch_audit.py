@@ -17,7 +17,8 @@ from dataclasses import replace
 from confluent_kafka import Consumer
 from rollstream.consumers import RolloutConsumer, audit_epochs
 from rollstream.consumers.forensics._epoch_audit import EpochSnapshot, PromptRecord, judge
-from rollstream.infra import KafkaConfig, TopicNames, commit_offsets
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.infra.kafka_io import commit_offsets
 from rollstream.producers.prompts import publish_prompts
 from rollstream.schemas import OffsetDisposition, PartitionRange, Prompt, StepManifest, encode
 from typer.testing import CliRunner

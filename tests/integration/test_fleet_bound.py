@@ -18,7 +18,8 @@ import time
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import OffsetSpec
 from rollstream.consumers import RolloutConsumer, TakeTimeout
-from rollstream.infra import KafkaConfig, open_admin
+from rollstream.infra import KafkaConfig
+from rollstream.infra.clients import open_admin
 from rollstream.producers import ProducerSettings, RolloutProducer
 
 from tests import plugins

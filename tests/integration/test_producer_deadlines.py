@@ -19,9 +19,10 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
-from rollstream.infra import KafkaConfig, KafkaIOError, TopicNames, TopicPlan, create_topics, produce_and_wait
+from rollstream.infra import KafkaConfig, KafkaIOError, TopicNames, TopicPlan, create_topics
 from rollstream.infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
 from rollstream.infra.deadline import GRACE_S, Deadline
+from rollstream.infra.kafka_io import produce_and_wait
 from rollstream.producers import ProducerSettings, RolloutProducer
 from rollstream.schemas import RollstreamError
 

@@ -6,8 +6,8 @@ Pinned:
    and commits them before the partitions move (a bounded drain), so the next owner regenerates nothing.
    The trainer (`RolloutConsumer`, audit) takes every prompt once and records 0 duplicates; NS.rollouts
    holds no group twice. (A SIGKILLed producer still loses nothing: test_producer_sharing pins that.)
-2. A producer's state rides on its prompt-offset commits (`rollstream.infra.ProducerState` in the commit metadata):
-   a producer held by backpressure is seen paused in the group's committed offsets within about a
+2. A producer's state rides on its prompt-offset commits (`rollstream.infra.producer_state.ProducerState` in the commit
+   metadata): a producer held by backpressure is seen paused in the group's committed offsets within about a
    second, and seen running again once the trainer's lag falls.
 
 The producers use static membership (``producer_id``, as `rollstream produce --producer-id` and the demo
@@ -30,7 +30,10 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient
 from rollstream.consumers import Batch, RolloutConsumer, TakeTimeout, audit
-from rollstream.infra import KafkaConfig, ProducerState, TopicNames, open_producer, produce_and_wait
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.infra.clients import open_producer
+from rollstream.infra.kafka_io import produce_and_wait
+from rollstream.infra.producer_state import ProducerState
 from rollstream.producers import ProducerSettings, RolloutProducer
 from rollstream.schemas import Prompt, encode
 

@@ -13,7 +13,9 @@ import time
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from rollstream.consumers import RolloutConsumer
-from rollstream.infra import KafkaConfig, open_consumer, position_key
+from rollstream.infra import KafkaConfig
+from rollstream.infra.clients import open_consumer
+from rollstream.infra.control import position_key
 from rollstream.producers import ProducerSettings, RolloutProducer
 from rollstream.schemas import TrainerPosition, decode
 

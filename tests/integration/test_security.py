@@ -24,17 +24,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 from rollstream.consumers import RolloutConsumer, default_filters
-from rollstream.infra import (
-    KafkaIOError,
-    PolicyAnnouncer,
-    TopicNames,
-    announce_policy_version,
-    commit_offsets,
-    open_consumer,
-    read_ranges,
-)
+from rollstream.infra import KafkaIOError, PolicyAnnouncer, TopicNames, announce_policy_version
 from rollstream.infra.broker import BrokerSpec, client_config_files, free_ports, start_broker, stop_broker
+from rollstream.infra.clients import open_consumer
 from rollstream.infra.config import read_properties
+from rollstream.infra.kafka_io import commit_offsets, read_ranges
 from rollstream.schemas import PolicyVersion
 
 from tests.integration._kafka import run_cli

@@ -18,7 +18,9 @@ import pytest
 from confluent_kafka import Consumer
 from rollstream.consumers import RolloutConsumer, TakeTimeout, status
 from rollstream.consumers.forensics._diagnose import TimeoutDiagnoser
-from rollstream.infra import KafkaConfig, ProducerState, TopicNames, commit_offsets
+from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.infra.kafka_io import commit_offsets
+from rollstream.infra.producer_state import ProducerState
 from rollstream.producers.prompts import publish_prompts
 from rollstream.schemas import Prompt, now_ms
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from rollstream.consumers import RolloutConsumer, default_filters
-from rollstream.infra import KafkaIOError, TopicNames, read_ranges
+from rollstream.infra import KafkaIOError, TopicNames
 from rollstream.infra.broker import (
     BrokerSpec,
     broker_status,
@@ -31,6 +31,7 @@ from rollstream.infra.broker import (
     stop_broker,
 )
 from rollstream.infra.config import read_properties
+from rollstream.infra.kafka_io import read_ranges
 
 from tests.integration._kafka import REPO_ROOT, run_cli
 from tests.integration._secure import grant_and_fill, one_line_error, secured_config

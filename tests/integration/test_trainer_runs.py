@@ -15,14 +15,9 @@ from pathlib import Path
 
 import pytest
 from rollstream.consumers import RolloutConsumer, audit, default_filters, status
-from rollstream.infra import (
-    KafkaConfig,
-    PolicyAnnouncer,
-    RunSupersededError,
-    TopicNames,
-    open_producer,
-    produce_and_wait,
-)
+from rollstream.infra import KafkaConfig, PolicyAnnouncer, RunSupersededError, TopicNames
+from rollstream.infra.clients import open_producer
+from rollstream.infra.kafka_io import produce_and_wait
 from rollstream.producers import RolloutProducer
 from rollstream.schemas import PolicyVersion, encode, write_policy_version
 

@@ -30,7 +30,8 @@ from rollstream.consumers.trl import (  # noqa: E402
     to_rollout_samples,
     trl_group_id,
 )
-from rollstream.infra import ControlWatcher, LagReader  # noqa: E402
+from rollstream.infra import LagReader
+from rollstream.infra.control import ControlWatcher
 from rollstream.infra.runs import followed_policy  # noqa: E402
 from rollstream.producers import HFEngine, ProducerSettings, RolloutProducer, build_tiny_model  # noqa: E402
 from rollstream.schemas import (  # noqa: E402

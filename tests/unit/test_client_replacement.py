@@ -1,4 +1,5 @@
-"""The one replaceable-client policy (`rollstream.infra.ClientReplacement`, librdkafka#5511). Four behaviours:
+"""The one replaceable-client policy (`rollstream.infra._replaceable.ClientReplacement`, librdkafka#5511). Four
+behaviours:
 
 1. When: every ``after_failures``-th failure in a row replaces the client (also the 2nd, 3rd ... multiple
    while failures go on); a success ends the streak and says how long it was.
@@ -15,7 +16,7 @@ import time
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from rollstream.infra import ClientReplacement, close_quietly
+from rollstream.infra._replaceable import ClientReplacement, close_quietly
 from rollstream.schemas import ConfigError
 
 

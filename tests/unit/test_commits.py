@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
-from rollstream.infra import CommitFailed, KafkaConfig
+from rollstream.infra import KafkaConfig
 from rollstream.infra.commits import CommitAnswers, CommitClient
 from rollstream.infra.deadline import Deadline
+from rollstream.infra.kafka_errors import CommitFailed
 
 
 def _nowhere() -> str:

@@ -13,16 +13,10 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from rollstream.consumers.forensics._status_causes import causes_of
 from rollstream.consumers.forensics._status_report import ProducerInfo, ProducersReport
-from rollstream.infra import (
-    KafkaConfig,
-    KafkaIOError,
-    MissingNamespaceError,
-    ProducerState,
-    TopicNames,
-    alter_topics,
-    missing_namespace_error,
-)
+from rollstream.infra import KafkaConfig, KafkaIOError, MissingNamespaceError, TopicNames, alter_topics
 from rollstream.infra import topics as topics_module
+from rollstream.infra.kafka_errors import missing_namespace_error
+from rollstream.infra.producer_state import ProducerState
 from rollstream.producers._groups import oversize_error
 from rollstream.schemas import now_ms
 

@@ -14,17 +14,11 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from rollstream.infra import (
-    BoundedCaller,
-    CommitFailed,
-    KafkaIOError,
-    commit_offsets,
-    is_record,
-    kafka_error,
-    missing_topic_error,
-    produce_and_wait,
-)
+from rollstream.infra import KafkaIOError
 from rollstream.infra.deadline import GRACE_S, Deadline
+from rollstream.infra.kafka_errors import CommitFailed, kafka_error, missing_topic_error
+from rollstream.infra.kafka_io import commit_offsets, is_record, produce_and_wait
+from rollstream.infra.threads import BoundedCaller
 from rollstream.schemas import RollstreamError
 
 

@@ -41,7 +41,8 @@ def test_log_level_hands_over_only_what_the_logger_emits(librdkafka_logger: logg
 _TRAINER = """
 import logging, sys
 from confluent_kafka import TopicPartition
-from rollstream.infra import KafkaConfig, open_consumer
+from rollstream.infra import KafkaConfig
+from rollstream.infra.clients import open_consumer
 logging.getLogger("librdkafka").setLevel(logging.CRITICAL + 1)  # the trainer does not want librdkafka's lines
 dead = ",".join(f"127.0.0.1:{p}" for p in range(1, 11))  # nothing listens: librdkafka fails connections all along
 consumer = open_consumer(KafkaConfig(bootstrap_servers=dead).consumer("g"))

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
-from rollstream.infra import KafkaConfig, ProducerState
+from rollstream.infra import KafkaConfig
 from rollstream.infra.deadline import GRACE_S, Deadline
+from rollstream.infra.producer_state import ProducerState
 from rollstream.producers import (
     CustomEngine,
     PolicyFollower,

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from rollstream.infra import KafkaIOError, partitions_of, watermarks
+from rollstream.infra import KafkaIOError
 from rollstream.infra.deadline import GRACE_S, Deadline
-from rollstream.infra.kafka_io import time_left
+from rollstream.infra.kafka_io import partitions_of, time_left, watermarks
 from rollstream.schemas import ConfigError
 
 
