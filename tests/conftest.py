@@ -63,6 +63,14 @@ def _docker_broker() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def freezable_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaConfig, tuple[int, ...]]]:
+    """A second broker, shared by the tests that freeze theirs (SIGSTOP): its config and its pids."""
+    from tests.integration._kafka import freezable_broker
+
+    yield from freezable_broker(tmp_path_factory.mktemp("freezable") / "broker")
+
+
+@pytest.fixture(scope="session")
 def kafka_config(bootstrap_servers: str) -> KafkaConfig:
     return KafkaConfig(bootstrap_servers=bootstrap_servers, client_id="rollstream-tests")
 

@@ -7,11 +7,12 @@ Producer tests never import `consumers`: they read NS.rollouts with a plain conf
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -128,3 +129,27 @@ def until(probe: Callable[[], T | None], timeout_s: float, what: str, interval_s
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def signal_all(pids: Iterable[int], sig: signal.Signals) -> None:
+    """Send `sig` to each of `pids` that still runs (SIGSTOP / SIGCONT freeze and thaw a broker)."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def freezable_broker(data_dir: Path) -> Iterator[tuple[KafkaConfig, tuple[int, ...]]]:
+    """A broker of its own in `data_dir` (the session's must never freeze): its config and its pids, for the tests
+    that SIGSTOP it. Thawed and stopped at the end; each test thaws it before it ends, too."""
+    from rollstream.infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
+
+    spec = BrokerSpec(port=free_port(), data_dir=data_dir, heap_mb=384)
+    config = KafkaConfig(bootstrap_servers=start_broker(spec, timeout=120))
+    pids = broker_status(spec.data_dir).pids
+    try:
+        yield config, pids
+    finally:
+        signal_all(pids, signal.SIGCONT)
+        stop_broker(spec.data_dir)

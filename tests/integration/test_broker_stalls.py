@@ -18,30 +18,20 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from rollstream.consumers import Batch, CommitError, RolloutConsumer, audit
 from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, create_topics
-from rollstream.infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
 from rollstream.producers import ProducerSettings, RolloutProducer
 
 from tests import plugins
-from tests.integration._kafka import committed_everything, count, lag, read_all, until, write_prompts
+from tests.integration._kafka import committed_everything, count, lag, read_all, signal_all, until, write_prompts
 from tests.records import publish_many
 
 STALLS = int(os.environ.get("ROLLSTREAM_TEST_STALLS", "2"))
 STALL_S = float(os.environ.get("ROLLSTREAM_TEST_STALL_S", "12"))  # > the broker session (9 s by default)
 RECOVERY_BOUND_S = 60.0
 N = 4
-
-
-def _signal_all(pids: tuple[int, ...], sig: signal.Signals) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def _commit_until_done(consumer: RolloutConsumer, batch: Batch, deadline: float) -> list[str]:
@@ -58,31 +48,18 @@ def _commit_until_done(consumer: RolloutConsumer, batch: Batch, deadline: float)
             time.sleep(0.5)
 
 
-@pytest.fixture(scope="module")
-def stallable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaConfig, tuple[int, ...]]]:
-    """A broker of this module's own (the session's must not freeze): its config and its pids."""
-    spec = BrokerSpec(port=free_port(), data_dir=tmp_path_factory.mktemp("stall") / "broker", heap_mb=384)
-    config = KafkaConfig(bootstrap_servers=start_broker(spec, timeout=120))
-    pids = broker_status(spec.data_dir).pids
-    try:
-        yield config, pids
-    finally:
-        _signal_all(pids, signal.SIGCONT)
-        stop_broker(spec.data_dir)
-
-
 def _stall(pids: tuple[int, ...]) -> threading.Timer:
     """Freeze the broker now; it resumes after STALL_S (join the returned timer to wait for that)."""
-    _signal_all(pids, signal.SIGSTOP)
-    resume = threading.Timer(STALL_S, _signal_all, (pids, signal.SIGCONT))
+    signal_all(pids, signal.SIGSTOP)
+    resume = threading.Timer(STALL_S, signal_all, (pids, signal.SIGCONT))
     resume.start()
     return resume
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_trainer_commits_again_after_broker_stalls(stallable: tuple[KafkaConfig, tuple[int, ...]]) -> None:
-    config, pids = stallable
+def test_trainer_commits_again_after_broker_stalls(freezable_broker: tuple[KafkaConfig, tuple[int, ...]]) -> None:
+    config, pids = freezable_broker
     names = TopicNames("stall-trainer")
     try:
         create_topics(TopicPlan(names=names, partitions=2), config)
@@ -110,17 +87,17 @@ def test_trainer_commits_again_after_broker_stalls(stallable: tuple[KafkaConfig,
         report = audit(config, names.namespace, "stall-trainer")
         assert report.ok, report.summary()
     finally:
-        _signal_all(pids, signal.SIGCONT)
+        signal_all(pids, signal.SIGCONT)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_producer_publishes_and_commits_again_after_broker_stalls(
-        stallable: tuple[KafkaConfig, tuple[int, ...]]) -> None:
+        freezable_broker: tuple[KafkaConfig, tuple[int, ...]]) -> None:
     """The producer's clients (prompt intake: a group member that commits; the publisher; the lag gate)
     come back after stalls too: every prompt loaded before, during and after is published and its
     offset committed, within a bound after the last stall."""
-    config, pids = stallable
+    config, pids = freezable_broker
     names = TopicNames("stall-producer")
     create_topics(TopicPlan(names=names, partitions=2), config)
     settings = ProducerSettings(namespace=names.namespace, n_samples=2, concurrency=4, max_lag=10**6,
@@ -146,7 +123,7 @@ def test_producer_publishes_and_commits_again_after_broker_stalls(
         assert published == set(ids)  # nothing lost (a regenerated duplicate would be allowed)
         assert lag(config, f"{names.namespace}.producers", names.prompts) == 0
     finally:
-        _signal_all(pids, signal.SIGCONT)
+        signal_all(pids, signal.SIGCONT)
         producer.stop()
         runner.join(60)
     assert done.is_set(), "the producer did not stop"

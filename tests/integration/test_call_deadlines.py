@@ -9,21 +9,20 @@ that says what to check. One private broker for every frozen phase.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from rollstream.consumers import RolloutConsumer, TakeTimeout
 from rollstream.infra import KafkaConfig, KafkaIOError, LagReader, TopicNames, TopicPlan, create_topics
-from rollstream.infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
+from rollstream.infra.broker import free_port
 from rollstream.infra.deadline import GRACE_S
 from rollstream.schemas import RollstreamError
 
-from tests.integration._kafka import REPO_ROOT, cli_env, until
+from tests.integration._kafka import REPO_ROOT, cli_env, signal_all, until
 from tests.records import publish_many
 
 T = 3.0  # each call's timeout
@@ -82,30 +81,10 @@ def test_calls_against_an_unreachable_broker_keep_their_deadline() -> None:
     _assert_cli_fails_in_time(config.bootstrap_servers, "nowhere")
 
 
-@pytest.fixture(scope="module")
-def frozen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaConfig, tuple[int, ...]]]:
-    """A broker of this module's own, and its pids to freeze."""
-    spec = BrokerSpec(port=free_port(), data_dir=tmp_path_factory.mktemp("deadlines") / "broker", heap_mb=384)
-    config = KafkaConfig(bootstrap_servers=start_broker(spec, timeout=120))
-    pids = broker_status(spec.data_dir).pids
-    try:
-        yield config, pids
-    finally:
-        _signal_all(pids, signal.SIGCONT)
-        stop_broker(spec.data_dir)
-
-
-def _signal_all(pids: tuple[int, ...], sig: signal.Signals) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.mark.timeout(240)
-def test_calls_against_a_stopped_broker_keep_their_deadline(frozen: tuple[KafkaConfig, tuple[int, ...]]) -> None:
-    config, pids = frozen
+def test_calls_against_a_stopped_broker_keep_their_deadline(
+        freezable_broker: tuple[KafkaConfig, tuple[int, ...]]) -> None:
+    config, pids = freezable_broker
     names = TopicNames("deadlines")
     create_topics(TopicPlan(names=names, partitions=2), config)
     publish_many(config, names, 2)
@@ -113,7 +92,7 @@ def test_calls_against_a_stopped_broker_keep_their_deadline(frozen: tuple[KafkaC
     fresh = RolloutConsumer(config=config, group_id=GROUP, namespace=names.namespace, filters=(), timeout=10)
     try:
         assert started.take(2, timeout=30).step == 0  # connected, step 0 committed: a step to seek to
-        _signal_all(pids, signal.SIGSTOP)
+        signal_all(pids, signal.SIGSTOP)
         try:
             error = _within(lambda: fresh.take(2, timeout=T), T + GRACE_S)  # connecting
             assert isinstance(error, KafkaIOError) and error.retriable and "rollstream broker" in str(error)
@@ -131,7 +110,7 @@ def test_calls_against_a_stopped_broker_keep_their_deadline(frozen: tuple[KafkaC
             _within(lambda: started.lag(timeout=T), T + GRACE_S)
             _assert_cli_fails_in_time(config.bootstrap_servers, names.namespace)
         finally:
-            _signal_all(pids, signal.SIGCONT)
+            signal_all(pids, signal.SIGCONT)
         # The broker back (it fences itself for a while after a stall longer than its session): the same calls
         # work again, and the failed start left nothing behind.
         until(lambda: _succeeds(lambda: started.seek_to_step(0, timeout=10)), 90, "a seek after the stall")

@@ -1,6 +1,6 @@
 """`RolloutConsumer.commit` keeps its deadline against a frozen broker, and commits a step whole or not at all.
 
-Pinned here, against a broker of this module's own frozen with SIGSTOP (the session's must not freeze), for a
+Pinned here, against the session's freezable broker (`freezable_broker`; the main one must not freeze), for a
 broker frozen before the commit began and one frozen between the offsets check and the commit itself (so that
 the asynchronous commit is what waits): `commit` returns or raises a `RollstreamError` within the consumer's
 timeout plus `GRACE_S`, and `close` right after keeps its own bound (`CLOSE_S` plus `GRACE_S`), no crash. Once
@@ -10,46 +10,23 @@ before it, never half: the next consumer's first take is then the next step, or 
 
 from __future__ import annotations
 
-import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 from rollstream.consumers import Batch, RolloutConsumer
 from rollstream.consumers._consumer import CLOSE_S
 from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, create_topics
-from rollstream.infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
 from rollstream.infra.deadline import GRACE_S, Deadline
 from rollstream.infra.kafka_io import committed_offsets, reader
 from rollstream.schemas import RollstreamError
 
+from tests.integration._kafka import signal_all
 from tests.records import publish_many
 
 TIMEOUT_S = 4.0  # the consumer's timeout: what one commit may take
 FROZEN_S = 7.0  # shorter than the broker session (9 s): the broker does not fence itself on SIGCONT
 N = 3
-
-
-def _signal_all(pids: tuple[int, ...], sig: signal.Signals) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-@pytest.fixture(scope="module")
-def freezable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaConfig, tuple[int, ...]]]:
-    """A broker of this module's own: its config and its pids."""
-    spec = BrokerSpec(port=free_port(), data_dir=tmp_path_factory.mktemp("freeze") / "broker", heap_mb=384)
-    config = KafkaConfig(bootstrap_servers=start_broker(spec, timeout=120))
-    pids = broker_status(spec.data_dir).pids
-    try:
-        yield config, pids
-    finally:
-        _signal_all(pids, signal.SIGCONT)
-        stop_broker(spec.data_dir)
 
 
 def _group_offsets(config: KafkaConfig, names: TopicNames, group: str) -> dict[int, int]:
@@ -62,8 +39,8 @@ def _group_offsets(config: KafkaConfig, names: TopicNames, group: str) -> dict[i
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("frozen", ["before", "during"])
 def test_a_commit_against_a_frozen_broker_keeps_its_deadline_and_commits_whole_or_not(
-        freezable: tuple[KafkaConfig, tuple[int, ...]], frozen: str) -> None:
-    config, pids = freezable
+        freezable_broker: tuple[KafkaConfig, tuple[int, ...]], frozen: str) -> None:
+    config, pids = freezable_broker
     names, group = TopicNames(f"freeze-{frozen}"), f"freeze-{frozen}"
     create_topics(TopicPlan(names=names, partitions=2), config)
     publish_many(config, names, 3 * N)
@@ -73,13 +50,13 @@ def test_a_commit_against_a_frozen_broker_keeps_its_deadline_and_commits_whole_o
         first = consumer.take(N, timeout=30)  # committed: the group stands after step 0
         batch = consumer.take(N, timeout=30, commit=False)
         if frozen == "before":
-            _signal_all(pids, signal.SIGSTOP)
+            signal_all(pids, signal.SIGSTOP)
         else:  # frozen once the offsets check passed: the asynchronous commit itself gets no answer
             check = consumer._committer._check_sole_committer
 
             def check_then_freeze(b: Batch | None, deadline: Deadline) -> None:
                 check(b, deadline)
-                _signal_all(pids, signal.SIGSTOP)
+                signal_all(pids, signal.SIGSTOP)
             consumer._committer._check_sole_committer = check_then_freeze  # type: ignore[method-assign]
         frozen_at = started = time.monotonic()
         try:
@@ -94,7 +71,7 @@ def test_a_commit_against_a_frozen_broker_keeps_its_deadline_and_commits_whole_o
         consumer.close()  # right away, the broker still frozen
         closing = time.monotonic() - started
         time.sleep(max(0.0, FROZEN_S - (time.monotonic() - frozen_at)))
-        _signal_all(pids, signal.SIGCONT)
+        signal_all(pids, signal.SIGCONT)
     print(f"\nMEASURE {frozen}: commit {took:.2f} s ({outcome[:150]}); close {closing:.2f} s")
     assert closing <= CLOSE_S + GRACE_S, closing
     assert outcome == "committed" or "still uncommitted" in outcome, outcome

@@ -1,6 +1,6 @@
 """The producer's start and stop, and `produce_and_wait`, keep their one deadline whatever the broker does.
 
-Pinned here, against a real broker of this module's own that is frozen (SIGSTOP) or an address nobody
+Pinned here, against the session's freezable broker (`freezable_broker`) frozen with SIGSTOP, or an address nobody
 listens on, each bound plus `GRACE_S`:
 1. A producer asked to stop while its broker is frozen returns within ``drain_timeout_s``; the prompts it did
    not publish (or whose commit did not land) are taken again once the broker resumes: nothing is lost.
@@ -11,47 +11,24 @@ listens on, each bound plus `GRACE_S`:
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Producer
 from rollstream.infra import KafkaConfig, KafkaIOError, TopicNames, TopicPlan, create_topics
-from rollstream.infra.broker import BrokerSpec, broker_status, free_port, start_broker, stop_broker
+from rollstream.infra.broker import free_port
 from rollstream.infra.deadline import GRACE_S, Deadline
 from rollstream.infra.kafka_io import produce_and_wait
 from rollstream.producers import ProducerSettings, RolloutProducer
 from rollstream.schemas import RollstreamError
 
 from tests import plugins
-from tests.integration._kafka import committed_everything, count, read_all, until, write_prompts
+from tests.integration._kafka import committed_everything, count, read_all, signal_all, until, write_prompts
 
 DRAIN_S = 2.0
 STARTUP_S = 3.0
-
-
-def _signal_all(pids: tuple[int, ...], sig: signal.Signals) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
-@pytest.fixture(scope="module")
-def freezable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaConfig, tuple[int, ...]]]:
-    """A broker of this module's own (the session's must not freeze): its config and its pids."""
-    spec = BrokerSpec(port=free_port(), data_dir=tmp_path_factory.mktemp("freeze") / "broker", heap_mb=384)
-    config = KafkaConfig(bootstrap_servers=start_broker(spec, timeout=120), extra={"log_level": 0})
-    pids = broker_status(spec.data_dir).pids
-    try:
-        yield config, pids
-    finally:
-        _signal_all(pids, signal.SIGCONT)
-        stop_broker(spec.data_dir)
 
 
 def _settings(names: TopicNames, **kwargs: object) -> ProducerSettings:
@@ -77,8 +54,8 @@ def _run(producer: RolloutProducer) -> tuple[threading.Thread, list[float | Base
 
 @pytest.mark.timeout(120)
 def test_a_producer_stops_in_time_while_its_broker_is_frozen_and_loses_nothing(
-        freezable: tuple[KafkaConfig, tuple[int, ...]]) -> None:
-    config, pids = freezable
+        freezable_broker: tuple[KafkaConfig, tuple[int, ...]]) -> None:
+    config, pids = freezable_broker
     names = TopicNames("freeze-stop")
     create_topics(TopicPlan(names=names, partitions=2), config)
     ids = [f"p{i:02d}" for i in range(40)]
@@ -87,14 +64,14 @@ def test_a_producer_stops_in_time_while_its_broker_is_frozen_and_loses_nothing(
     runner, ended = _run(first)
     try:
         until(lambda: count(config, names.rollouts) >= 4, 30, "some groups published before the freeze")
-        _signal_all(pids, signal.SIGSTOP)
+        signal_all(pids, signal.SIGSTOP)
         asked = time.monotonic()
         first.stop()
         runner.join(DRAIN_S + GRACE_S + 5)
         assert ended and not isinstance(ended[0], BaseException), f"run did not return cleanly: {ended}"
         assert ended[0] - asked < DRAIN_S + GRACE_S, f"stopped {ended[0] - asked:.2f} s after stop() was asked"
     finally:
-        _signal_all(pids, signal.SIGCONT)
+        signal_all(pids, signal.SIGCONT)
     second = RolloutProducer(plugins.instant, _settings(names), kafka=config)
     runner, ended = _run(second)
     try:
@@ -109,34 +86,34 @@ def test_a_producer_stops_in_time_while_its_broker_is_frozen_and_loses_nothing(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("broker", ["unreachable", "frozen"])
 def test_a_producer_started_against_a_dead_broker_fails_within_its_startup_timeout(
-        freezable: tuple[KafkaConfig, tuple[int, ...]], broker: str) -> None:
-    config, pids = freezable
+        freezable_broker: tuple[KafkaConfig, tuple[int, ...]], broker: str) -> None:
+    config, pids = freezable_broker
     names = TopicNames("freeze-start")
     if broker == "unreachable":
         config = KafkaConfig(bootstrap_servers=f"127.0.0.1:{free_port()}", extra={"log_level": 0})
     producer = RolloutProducer(plugins.instant, _settings(names, startup_timeout_s=STARTUP_S), kafka=config)
     if broker == "frozen":
-        _signal_all(pids, signal.SIGSTOP)
+        signal_all(pids, signal.SIGSTOP)
     started = time.monotonic()
     try:
         with pytest.raises(RollstreamError, match=f"cannot reach Kafka at {config.bootstrap_servers} within 3 s"):
             producer.run_sync(handle_signals=False)
         assert time.monotonic() - started < STARTUP_S + GRACE_S
     finally:
-        _signal_all(pids, signal.SIGCONT)
+        signal_all(pids, signal.SIGCONT)
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("queue", ["room", "full"])
 def test_produce_and_wait_against_a_frozen_broker_raises_within_its_timeout(
-        freezable: tuple[KafkaConfig, tuple[int, ...]], queue: str) -> None:
-    config, pids = freezable
+        freezable_broker: tuple[KafkaConfig, tuple[int, ...]], queue: str) -> None:
+    config, pids = freezable_broker
     names = TopicNames("freeze-produce")
     create_topics(TopicPlan(names=names, partitions=1), config)
     overrides = {"queue.buffering.max.messages": 2} if queue == "full" else {}
     producer = Producer(config.producer(overrides))
     assert produce_and_wait(producer, names.prompts, [(None, b"warm")], timeout=20.0) == 1
-    _signal_all(pids, signal.SIGSTOP)
+    signal_all(pids, signal.SIGSTOP)
     started = time.monotonic()
     try:
         with pytest.raises(KafkaIOError) as err:
@@ -145,6 +122,6 @@ def test_produce_and_wait_against_a_frozen_broker_raises_within_its_timeout(
         assert err.value.retriable and err.value.code == "_TIMED_OUT"
         assert ("no room in the queue" in str(err.value)) == (queue == "full"), err.value
     finally:
-        _signal_all(pids, signal.SIGCONT)
+        signal_all(pids, signal.SIGCONT)
         producer.purge()
         producer.flush(5)
