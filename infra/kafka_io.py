@@ -130,9 +130,11 @@ def time_left(deadline: Deadline, what: str, *, topic: str | None = None, partit
         raise ConfigError(f"{what}: a Kafka read needs a bounded timeout, got none")
     left = deadline.remaining()
     if left <= 0:
-        raise KafkaIOError(f"{what}: no answer within {deadline.total_s:g} s; is the broker up (rollstream broker "
-                           "status)? retrying may help", topic=topic, partition=partition, code="_TIMED_OUT",
-                           retriable=True)
+        # A deadline handed down with nothing left (0 s) means earlier waits of the same call spent it all.
+        spent = (f"no answer within {deadline.total_s:g} s" if deadline.total_s > 0.05
+                 else "no time left for it (earlier waits of the same call spent its deadline)")
+        raise KafkaIOError(f"{what}: {spent}; is the broker up (rollstream broker status)? retrying may help",
+                           topic=topic, partition=partition, code="_TIMED_OUT", retriable=True)
     return left
 
 
