@@ -14,8 +14,9 @@ and the demo (`rollstream.demo`) are the composition root; no library module imp
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from rollstream._lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -110,15 +111,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
         encode,
     )
 
-
-def __getattr__(name: str) -> object:
-    package = _PACKAGE_OF.get(name)
-    if package is None:
-        raise AttributeError(f"module 'rollstream' has no attribute {name!r}")
-    value = getattr(importlib.import_module(package), name)
-    globals()[name] = value  # loaded once; later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PACKAGE_OF))
+__getattr__, __dir__ = lazy_attributes("rollstream", _PACKAGE_OF, globals())

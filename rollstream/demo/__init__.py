@@ -13,8 +13,9 @@ The names below are loaded on first use (PEP 562), so a producer that scores wit
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from rollstream._lazy import lazy_attributes
 
 # the module that defines each public name (loaded on first use by __getattr__ below)
 _MODULE_OF = {
@@ -31,15 +32,4 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from rollstream.demo._run import DemoOptions, run_demo
     from rollstream.demo._services import DemoError
 
-
-def __getattr__(name: str) -> object:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rollstream.demo' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # loaded once; later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MODULE_OF))
+__getattr__, __dir__ = lazy_attributes("rollstream.demo", _MODULE_OF, globals())
