@@ -130,7 +130,7 @@ class CommitClient:
 
     def __init__(self, config: KafkaConfig, group_id: str) -> None:
         self._config, self.group_id = config, group_id
-        self._answers: CommitAnswers | None = None
+        self._answers = CommitAnswers()  # one for every client it opens: each commit forgets older answers
         self._consumer: Consumer | None = None
         self._closed = False
 
@@ -141,7 +141,6 @@ class CommitClient:
         if self._closed:
             raise LifecycleError(f"the commit client of group {self.group_id} is closed")
         if self._consumer is None:
-            self._answers = CommitAnswers()
             self._consumer = open_consumer(self._config.consumer(
                 self.group_id, {"enable.partition.eof": False, **self._answers.conf()}))
         return self._consumer
@@ -150,10 +149,7 @@ class CommitClient:
                ) -> None:
         """`CommitAnswers.commit` through this client: blocks at most what is left of `deadline` plus 0.1 s.
         Raises CommitFailed as it says."""
-        consumer = self.consumer
-        if self._answers is None:  # never: opened with its answers
-            raise LifecycleError(f"the commit client of group {self.group_id} has no commit answers")
-        self._answers.commit(consumer, topic, offsets, deadline=deadline, serve=self._serve, metadata=metadata)
+        self._answers.commit(self.consumer, topic, offsets, deadline=deadline, serve=self._serve, metadata=metadata)
 
     def _serve(self, wait_s: float) -> None:
         # Assigned nothing: what poll hands out is an error event at most, which the commit's answer reports.
@@ -163,7 +159,7 @@ class CommitClient:
 
     def renew(self) -> None:
         """Open a fresh client on next use and close this one in the background (waiting for nothing)."""
-        old, self._consumer, self._answers = self._consumer, None, None
+        old, self._consumer = self._consumer, None
         if old is not None:
             close_quietly(old.close, f"commits-{self.group_id}")
 
@@ -171,7 +167,7 @@ class CommitClient:
         """Close the client, waiting at most `wait_s` (librdkafka waits for a commit still unanswered; such a
         close is left to its thread, the only call on the client). Idempotent. Returns whether it closed in time."""
         self._closed = True
-        old, self._consumer, self._answers = self._consumer, None, None
+        old, self._consumer = self._consumer, None
         if old is None or close_quietly(old.close, f"commits-{self.group_id}", wait_s=wait_s):
             return True
         log.warning("the commit client of group %s did not close within %g s (a commit without an answer); left "
