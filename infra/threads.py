@@ -131,7 +131,6 @@ async def in_thread(fn: Callable[..., _T], *args: Any, name: str) -> _T:
         pool.close()
 
 
-
 class WorkerThread:
     """Owns one background loop, run in a `ThreadPool` of one, and the Event that asks it to stop.
 

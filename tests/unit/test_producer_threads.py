@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 from rollstream.infra import KafkaConfig, LagReader
-from rollstream.infra.threads import ThreadPool, in_thread
+from rollstream.infra.threads import BoundedCaller, ThreadPool, WorkerThread, call_within, in_thread
 from rollstream.schemas import LifecycleError
 
 
@@ -61,6 +61,50 @@ def test_closing_a_pool_never_waits_and_cancels_what_had_not_started() -> None:
         pool.submit(lambda: 2)
     release.set()
     assert running.result(2.0) is True
+
+
+def test_a_retired_pool_runs_what_was_submitted_then_its_threads_end() -> None:
+    pool, ran = ThreadPool("retired", 2), []
+    futures = [pool.submit(ran.append, i) for i in range(5)]
+    pool.retire()
+    with pytest.raises(LifecycleError):
+        pool.submit(ran.append, 99)
+    assert pool.join(5.0) and all(f.done() and not f.cancelled() for f in futures) and sorted(ran) == [0, 1, 2, 3, 4]
+    assert not any(t.name.startswith("retired_") for t in threading.enumerate())
+
+
+def test_a_worker_thread_is_a_pool_of_one_that_ends_with_its_loop() -> None:
+    class Ticker(WorkerThread):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ticks = 0
+
+        def start(self) -> None:
+            self._launch(self._run, "ticker")
+
+        def _run(self) -> None:
+            while not self._stop.wait(0.01):
+                self.ticks += 1
+
+    ticker = Ticker()
+    assert not ticker.started and ticker.join(0)
+    ticker.start()
+    assert ticker.running and not ticker.join(0.05)
+    ticker.stop()
+    assert ticker.join(5.0) and not ticker.running and ticker.started and ticker.ticks > 0
+    time.sleep(0.05)  # the pool's thread takes the retire marker after the loop
+    assert not any(t.name.startswith("ticker_") for t in threading.enumerate())
+
+
+def test_a_bounded_call_that_overruns_is_left_to_its_thread_and_the_next_gets_a_fresh_one() -> None:
+    release, caller = threading.Event(), BoundedCaller("bounded")
+    assert caller.call(lambda: 1, 1.0) == (True, 1)
+    began = time.monotonic()
+    assert caller.call(release.wait, 0.1) == (False, None) and time.monotonic() - began < 1.0
+    assert caller.call(lambda: 2, 1.0) == (True, 2)  # not queued behind the overrunning call
+    release.set()
+    caller.close()
+    assert call_within(lambda: 3, 1.0, "once") == (True, 3)
 
 
 def test_in_thread_runs_in_a_thread_of_its_own() -> None:
