@@ -1,8 +1,10 @@
-"""The producer's thread pools, and the lag reader's reads on the caller's thread.
+"""rollstream's thread primitive (`rollstream.infra.threads`), and the lag reader's reads on the caller's thread.
 
 Pinned: a `ThreadPool` runs at most `size` calls at once in daemon threads named after it, so a hung call
 holds one slot and the others go on; closing never waits for a hung call and cancels what had not
-started; `in_thread` runs a one-off call in a thread of its own. `LagReader` reads committed offsets on the
+started; a retired pool runs what was submitted, then its threads end; a `WorkerThread` is a pool of one that
+ends with its loop; a bounded call that overruns is left to its thread; `in_thread` runs a one-off call in a
+thread of its own. `LagReader` reads committed offsets on the
 caller's thread (librdkafka keeps the timeout), never in a thread that could outlive the client it uses.
 """
 
