@@ -223,9 +223,8 @@ class RolloutConsumer(Checkpoints):
         already fetched or arrives at once): returns or raises within `timeout` + `GRACE_S`, whatever the
         broker does. The first take connects within that one deadline too (at most the consumer's `timeout`,
         also with ``timeout=None``; an unreachable cluster is reported within `REACH_TIMEOUT_S`; with 0, call
-        `connect` first). Once the n
-        groups are there, the manifest write and the commit are `commit`'s, bounded by the consumer's
-        `timeout` (a step in hand is not thrown away for want of time). The step's manifest is written to
+        `connect` first). Once the n groups are there, the manifest write and the commit are `commit`'s,
+        bounded by the consumer's `timeout` (a step in hand is not thrown away for want of time). The step's manifest is written to
         NS.steps before returning. With ``commit=True`` its offsets are then committed too: per partition the offset
         of the next record to read, exactly past this step. With ``commit=False`` nothing is
         committed; call `commit(batch)` after the optimizer step. Taking again before that continues
