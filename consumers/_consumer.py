@@ -224,9 +224,10 @@ class RolloutConsumer(Checkpoints):
         broker does. The first take connects within that one deadline too (at most the consumer's `timeout`,
         also with ``timeout=None``; an unreachable cluster is reported within `REACH_TIMEOUT_S`; with 0, call
         `connect` first). Once the n groups are there, the manifest write and the commit are `commit`'s,
-        bounded by the consumer's `timeout` (a step in hand is not thrown away for want of time). The step's manifest is written to
-        NS.steps before returning. With ``commit=True`` its offsets are then committed too: per partition the offset
-        of the next record to read, exactly past this step. With ``commit=False`` nothing is
+        bounded by the consumer's `timeout` (a step in hand is not thrown away for want of time). The step's
+        manifest is written to NS.steps before returning. With ``commit=True`` its offsets are then committed
+        too: per partition the offset of the next record to read, exactly past this step. With ``commit=False``
+        nothing is
         committed; call `commit(batch)` after the optimizer step. Taking again before that continues
         *after* the uncommitted batch (the position is in memory); if the process dies first, the
         next consumer of the group takes the same batch again first (same groups, same order, same
