@@ -43,11 +43,11 @@ log = logging.getLogger(__name__)
 _FIRST_SLICE_S = 0.001
 _FAST_S = 0.1  # how long the wait polls in slices of _FIRST_SLICE_S before they grow
 _MAX_SLICE_S = 0.1
-_Key = tuple[tuple[str, int, int], ...]
-_Answer = tuple[KafkaError | None, list[TopicPartition]]
+CommitKey = tuple[tuple[str, int, int], ...]
+CommitAnswer = tuple[KafkaError | None, list[TopicPartition]]
 
 
-def _key(tps: Sequence[TopicPartition]) -> _Key:
+def _key(tps: Sequence[TopicPartition]) -> CommitKey:
     return tuple(sorted((tp.topic, tp.partition, tp.offset) for tp in tps))
 
 
@@ -58,7 +58,7 @@ class CommitAnswers:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._answers: dict[_Key, _Answer] = {}
+        self._answers: dict[CommitKey, CommitAnswer] = {}
 
     def conf(self) -> dict[str, object]:
         """The consumer property that routes the client's commit answers here."""
@@ -68,6 +68,32 @@ class CommitAnswers:
         """librdkafka's answer to a commit of `partitions` (`err`: the whole request's error, if any)."""
         with self._lock:
             self._answers[_key(partitions)] = (err, list(partitions))
+
+    def send(self, consumer: Consumer, topic: str, offsets: Mapping[int, int], *, metadata: str | None = None
+             ) -> CommitKey:
+        """Send a commit of `offsets` (partition -> offset of the next record to read), each with `metadata` when
+        given, asynchronously; return its key for `answer`. Never blocks. Forgets the answers to earlier commits.
+
+        Raises:
+            CommitFailed: librdkafka refused to send it (no answer will come).
+        """
+        tps = [TopicPartition(topic, p, o) if metadata is None else TopicPartition(topic, p, o, metadata)
+               for p, o in sorted(offsets.items())]
+        with self._lock:
+            self._answers.clear()  # answers to earlier commits (timed out, or of a replaced client) say nothing new
+        try:
+            consumer.commit(offsets=tps, asynchronous=True)
+        except KafkaException as exc:
+            cause = kafka_error(f"cannot commit offsets {dict(offsets)} on {topic}", exc, topic=topic)
+            raise CommitFailed(str(cause), {p: error_text(exc) for p in offsets}, topic=topic, code=cause.code,
+                               fatal=cause.fatal, retriable=not cause.fatal) from exc
+        return _key(tps)
+
+    def answer(self, key: CommitKey) -> CommitAnswer | None:
+        """The answer to the commit sent as `key`, once its client was polled after it came (then forgotten);
+        None: none yet. Raise it with `raise_failures`. Never blocks."""
+        with self._lock:
+            return self._answers.pop(key, None)
 
     def commit(self, consumer: Consumer, topic: str, offsets: Mapping[int, int], *, deadline: Deadline,
                serve: Callable[[float], None], metadata: str | None = None) -> None:
@@ -84,30 +110,16 @@ class CommitAnswers:
         """
         if not offsets:
             return
-        tps = [TopicPartition(topic, p, o) if metadata is None else TopicPartition(topic, p, o, metadata)
-               for p, o in sorted(offsets.items())]
-        key = _key(tps)
-        with self._lock:
-            self._answers.clear()  # answers to earlier commits (timed out, or of a replaced client) say nothing new
-        try:
-            consumer.commit(offsets=tps, asynchronous=True)
-        except KafkaException as exc:
-            cause = kafka_error(f"cannot commit offsets {dict(offsets)} on {topic}", exc, topic=topic)
-            raise CommitFailed(str(cause), {p: error_text(exc) for p in offsets}, topic=topic, code=cause.code,
-                               fatal=cause.fatal, retriable=not cause.fatal) from exc
+        key = self.send(consumer, topic, offsets, metadata=metadata)
         answer = self._wait(key, deadline, serve)
         if answer is None:
-            raise CommitFailed(f"commit of offsets {dict(offsets)} on {topic} got no answer from the group "
-                               f"coordinator within {deadline.total_s or 0:g} s; it may still land; retrying is safe "
-                               "(is the broker up? rollstream broker status)", {p: "timed out" for p in offsets},
-                               topic=topic, code="_TIMED_OUT")
+            raise unanswered(topic, offsets, deadline.total_s or 0)
         raise_failures(topic, offsets, *answer)
 
-    def _wait(self, key: _Key, deadline: Deadline, serve: Callable[[float], None]) -> _Answer | None:
+    def _wait(self, key: CommitKey, deadline: Deadline, serve: Callable[[float], None]) -> CommitAnswer | None:
         slice_s, grow_after = _FIRST_SLICE_S, deadline.remaining() - _FAST_S
         while True:
-            with self._lock:
-                answer = self._answers.pop(key, None)
+            answer = self.answer(key)
             if answer is not None:
                 return answer
             left = deadline.remaining()
@@ -173,6 +185,13 @@ class CommitClient:
         log.warning("the commit client of group %s did not close within %g s (a commit without an answer); left "
                     "to the process", self.group_id, wait_s)
         return False
+
+
+def unanswered(topic: str, offsets: Mapping[int, int], waited_s: float) -> CommitFailed:
+    """The error of a commit of `offsets` that got no answer within `waited_s` (it may still land)."""
+    return CommitFailed(f"commit of offsets {dict(offsets)} on {topic} got no answer from the group coordinator "
+                        f"within {waited_s:g} s; it may still land; retrying is safe (is the broker up? rollstream "
+                        "broker status)", {p: "timed out" for p in offsets}, topic=topic, code="_TIMED_OUT")
 
 
 def raise_failures(topic: str, offsets: Mapping[int, int], err: KafkaError | None,

@@ -3,10 +3,10 @@
 Contract:
 - Every commit of intake carries this producer's state (`rollstream.infra.producer_state.ProducerState`) as the offsets'
   metadata (`StateCommits.metadata`).
-- When the lag gate opens or closes, the known offsets are committed again with the new state (at most once
-  per `_STATE_COMMIT_S`), so `rollstream status` sees a paused producer within about a second. Known means
-  contiguous (`Watermarks.known`): nothing is ever skipped; a partition with nothing known yet is left out
-  (its first commit will carry the state).
+- When the lag gate opens or closes, the known offsets are to be committed again with the new state (`due`, at
+  most once per `_STATE_COMMIT_S`; `rollstream.producers._intake_commits` sends them), so `rollstream status`
+  sees a paused producer within about a second. Known means contiguous (`Watermarks.known`): nothing is ever
+  skipped; a partition with nothing known yet is left out (its first commit will carry the state).
 
 `StateCommits` belongs to the intake thread (`rollstream.producers.intake`); it reads the gate with its
 thread-safe `is_open`.
@@ -17,9 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import Consumer
 from rollstream.infra.producer_state import ProducerState
-from rollstream.producers._watermarks import Watermarks, commit_partitions
 from rollstream.producers.gate import LagGate
 from rollstream.schemas import now_ms
 
@@ -35,8 +33,9 @@ class StateCommits:
         self._gate = gate
         self._paused: bool | None = None  # None before the first look
         self._since_ms = now_ms()
-        self.stale = False  # the gate changed since the state was last committed
-        self._committed_at = 0.0
+        self._changes = 0  # gate changes seen
+        self._accepted = 0  # the last change a commit carried that the broker accepted
+        self._sent_at = 0.0
 
     def state(self) -> ProducerState:
         """This producer's state as the intake thread last saw the gate (what the next commit carries)."""
@@ -53,18 +52,21 @@ class StateCommits:
         paused = not self._gate.is_open()
         if paused != self._paused:
             self._paused, self._since_ms = paused, now_ms()
-            self.stale = True
+            self._changes += 1
 
-    def commit(self, consumer: Consumer, topic: str, group_id: str, marks: Watermarks) -> None:
-        """After a gate change, commit every partition's known offset of `marks` again with the new state, at
-        most once per `_STATE_COMMIT_S` (see the module docstring). Blocks (a commit)."""
-        if not self.stale or time.monotonic() - self._committed_at < _STATE_COMMIT_S:
-            return
-        self._committed_at = time.monotonic()
-        offsets = marks.known()
-        failed = commit_partitions(consumer, topic, group_id, offsets, metadata=self.metadata())
-        marks.mark_committed({p: o for p, o in offsets.items() if p not in failed})
-        self.stale = bool(failed)  # retried after _STATE_COMMIT_S
-        if offsets and not failed:
-            log.info("producer %s %s (lag gate): state committed with %s offsets %s", self.producer_id,
-                     "paused" if self._paused else "running", topic, offsets)
+    def due(self) -> bool:
+        """Whether the known offsets are to be committed again now, only to carry a changed gate state: the gate
+        changed since the state was last accepted, and the last such commit is `_STATE_COMMIT_S` old."""
+        return self._changes != self._accepted and time.monotonic() - self._sent_at >= _STATE_COMMIT_S
+
+    def sent(self) -> int:
+        """A commit carrying the state was just sent; returns the change it carries (for `accepted`)."""
+        self._sent_at = time.monotonic()
+        return self._changes
+
+    def accepted(self, change: int, offsets: dict[int, int]) -> None:
+        """The broker accepted the commit that carried `change` (with `offsets`, maybe none)."""
+        self._accepted = change
+        if offsets:
+            log.info("producer %s %s (lag gate): state committed with offsets %s", self.producer_id,
+                     "paused" if self._paused else "running", offsets)

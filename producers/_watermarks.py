@@ -16,7 +16,8 @@ Each assignment of a partition gets a fresh generation number: an acknowledgemen
 the partition was revoked (or revoked and assigned again) carries the old generation and is ignored,
 because its offsets now belong to the bookkeeping of another owner.
 
-`commit_acknowledged` and `commit_partitions` commit them (blocking: on the intake thread only).
+`commit_partitions` commits them synchronously (a revocation; on the intake thread only); the intake's other
+commits are asynchronous (`rollstream.producers._intake_commits`).
 
 Thread-safe: the intake thread assigns, takes, drains and commits; the event loop starts and
 acknowledges (each only takes the lock briefly and, for `ack`, notifies: never a wait on the loop).
@@ -210,20 +211,6 @@ class Watermarks:
         with self._lock:
             return all(not part.outstanding and part.committable() in (None, part.committed)
                        for part in self._parts.values())
-
-
-def commit_acknowledged(consumer: Consumer, topic: str, group_id: str, marks: Watermarks, *,
-                        metadata: str | None = None) -> dict[int, int]:
-    """Commit every watermark of `marks` that moved (each offset with `metadata`); mark committed only the
-    partitions the broker accepted (the others are retried on the next commit tick). Blocks; intake
-    thread only.
-
-    Returns the offsets that failed. Raises CommitFailed when librdkafka calls the failure fatal.
-    """
-    offsets = marks.committable()
-    failed = commit_partitions(consumer, topic, group_id, offsets, metadata=metadata)
-    marks.mark_committed({p: o for p, o in offsets.items() if p not in failed})
-    return failed
 
 
 def commit_partitions(consumer: Consumer, topic: str, group_id: str, offsets: dict[int, int], *,

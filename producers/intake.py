@@ -28,7 +28,10 @@ Contract:
   drain returns at once; lost partitions (session expired) are not drained: they are someone else's.
 - Every commit carries this producer's state (`rollstream.infra.producer_state.ProducerState`), and a lag gate change is
   committed within about a second (`_intake_state.StateCommits`).
-- A client that stopped serving its partitions while prompts wait there is replaced (`_intake_stall`): its
+- Commits are asynchronous (`_intake_commits`): the thread never waits on the group coordinator, except in a
+  revocation (the synchronous commit a rebalance asks for) and for a bounded moment at close.
+- A client that stopped serving its partitions while prompts wait there, that is cut off from its coordinator
+  while assigned nothing, or whose commit got no answer for the stall time, is replaced (`_intake_stall`): its
   partitions are dropped as lost (duplicates at worst, never a loss), and a fresh client joins the group.
   Only a spell in which intake wanted prompts counts: never one in which every slot was busy.
 - The watermarks and the credits are this object's own; every librdkafka call (poll, pause, commit,
@@ -54,9 +57,10 @@ from rollstream.infra.kafka_errors import kafka_error
 from rollstream.infra.kafka_io import position_of
 from rollstream.infra.producer_state import ProducerState
 from rollstream.infra.threads import WorkerThread
-from rollstream.producers._intake_stall import IntakeClient
+from rollstream.producers._intake_commits import IntakeCommits
+from rollstream.producers._intake_stall import IntakeClient, stall_seconds
 from rollstream.producers._intake_state import StateCommits
-from rollstream.producers._watermarks import Drain, Watermarks, commit_acknowledged, commit_partitions
+from rollstream.producers._watermarks import Drain, Watermarks, commit_partitions
 from rollstream.producers.gate import LagGate
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.schemas import ConfigError, DecodeError, Prompt, decode, now_ms
@@ -67,6 +71,7 @@ _MAX_BATCH = 500
 _FULL_WAIT_S = 1.0
 DEFAULT_DRAIN_ON_REVOKE_S = 30.0
 _MAX_POLL_INTERVAL_MS = 300_000  # librdkafka's default; a revocation drain runs inside one poll
+_FINAL_COMMIT_S = 5.0  # how long closing waits for the answer to the last commit
 
 
 @dataclass(frozen=True)
@@ -119,12 +124,14 @@ class Intake(WorkerThread):
         self.topic, self.group_id = topic, group_id
         self._metrics = metrics
         self._marks = Watermarks()
-        self._commit_interval_s = commit_interval_s
         self.producer_id = producer_id or instance_id or f"{socket.gethostname()}-{os.getpid()}"
         self._state = StateCommits(self.producer_id, gate)
         self._gate = gate
         self._drain_on_revoke_s = drain_on_revoke_s
-        self._client = IntakeClient(config.consumer(group_id, conf), group_id, self._marks, metrics, session_timeout_s)
+        self._commits = IntakeCommits(topic, group_id, self._marks, self._state, interval_s=commit_interval_s,
+                                      answer_s=stall_seconds(session_timeout_s))
+        self._client = IntakeClient(config.consumer(group_id, {**conf, **self._commits.conf()}), topic, group_id,
+                                    self._marks, metrics, session_timeout_s)
         self._lock = threading.Lock()
         self._credits = prefetch  # prompts the thread may still hand over before the loop takes some
         # Bounded: the credits keep at most `prefetch` prompts in it; the extra slot is for the halt marker.
@@ -242,8 +249,9 @@ class Intake(WorkerThread):
         try:
             consumer = self._client.open()
             while self._serve(consumer) and self._client.current is not None:
-                # Stuck: `_stuck` installed a fresh client, which joins the group again; the old one closes in
-                # the background (a group member without a coordinator may block its close).
+                # Stuck: a fresh client is installed, which joins the group again; the old one closes in the
+                # background (a group member without a coordinator may block its close).
+                self._commits.forget()
                 consumer = self._client.current
             self._client.close(consumer)
         except BaseException as exc:  # noqa: BLE001 - reported to the loop, which decides
@@ -256,17 +264,15 @@ class Intake(WorkerThread):
         self._client.current = consumer
         consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                            on_lost=self._on_lost)
-        last_commit = 0.0
         while not self._stop.is_set():
             self._hand_over_all([taken for msg in self._step(consumer) if (taken := self._handle(msg))])
             self._state.watch()
-            if time.monotonic() - last_commit >= self._commit_interval_s:
-                commit_acknowledged(consumer, self.topic, self.group_id, self._marks, metadata=self._state.metadata())
-                last_commit = time.monotonic()
-            self._state.commit(consumer, self.topic, self.group_id, self._marks)
+            if not self._commits.tick(consumer):
+                self._client.give_up("its commits get no answer from the group coordinator")
+                return True
             if self._stuck(consumer):
                 return True
-        commit_acknowledged(consumer, self.topic, self.group_id, self._marks, metadata=self._state.metadata())
+        self._commits.final(consumer, _FINAL_COMMIT_S)
         return False
 
     def _stuck(self, consumer: Consumer) -> bool:

@@ -24,10 +24,12 @@ from rollstream.producers import (
     SGLangHTTPEngine,
     load_reward,
 )
+from rollstream.producers._intake_commits import IntakeCommits
+from rollstream.producers._intake_state import StateCommits
 from rollstream.producers._parts import Parts
 from rollstream.producers._pipeline import GroupPipeline, GroupSettings
 from rollstream.producers._threads import ProducerThreads
-from rollstream.producers._watermarks import Watermarks, commit_acknowledged
+from rollstream.producers._watermarks import Watermarks
 from rollstream.producers.engines.base import Completion, EngineCapabilities, Generation
 from rollstream.producers.gate import LagGate
 from rollstream.producers.intake import Intake, TakenPrompt
@@ -344,30 +346,64 @@ def test_publisher_close_is_bounded_while_a_produce_waits_for_queue_room() -> No
 
 
 class _Consumer:
-    def __init__(self, refuse: set[int]) -> None:
-        self.refuse = refuse
+    """Intake's client as its commits see it: an asynchronous commit, answered (through `on_commit`) in a poll."""
+
+    def __init__(self, on_commit: Any, refuse: set[int]) -> None:
+        self.on_commit, self.refuse = on_commit, refuse
         self.commits: list[dict[int, int]] = []
+        self.answered = True  # False: the coordinator never answers (librdkafka#5511)
+        self._unanswered: list[list[Any]] = []
 
-    def commit(self, offsets: list[Any], asynchronous: bool) -> list[Any]:
+    def commit(self, offsets: list[Any], asynchronous: bool) -> None:
+        assert asynchronous, "a synchronous commit has no deadline"
         self.commits.append({tp.partition: tp.offset for tp in offsets})
-        return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=tp.offset,
-                                error=KafkaError(KafkaError.REBALANCE_IN_PROGRESS) if tp.partition in self.refuse
-                                else None) for tp in offsets]
+        self._unanswered.append(offsets)
+
+    def poll(self, timeout: float) -> None:
+        while self.answered and self._unanswered:
+            offsets = self._unanswered.pop(0)
+            self.on_commit(None, [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=tp.offset,
+                                                  error=KafkaError(KafkaError.REBALANCE_IN_PROGRESS)
+                                                  if tp.partition in self.refuse else None) for tp in offsets])
 
 
-def test_intake_marks_only_accepted_partitions_committed(caplog: pytest.LogCaptureFixture) -> None:
+def test_intake_commits_mark_only_accepted_partitions_and_never_wait(caplog: pytest.LogCaptureFixture,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Intake's commits are sent without waiting and answered in its polls: a partition the broker refused is sent
+    again; a commit that gets no answer within its bound asks for a fresh client instead of holding intake."""
+    import rollstream.producers._intake_commits as commits_module
+
+    clock = [time.monotonic()]
+    monkeypatch.setattr(commits_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     marks = Watermarks()
     marks.assign([0, 1])
     for p in (0, 1):
         generation = marks.take(p, 7)
         assert generation is not None and marks.ack(p, 7, generation)
-    consumer = _Consumer(refuse={1})
-    assert commit_acknowledged(consumer, "t.prompts", "g", marks) == {1: 8}  # type: ignore[arg-type]
-    assert "t.prompts[1]@8" in caplog.text
-    assert marks.committable() == {1: 8} and not marks.settled()  # retried on the next tick
+    metrics = ProducerMetrics()
+    commits = IntakeCommits("t.prompts", "g", marks, StateCommits("p", _Gate(metrics)), interval_s=0.2,
+                            answer_s=20.0)
+    consumer = _Consumer(commits.conf()["on_commit"], refuse={1})
+    assert commits.tick(consumer) and consumer.commits[-1] == {0: 8, 1: 8}  # type: ignore[arg-type]
+    assert commits.tick(consumer) and len(consumer.commits) == 1  # type: ignore[arg-type]  # one in flight
+    consumer.poll(0)  # the answer: partition 1 refused
+    clock[0] += 1.0
+    assert commits.tick(consumer)  # type: ignore[arg-type]
+    assert "t.prompts[1]@8" in caplog.text and marks.committable() == {1: 8} and not marks.settled()
+    assert consumer.commits[-1] == {1: 8}  # sent again
     consumer.refuse.clear()
-    assert commit_acknowledged(consumer, "t.prompts", "g", marks) == {}  # type: ignore[arg-type]
-    assert consumer.commits[-1] == {1: 8} and marks.settled()
+    consumer.poll(0)
+    clock[0] += 1.0
+    assert commits.tick(consumer) and marks.settled()  # type: ignore[arg-type]
+    generation = marks.take(0, 8)
+    assert generation is not None and marks.ack(0, 8, generation)
+    consumer.answered = False  # the coordinator is gone for good
+    assert commits.tick(consumer) and consumer.commits[-1] == {0: 9}  # type: ignore[arg-type]
+    clock[0] += 19.0
+    assert commits.tick(consumer)  # type: ignore[arg-type]  # not yet past its bound
+    clock[0] += 2.0
+    assert not commits.tick(consumer)  # type: ignore[arg-type]  # no answer in 20 s: replace the client
+    assert "got no answer" in caplog.text and marks.committable() == {0: 9}
 
 
 # -- intake: a client that stopped serving its partitions is replaced -------------------------------------
@@ -376,11 +412,16 @@ def test_intake_marks_only_accepted_partitions_committed(caplog: pytest.LogCaptu
 class _GroupConsumer:
     """A stand-in for intake's consumer: committed offsets (or a timeout), end offsets, an assignment."""
 
-    def __init__(self, committed: dict[int, int], ends: dict[int, int], fail: bool = False) -> None:
-        self.committed_at, self.ends, self.fail = committed, ends, fail
+    def __init__(self, committed: dict[int, int], ends: dict[int, int], fail: bool = False,
+                 assigned: bool = True) -> None:
+        self.committed_at, self.ends, self.fail, self.assigned = committed, ends, fail, assigned
 
     def assignment(self) -> list[Any]:
-        return [SimpleNamespace(topic="t.prompts", partition=p, offset=-1001) for p in sorted(self.ends)]
+        return [SimpleNamespace(topic="t.prompts", partition=p, offset=-1001) for p in sorted(self.ends)
+                if self.assigned]
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        return SimpleNamespace(topics={topic: SimpleNamespace(partitions={p: None for p in self.ends})})
 
     def committed(self, partitions: list[Any], timeout: float) -> list[Any]:
         if self.fail:
@@ -402,12 +443,15 @@ class _GroupConsumer:
 
 
 @pytest.mark.parametrize("case,stuck", [("nothing-left", False), ("in-flight", False), ("prompts-wait", True),
-                                        ("coordinator-gone", True)])
+                                        ("coordinator-gone", True), ("unassigned", False),
+                                        ("unassigned-coordinator-gone", True)])
 def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
         case: str, stuck: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a broker stall a client can lose its coordinator for good (librdkafka#5511) and never fetch
     again: prompts wait, nothing arrives. Intake must then drop its partitions as lost and rejoin; but a
-    quiet client with nothing left, or with everything taken and in flight, is healthy."""
+    quiet client with nothing left, or with everything taken and in flight, is healthy. A client assigned nothing
+    (its partitions lost in a stall) is cut off when its coordinator cannot be asked for the group's offsets: it
+    would never be assigned any again; one that can (more producers than partitions) is healthy."""
     import rollstream.producers._intake_stall as stall_module
 
     metrics = ProducerMetrics()
@@ -415,7 +459,9 @@ def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
                     metrics=metrics, prefetch=4, session_timeout_s=1.0)
     consumer = {"nothing-left": _GroupConsumer({0: 10}, {0: 10}), "in-flight": _GroupConsumer({0: 4}, {0: 10}),
                 "prompts-wait": _GroupConsumer({0: 4}, {0: 10}),
-                "coordinator-gone": _GroupConsumer({0: 10}, {0: 10}, fail=True)}[case]
+                "coordinator-gone": _GroupConsumer({0: 10}, {0: 10}, fail=True),
+                "unassigned": _GroupConsumer({0: 4}, {0: 10}, assigned=False),
+                "unassigned-coordinator-gone": _GroupConsumer({0: 4}, {0: 10}, fail=True, assigned=False)}[case]
     intake._client.current = consumer  # type: ignore[assignment]  # the client `_serve` would run
     intake._on_assign(consumer, consumer.assignment())  # type: ignore[arg-type]
     if case == "in-flight":  # taken up to the end, not acknowledged yet: nothing waits
@@ -425,7 +471,8 @@ def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
     later = time.monotonic() + 60.0
     monkeypatch.setattr(stall_module, "time", SimpleNamespace(monotonic=lambda: later))
     assert intake._stuck(consumer) is stuck  # type: ignore[arg-type]
-    assert (intake.owned() == []) is stuck and intake.client_replacements == int(stuck)
+    assert (intake.owned() == []) is (stuck or case.startswith("unassigned"))
+    assert intake.client_replacements == int(stuck)
     # a fresh client is installed, and counted by role; the stuck one closes in the background
     assert (intake._client.current is not consumer) is stuck
     assert metrics.registry.get_sample_value("rollstream_producer_client_replacements_total",
@@ -547,7 +594,7 @@ def test_intake_commits_its_state_with_the_gate_it_saw() -> None:
     paused = ProducerState.from_metadata(intake._state.metadata())
     assert not running.paused and paused is not None and paused.paused
     assert paused.producer_id == "p-7" and paused.max_lag == gate.max_lag
-    assert running.since_ms <= paused.since_ms <= paused.updated_at_ms and intake._state.stale
+    assert running.since_ms <= paused.since_ms <= paused.updated_at_ms and intake._state.due()
     for bad, overrides in [(-1.0, {}), (30.0, {"max.poll.interval.ms": 20_000})]:
         with pytest.raises(ConfigError, match="drain_on_revoke_s"):
             Intake(KafkaConfig(), "t.prompts", "g", gate=gate, metrics=metrics, prefetch=2, drain_on_revoke_s=bad,
