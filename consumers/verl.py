@@ -21,7 +21,7 @@ oldest sample when full and loses everything on a crash) is replaced by NS.rollo
   RolloutSample rebuilt from the record: verl's own in-process hand-over, never written anywhere).
 - The step is committed right after verl's ``_fit_update_actor`` returned (fully_async_trainer.py:591):
   the earliest point where verl trained on it, before its weights sync, checkpoint and the next take. A crash
-  before that gives the same batch back (same groups, same order). A checkpoint of param version k stores
+  before that leaves it uncommitted (a resumed job judges it afresh, see below). A checkpoint of version k stores
   the last committed step in ``global_step_k/rollstream.json``; loading it seeks there
   (`RolloutConsumer.seek_to_step`), so a resumed trainer continues exactly after k.
 - Each trainer process is one trainer run (`rollstream.infra.runs`): it announces verl's param version at
