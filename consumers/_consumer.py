@@ -44,13 +44,13 @@ from rollstream.consumers._client import CLOSE_TIMEOUT_S, TrainerClient
 from rollstream.consumers._commit import StepCommitter
 from rollstream.consumers._errors import TakeTimeout
 from rollstream.consumers._fetched import Fetched, unpublished
-from rollstream.consumers._gather import Gathering
+from rollstream.consumers._gather import Gathering, stale_now
 from rollstream.consumers._ledger import DEFAULT_DEDUPE_WINDOW, DedupeWindow, StepLedger
 from rollstream.consumers._metrics import ConsumerMetrics
 from rollstream.consumers._position import PositionPublisher
 from rollstream.consumers._progress import Progress
 from rollstream.consumers._resume import Restart, Standing
-from rollstream.consumers.filters import GroupFilter, default_filters
+from rollstream.consumers.filters import FilterContext, GroupFilter, default_filters
 from rollstream.consumers.forensics._diagnose import TakeTimeouts
 from rollstream.infra import DEFAULT_TRAINER_GROUP, KafkaConfig, PolicyAnnouncer, TopicNames
 from rollstream.infra._replaceable import close_quietly
@@ -235,7 +235,8 @@ class RolloutConsumer(Checkpoints):
 
         A step recorded by an earlier consumer of the group and never committed (or one after the step
         `seek_to_step` went back to) is returned again exactly as recorded, filters and staleness
-        included, when it took `n` groups; otherwise groups are taken afresh from there.
+        included, when it took `n` groups and none of them is stale now (the `stale` filter, when among
+        the filters: a newer trainer run, a version moved on); otherwise groups are taken afresh from there.
 
         Args:
             policy_version: set `policy_version` first (the staleness filter measures against it).
@@ -337,13 +338,21 @@ class RolloutConsumer(Checkpoints):
 
     def _take_recorded(self, n: int, deadline: Deadline) -> Batch | None:
         """The next recorded step again, as the same batch (`Restart.take_again`, reading within `deadline` and
-        the consumer's timeout); None (and no more redo) when it took other than `n` groups or its records cannot
-        be read back."""
+        the consumer's timeout); None (and no more redo) when it took other than `n` groups, its records cannot
+        be read back, or a group it took is stale now (`stale_now`)."""
         started = time.monotonic()
         again = self._restart.take_again(self.config, n, self._progress.position, deadline.within(self._timeout))
         if again is None:
             return None
         batch, taken_bytes = again
+        run = self._committer.run.run if self._committer.run is not None else None
+        reason = stale_now(batch, self.filters, FilterContext(self.policy_version, self.max_staleness, -1, -1,
+                                                              self.group_id, run))
+        if reason is not None:
+            log.warning("group %s: recorded step %d is not taken again as recorded (%s); taking afresh from offsets %s",
+                        self.group_id, batch.step, reason, dict(self._progress.position))
+            self._restart.forget()
+            return None
         self._progress.ledger.hold(batch.group_ids)
         self._hand_over(batch, taken_bytes, started)
         self._fetched.reassign(self._progress.position)

@@ -11,14 +11,14 @@ requeued already (then it is a ``duplicate`` of that requeue).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from rollstream.consumers._batch import Batch
 from rollstream.consumers._errors import FilterError
 from rollstream.consumers._ledger import StepLedger
 from rollstream.consumers._requeue import Requeue, requeue_of, terminal_reason
-from rollstream.consumers.filters import FilterContext, GroupFilter, filter_name
+from rollstream.consumers.filters import FilterContext, GroupFilter, filter_name, stale
 from rollstream.schemas import OffsetDisposition, PartitionRange, SchemaError, ScoredGroup, decode, now_ms
 
 _MAX_REASON = 500
@@ -75,6 +75,19 @@ def judge(group: ScoredGroup | SchemaError, ledger: StepLedger, filters: Sequenc
             raise FilterError(filter_name(f), context.partition, context.offset, exc) from exc
         if reason:
             return Skip("filtered", str(reason))
+    return None
+
+
+def stale_now(batch: Batch, filters: Sequence[GroupFilter], context: FilterContext) -> str | None:
+    """Why a group the recorded `batch` took is stale in `context` (`stale`, when among `filters`: generated
+    under an older trainer run, or a version now past ``max_staleness`` or ahead), or None. A recorded step with
+    such a group is not taken again as recorded: its records are judged afresh."""
+    if stale not in filters:
+        return None
+    for group, (p, o) in zip(batch.groups, batch.positions, strict=False):
+        reason = stale(group, replace(context, partition=p, offset=o))
+        if reason is not None:
+            return f"{group.group_id}: {reason}"
     return None
 
 

@@ -10,7 +10,8 @@ decide a rebuilt batch, and with several partitions it would almost never be the
 
 A recorded step is taken again only while the steps chain: each starts, on every partition it
 touches, at or after where the previous one ended. The first that does not (or whose records are gone,
-or that took other than the n a take asks for) ends the redo; from there on, groups are taken afresh
+or that took other than the n a take asks for, or, judged by `RolloutConsumer`, took a group that is stale
+now: an older trainer run's) ends the redo; from there on, groups are taken afresh
 (nothing is lost: the offsets were not committed).
 
 `Restart` works out where the group stands (`Standing`): at a start, from the committed offsets (else each

@@ -4,9 +4,13 @@ One verl ``RolloutSample`` (verl 0.9.1, experimental/fully_async_policy/detach_u
 with ``rollout.n`` responses, so it is one group. Its ``full_batch`` is the `DataProto` the agent loop built
 (experimental/agent_loop/agent_loop.py:1057-1149, ``_postprocess``). What rollstream's own fields carry:
 
-- ``prompt_id`` = ``sample_id`` (``sample_{epoch}_{n}``, the rollouter's counter, restored from its checkpoint,
-  so a regenerated sample gets the same group id), ``epoch``; ``prompt_tokens``: the unpadded prompt (every
-  row of one sample has the same prompt, else `VerlEncodingError`);
+- ``prompt_id`` = ``sample_id`` (``sample_{epoch}_{n}``, the rollouter's counter), ``epoch``; ``prompt_tokens``:
+  the unpadded prompt (every row of one sample has the same prompt, else `VerlEncodingError`);
+- ``group_id`` (`group_id_of`) = ``{sample_id}.r{run}.{digest}#{epoch}``: the counter, the trainer run the
+  rollouter serves (``policy_run``, also stamped on the group) and a digest of the prompt's token ids. Not the
+  counter alone: a resumed rollouter counts again from ``checkpoint version x required samples`` while its
+  dataloader continues after every prompt it had fed, so one counter value names another prompt, and the
+  trainer's dedupe would have dropped the new group as a duplicate of the old one;
 - per sample: ``tokens`` = the response up to its length (``attention_mask[P:].sum()``, as verl counts it),
   ``logprobs`` = ``rollout_log_probs`` (None when absent), ``loss_mask`` = ``response_mask``, ``reward`` =
   the row sum of ``rm_scores`` (None when absent), ``weight_versions`` = ``min_global_steps`` and
@@ -36,6 +40,7 @@ Pinned by tests/unit/test_verl_codec.py against verl's own DataProto and
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -58,7 +63,7 @@ class VerlEncodingError(RollstreamError):
 
 def encode_sample(rs: RolloutSample, *, producer_id: str = "verl-rollouter", started_at_ms: int | None = None,
                   policy_run: int = 0) -> ScoredGroup:
-    """`rs` as one ScoredGroup (this module's docstring says where each field goes).
+    """`rs` as one ScoredGroup of trainer run `policy_run` (this module's docstring says where each field goes).
 
     Raises:
         VerlEncodingError: rows with different prompts, or a value JSON cannot hold.
@@ -96,10 +101,17 @@ def encode_sample(rs: RolloutSample, *, producer_id: str = "verl-rollouter", sta
                 "verl.meta_info": _json(rs.sample_id, rs.full_batch.meta_info),
                 "verl.rollout_status": _json(rs.sample_id, rs.rollout_status)}
     finished = now_ms()
-    return ScoredGroup(group_id=make_group_id(rs.sample_id, rs.epoch), prompt_id=rs.sample_id, epoch=rs.epoch,
-                       prompt_tokens=first.numpy(), samples=Samples.of(samples),
+    return ScoredGroup(group_id=group_id_of(rs.sample_id, rs.epoch, first, policy_run), prompt_id=rs.sample_id,
+                       epoch=rs.epoch, prompt_tokens=first.numpy(), samples=Samples.of(samples),
                        started_at_ms=started_at_ms or finished, finished_at_ms=finished, producer_id=producer_id,
                        metadata=metadata, policy_run=policy_run)
+
+
+def group_id_of(sample_id: str, epoch: int, prompt: torch.Tensor, policy_run: int) -> str:
+    """The group id of verl sample `sample_id` (of `epoch`) for the unpadded `prompt` token ids under trainer run
+    `policy_run`: equal only for the same counter, prompt and run (a ``make_group_id`` id, its epoch after ``#``)."""
+    digest = hashlib.blake2b(prompt.numpy().astype("<i8").tobytes(), digest_size=8).hexdigest()
+    return make_group_id(f"{sample_id}.r{policy_run}.{digest}", epoch)
 
 
 def decode_sample(group: ScoredGroup) -> RolloutSample:

@@ -6,6 +6,10 @@ read at most every ``lag_refresh_s`` (verl asks before every sample it starts, f
 Publishing and lag reads run in two threads of their own (``rollstream-verl-publish``, ``rollstream-verl-lag``),
 so neither blocks the rollouter's event loop nor waits for the other. One put is acknowledged before the
 next is produced: verl's samples take seconds to generate, the broker milliseconds to acknowledge.
+
+Every group is stamped with the trainer run the rollouter serves (`VerlRolloutQueue.serve_run`: the verl trainer
+hands its run over at each weight sync, the first before the rollouter generates anything), so a resumed trainer
+(a newer run) tells this run's groups from a dead run's whatever their param versions.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from rollstream.infra import TopicNames
 from rollstream.infra.clients import open_producer
 from rollstream.infra.lag import LagReader
 from rollstream.infra.threads import ThreadPool
-from rollstream.schemas import RollstreamError, Samples, ScoredGroup, encode, now_ms
+from rollstream.schemas import ConfigError, LifecycleError, RollstreamError, Samples, ScoredGroup, encode, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,14 @@ class VerlRolloutQueue:
         self._lags = ThreadPool("rollstream-verl-lag", 1)
         self._lag: tuple[float, int] | None = None  # (monotonic time read, lag)
         self.published = 0
+        self.policy_run: int | None = None  # the trainer run served (`serve_run`)
+
+    def serve_run(self, run: int) -> None:
+        """Stamp trainer run `run` on every group published from now on (the verl trainer's, once it began).
+        Does not block. Raises ConfigError for a run below 1."""
+        if run < 1:
+            raise ConfigError(f"serve_run({run}): trainer runs are numbered from 1 (rollstream.infra.runs)")
+        self.policy_run = run
 
     async def put_sample(self, sample: bytes | RolloutSample | None) -> bool:
         """Publish `sample` (verl passes ``ray.cloudpickle`` bytes of a RolloutSample, fully_async_rollouter.py:
@@ -54,15 +66,20 @@ class VerlRolloutQueue:
 
         Raises:
             PublishFailed: no acknowledgement within ``kafka_timeout_s``; VerlEncodingError.
+            LifecycleError: no trainer run to stamp yet (`serve_run` was not called): nothing published.
         """
         import ray
 
         if sample is None:
             group = end_marker(self.producer_id)
         else:
+            if self.policy_run is None:
+                raise LifecycleError("verl's rollouter has no trainer run to stamp on its samples: run verl through "
+                                     "rollstream.consumers.verl (its trainer hands its run over at the first weight "
+                                     "sync, before the rollouter generates), or call serve_run(run)")
             # verl pickled it in this process a moment ago; what goes on the wire is the Avro record
             rs = ray.cloudpickle.loads(sample) if isinstance(sample, bytes) else sample
-            group = encode_sample(rs, producer_id=self.producer_id)
+            group = encode_sample(rs, producer_id=self.producer_id, policy_run=self.policy_run)
         await self._publish.run(self._produce, group)
         self.published += 1
         return True

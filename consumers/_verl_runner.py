@@ -4,12 +4,14 @@ Three subclasses of verl's Ray actors, no fork (the contract is `rollstream.cons
 
 - `_Trainer` (``FullyAsyncTrainer``): its queue client is a `VerlTrainerQueue`; it commits a step right after
   ``_fit_update_actor`` (called by ``fit_step``, fully_async_trainer.py:591, before ``_fit_update_weights``,
-  the checkpoint and the next ``_fit_generate``), announces each param version after ``_fit_update_weights``,
+  the checkpoint and the next ``_fit_generate``), announces each param version after ``_fit_update_weights``
+  and hands its trainer run to the rollouter (``serve_run``; the first sync runs before the rollouter's ``fit``),
   writes ``rollstream.json`` into a checkpoint folder *before* verl marks the checkpoint complete
   (``latest_checkpointed_iteration.txt``), and seeks there after ``load_checkpoint``. The commit blocks the
   trainer's loop for its duration, as verl's own ``ray.get`` calls in ``fit_step`` do.
 - `_Rollouter` (``FullyAsyncRollouter``): its queue client is a `VerlRolloutQueue`; ``max_queue_size`` is
-  raised by ``required_samples`` (the lag it compares against counts the step in training).
+  raised by ``required_samples`` (the lag it compares against counts the step in training); ``serve_run``
+  sets the trainer run its groups are stamped with.
 - `_TaskRunner` (``FullyAsyncTaskRunner``): creates those two instead of verl's (``_create_trainer`` and
   ``_create_rollouter`` follow fully_async_main.py:119-163 with the class swapped). verl's ``MessageQueue``
   actor is still created and stays idle (its clients are replaced in ``set_message_queue_client``).
@@ -20,6 +22,7 @@ copied methods) so a verl upgrade that moves them fails there, not in a training
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from pathlib import Path
@@ -57,7 +60,8 @@ def checkpoint_folder(config: Any) -> str | None:
 class _Trainer(FullyAsyncTrainer.__ray_actor_class__):
     def set_message_queue_client(self, message_queue_client: Any) -> None:
         self.message_queue_client = VerlTrainerQueue(settings_of(self.config), groups_per_step=self.required_samples,
-                                                     group_size=self.config.actor_rollout_ref.rollout.n)
+                                                     group_size=self.config.actor_rollout_ref.rollout.n,
+                                                     staleness_threshold=self.staleness_threshold)
 
     def _fit_update_actor(self, batch: Any) -> Any:
         batch = super()._fit_update_actor(batch)
@@ -68,7 +72,8 @@ class _Trainer(FullyAsyncTrainer.__ray_actor_class__):
     async def _fit_update_weights(self) -> dict | None:
         timing = await super()._fit_update_weights()
         if timing is not None:  # the weights were synced as current_param_version
-            self.message_queue_client.announce(self.current_param_version)
+            run = self.message_queue_client.announce(self.current_param_version)
+            await asyncio.wrap_future(self.rollouter.serve_run.remote(run).future())  # the groups it stamps
         return timing
 
     def _save_checkpoint(self) -> None:
@@ -86,6 +91,9 @@ class _Rollouter(FullyAsyncRollouter.__ray_actor_class__):
     async def set_message_queue_client(self, message_queue_client: Any) -> None:
         async with self.lock:
             self.message_queue_client = VerlRolloutQueue(settings_of(self.config))
+
+    async def serve_run(self, run: int) -> None:
+        self.message_queue_client.serve_run(run)
 
     async def set_max_required_samples(self) -> None:
         await super().set_max_required_samples()

@@ -21,14 +21,22 @@ oldest sample when full and loses everything on a crash) is replaced by NS.rollo
   RolloutSample rebuilt from the record: verl's own in-process hand-over, never written anywhere).
 - The step is committed right after verl's ``_fit_update_actor`` returned (fully_async_trainer.py:591):
   the earliest point where verl trained on it, before its weights sync, checkpoint and the next take. A crash
-  before that gives the same batch back (same groups, same order). A checkpoint of param version k stores
+  before that leaves it uncommitted (a resumed job judges it afresh, see below). A checkpoint of version k stores
   the last committed step in ``global_step_k/rollstream.json``; loading it seeks there
   (`RolloutConsumer.seek_to_step`), so a resumed trainer continues exactly after k.
 - Each trainer process is one trainer run (`rollstream.infra.runs`): it announces verl's param version at
   every weight sync (``PolicyVersion(current_param_version)``, a resumed run counts from its checkpoint's
-  version again and supersedes the old run), and the broker refuses a replaced trainer's commits.
-  Staleness (``max_staleness``) is measured against that version; a group's weight versions are the
-  trajectory's ``min_global_steps`` and ``max_global_steps``.
+  version again and supersedes the old run), and the broker refuses a replaced trainer's commits. It hands
+  its run to the rollouter at each sync (the first, verl's "param sync before fit", comes before the rollouter
+  generates), and the rollouter stamps it on every group (``policy_run``).
+- Staleness (``max_staleness``) is measured against that version; a group's weight versions are the
+  trajectory's ``min_global_steps`` and ``max_global_steps``. A group generated under an older trainer run
+  is never trained, whatever its versions (after a resume they share numbers, not weights): it is filtered
+  as ``stale: generated under trainer run R, ...`` and recorded in the step's manifest. So is a group more
+  than ``max_staleness`` versions behind, or ahead of the trainer's version. A recorded step the dead run
+  took after the checkpoint is not taken again as recorded (its groups are judged afresh). verl's rollouter
+  cannot regenerate a filtered group: the prompts a dead run had generated but not trained by the checkpoint
+  are not trained in this epoch, as with verl's own queue (whose in-flight samples a crash loses).
 - The rollouter's end of data (``put_sample(None)``) is published as a failed group with metadata
   ``verl.end``; the trainer records it as filtered (``end_of_stream``) and returns verl's end signal once no
   full step is left.
@@ -39,15 +47,16 @@ oldest sample when full and loses everything on a crash) is replaced by NS.rollo
 Settings (`VerlSettings.of`): the ``rollstream`` section of verl's config, else environment variables:
 ``bootstrap_servers`` / ``ROLLSTREAM_BOOTSTRAP_SERVERS``, ``kafka_config`` / ``ROLLSTREAM_KAFKA_CONFIG`` (a
 librdkafka properties file), ``namespace`` / ``ROLLSTREAM_NAMESPACE``, ``group`` / ``ROLLSTREAM_TRAINER_GROUP``,
-``take_timeout_s`` (default: wait), ``poll_interval_s`` (1.0), ``max_staleness`` (default: none, verl's
-pause bounds staleness), ``dynamic_sampling`` (default off: verl trains all-equal groups),
-``lag_refresh_s`` (0.5: how old a lag the rollouter's pause may act on), ``kafka_timeout_s`` (30).
+``take_timeout_s`` (default: wait), ``poll_interval_s`` (1.0), ``max_staleness`` (default: derived from verl's
+``async_training.staleness_threshold`` by `staleness_limit`), ``dynamic_sampling`` (default off: verl trains
+all-equal groups), ``lag_refresh_s`` (0.5: how old a lag the rollouter's pause may act on), ``kafka_timeout_s`` (30).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections import deque
@@ -68,6 +77,25 @@ from rollstream.schemas import PolicyVersion, RollstreamError, ScoredGroup
 
 log = logging.getLogger(__name__)
 POSITION_FILE = "rollstream.json"  # in verl's global_step_<k> checkpoint folder
+VERL_STALENESS_THRESHOLD = 0.1  # async_training.staleness_threshold in verl 0.9.1's fully_async_ppo_trainer.yaml
+
+
+def staleness_limit(staleness_threshold: float) -> int:
+    """The ``max_staleness`` that matches verl's ``async_training.staleness_threshold`` s: ``ceil(s) + 1``.
+
+    verl's rollouter pauses once it started ``(1 + s) x`` the samples of one param version (``required_samples
+    x trigger_parameter_sync_step``) since the last weight sync, counting those still queued or generating. So
+    a sample started under version v waits behind at most ``(1 + s)`` versions' worth and is trained by version
+    ``v + ceil(s)`` when samples finish in the order they started; one version more allows a generation that
+    finishes after the next sync (partial rollouts, long tails). verl itself drops nothing: a group staler than
+    this is what its pause should have prevented (or a dead run's), and is filtered and recorded.
+
+    Raises:
+        ConfigError: `staleness_threshold` below 0 (verl refuses it too).
+    """
+    if staleness_threshold < 0:
+        raise ConfigError(f"async_training.staleness_threshold={staleness_threshold} must be >= 0")
+    return math.ceil(staleness_threshold) + 1
 
 
 @dataclass(frozen=True)
@@ -93,7 +121,8 @@ class VerlSettings:
             raise ConfigError(f"rollstream.poll_interval_s={self.poll_interval_s} and kafka_timeout_s="
                               f"{self.kafka_timeout_s} must be > 0, lag_refresh_s={self.lag_refresh_s} >= 0")
         if self.max_staleness is not None and self.max_staleness < 0:
-            raise ConfigError(f"rollstream.max_staleness={self.max_staleness} must be >= 0 (or unset: no limit)")
+            raise ConfigError(f"rollstream.max_staleness={self.max_staleness} must be >= 0 (or unset: derived from "
+                              "verl's async_training.staleness_threshold)")
 
     @classmethod
     def of(cls, section: Mapping[str, Any] | None) -> VerlSettings:
@@ -138,21 +167,24 @@ class VerlTrainerQueue:
     `commit_trained` commits it. Every Kafka call runs in the one ``rollstream-verl-trainer`` thread (the
     consumer is not thread-safe); the async methods never block the trainer's event loop, the sync ones
     (`commit_trained`, `announce`, `save_position`, `resume_from`) block until done. No network in
-    ``__init__``: the consumer starts on the first take or seek.
+    ``__init__``: the consumer starts on the first take or seek. `max_staleness` is the settings', else
+    `staleness_limit` of verl's `staleness_threshold`.
     """
 
-    def __init__(self, settings: VerlSettings, *, groups_per_step: int, group_size: int | None) -> None:
+    def __init__(self, settings: VerlSettings, *, groups_per_step: int, group_size: int | None,
+                 staleness_threshold: float = VERL_STALENESS_THRESHOLD) -> None:
         if groups_per_step < 1:
             raise ConfigError(f"groups_per_step={groups_per_step}: verl's required_samples must be >= 1")
         s = self.settings = settings
         self.groups_per_step = groups_per_step
+        self.max_staleness = staleness_limit(staleness_threshold) if s.max_staleness is None else s.max_staleness
         kafka = s.kafka(f"rollstream-verl-trainer-{s.group}")
         self._ended: list[bool] = []
         filters = [end_of_stream(self._ended), failed_group, *([all_rewards_equal] if s.dynamic_sampling else []),
                    stale, group_size_filter(group_size, trainer="verl", setting="actor_rollout_ref.rollout.n")]
         self.announcer = PolicyAnnouncer(kafka, TopicNames(s.namespace))
         self.consumer = RolloutConsumer(config=kafka, group_id=s.group, namespace=s.namespace, filters=filters,
-                                        max_staleness=s.max_staleness, timeout=s.kafka_timeout_s,
+                                        max_staleness=self.max_staleness, timeout=s.kafka_timeout_s,
                                         announcer=self.announcer)
         self._thread = ThreadPool("rollstream-verl-trainer", 1)
         self._ready: deque[RolloutSample] = deque()
@@ -227,11 +259,17 @@ class VerlTrainerQueue:
         log.info("verl trained rollstream step %d (%d groups): committed", batch.step, len(batch.groups))
         return batch.step
 
-    def announce(self, version: int) -> None:
-        """verl synced its weights as param version `version`: announce it (this trainer run's versions)."""
+    def announce(self, version: int) -> int:
+        """verl synced its weights as param version `version`: announce it as this trainer run's, and return
+        the run's number (the run begins at its first announcement, if not before). Blocks until written.
+
+        Raises:
+            RunSupersededError: a newer trainer run began. KafkaIOError: not written in ``kafka_timeout_s``.
+        """
         self.version = version
-        self._thread.submit(self.announcer.announce, PolicyVersion(version, metadata={"trainer": "verl"}),
-                            timeout=self.settings.kafka_timeout_s).result()
+        written = self._thread.submit(self.announcer.announce, PolicyVersion(version, metadata={"trainer": "verl"}),
+                                      timeout=self.settings.kafka_timeout_s).result()
+        return written.run
 
     def metrics(self) -> dict[str, float]:
         """rollstream's metrics of the last step (for verl's metrics dict), then cleared."""

@@ -4,21 +4,23 @@ Pinned here: with 3 partitions, a trainer SIGKILLed after an uncommitted take ge
 batch (ids, order, step number) on every one of 10 restarts, also two uncommitted steps in a row;
 `seek_to_step(k)` continues exactly after step k, takes the steps after it again as the same batches
 (whatever was committed later), rebuilds dedupe for that point, survives a crash in the middle of
-the redo, and keeps the audit green; a recorded step that no longer fits the take is taken afresh.
+the redo, and keeps the audit green; a recorded step that no longer fits the take is taken afresh, and so
+is one that took a group of an older trainer run than the resuming consumer's (it is stale now).
 """
 
 from __future__ import annotations
 
 import signal
 import time
+from dataclasses import replace
 
 import pytest
-from rollstream.consumers import RolloutConsumer, audit
-from rollstream.infra import KafkaConfig, LagReader
-from rollstream.schemas import RollstreamError
+from rollstream.consumers import RolloutConsumer, audit, default_filters
+from rollstream.infra import KafkaConfig, LagReader, PolicyAnnouncer
+from rollstream.schemas import PolicyVersion, RollstreamError
 
 from tests.integration.test_consumer_restart import read_line, start_trainer
-from tests.records import publish_many
+from tests.records import make_group, publish, publish_many
 
 
 def consumer(kafka_config: KafkaConfig, names, group_id: str) -> RolloutConsumer:
@@ -152,3 +154,32 @@ def test_seek_to_step_names_the_steps_it_knows(kafka_config, namespace_factory, 
     with RolloutConsumer(config=kafka_config, group_id=group_id, namespace=names.namespace,
                          manifests=False) as c, pytest.raises(RollstreamError, match="manifests=True"):
         c.seek_to_step(0)
+
+
+def test_a_new_run_takes_the_dead_runs_recorded_steps_afresh(kafka_config, namespace_factory, group_id) -> None:
+    names = namespace_factory(partitions=1)
+
+    def resumable(announcer: PolicyAnnouncer) -> RolloutConsumer:
+        return RolloutConsumer(config=kafka_config, group_id=group_id, namespace=names.namespace, max_staleness=2,
+                               filters=default_filters(dynamic_sampling=False), announcer=announcer)
+
+    dead = PolicyAnnouncer(kafka_config, names)
+    dead_run = dead.announce(PolicyVersion(1)).run
+    publish(kafka_config, names, [replace(make_group(f"d{i}", versions=(1,)), policy_run=dead_run) for i in range(8)])
+    with resumable(dead) as c:
+        steps = [c.take(4, timeout=30, policy_version=1) for _ in range(2)]  # step 1 after the checkpoint
+    dead.close()
+    resumed = PolicyAnnouncer(kafka_config, names)  # restored the checkpoint of step 0: a new run
+    with resumed, resumable(resumed) as c:
+        resumed.announce(PolicyVersion(1))  # the checkpoint's version, before it takes
+        c.seek_to_step(0)
+        publish(kafka_config, names, [replace(make_group(f"r{i}", versions=(1,)), policy_run=resumed.run)
+                                      for i in range(4)])
+        batch = c.take(4, timeout=30, policy_version=1)
+    assert batch.step == 1 and batch.group_ids != steps[1].group_ids
+    assert sorted(g.prompt_id for g in batch.groups) == [f"r{i}" for i in range(4)]
+    dropped = [d for d in batch.dispositions if d.kind == "filtered"]
+    assert [d.group_id for d in dropped] == steps[1].group_ids
+    assert all(d.reason.startswith(f"stale: generated under trainer run {dead.run}") for d in dropped)
+    report = audit(kafka_config, names.namespace, group_id)
+    assert report.ok, report.summary()

@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("verl", reason="the verl extra is not installed (pip install 'rollstream[verl]')")
 
 import torch  # noqa: E402
+from rollstream.consumers._ledger import epoch_of  # noqa: E402
 from rollstream.consumers._verl_codec import ENCODING, VerlEncodingError, decode_sample, encode_sample  # noqa: E402
 from rollstream.schemas import ScoredGroup, decode, encode  # noqa: E402
 from verl.experimental.fully_async_policy.detach_utils import assemble_batch_from_rollout_samples  # noqa: E402
@@ -22,9 +23,10 @@ def wire(rs):
 
 def test_fields_and_exact_round_trip() -> None:
     rs = rollout_sample(7, epoch=2, n=4, version=3, partial=True)
-    group = encode_sample(rs)
-    assert (group.group_id, group.prompt_id, group.epoch, group.metadata["verl.encoding"]) == \
-        ("sample_2_7#2", "sample_2_7", 2, ENCODING)
+    group = encode_sample(rs, policy_run=3)
+    assert (group.prompt_id, group.epoch, group.policy_run, group.metadata["verl.encoding"]) == \
+        ("sample_2_7", 2, 3, ENCODING)
+    assert group.group_id.startswith("sample_2_7.r3.") and group.group_id.endswith("#2")
     b = rs.full_batch.batch
     for i, s in enumerate(group.samples):
         n = int(b["attention_mask"][i, b["prompts"].shape[1]:].sum())
@@ -42,6 +44,23 @@ def test_fields_and_exact_round_trip() -> None:
         got = back.full_batch.non_tensor_batch[key]
         assert got.dtype == column.dtype and got.tolist() == column.tolist(), key
     assert back.full_batch.meta_info == rs.full_batch.meta_info
+
+
+def renamed(rs, sample_id: str):
+    """`rs` under another counter value: what a resumed rollouter, counting again, names another prompt."""
+    rs.sample_id = sample_id
+    return rs
+
+
+def test_group_ids_tell_prompts_and_runs_apart_where_the_counter_does_not() -> None:
+    """verl's counter restarts at ``checkpoint version x required samples`` on resume while its dataloader
+    continues: the same ``sample_id`` then names another prompt. The group id differs, so dedupe keeps it."""
+    first = encode_sample(rollout_sample(5), policy_run=1).group_id
+    assert encode_sample(rollout_sample(5), policy_run=1).group_id == first  # deterministic
+    other_prompt = encode_sample(renamed(rollout_sample(6), "sample_0_5"), policy_run=1).group_id
+    other_run = encode_sample(rollout_sample(5), policy_run=2).group_id
+    assert len({first, other_prompt, other_run}) == 3
+    assert epoch_of(encode_sample(rollout_sample(5, epoch=3)).group_id) == 3  # the dedupe window reads the epoch
 
 
 def test_assembled_batch_is_the_same() -> None:

@@ -4,8 +4,10 @@ marks a checkpoint complete) and `VerlSettings`."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 pytest.importorskip("verl", reason="the verl extra is not installed (pip install 'rollstream[verl]')")
 
 from rollstream.consumers import _verl_runner as runner  # noqa: E402
-from rollstream.consumers.verl import POSITION_FILE, VerlSettings  # noqa: E402
+from rollstream.consumers.verl import POSITION_FILE, VerlSettings, VerlTrainerQueue, staleness_limit  # noqa: E402
 from rollstream.schemas import ConfigError  # noqa: E402
 from verl.experimental.fully_async_policy import fully_async_main  # noqa: E402
 from verl.experimental.fully_async_policy.fully_async_trainer import FullyAsyncTrainer  # noqa: E402
@@ -40,6 +42,10 @@ def test_upstream_seams() -> None:
         assert ("FullyAsyncTrainer.remote(" if method == "_create_trainer" else "FullyAsyncRollouter.remote(") \
             in upstream
         assert "init_workers.remote()" in upstream
+    sync = source(UPSTREAM._fit_update_weights)  # the run is handed over where verl resets the rollouter's staleness
+    assert "self.rollouter.reset_staleness.remote()" in sync and "if self.local_trigger_step != 1" in sync
+    assert "self.local_trigger_step = 1" in source(UPSTREAM.__init__)  # so the sync before fit is a real one
+    assert "self.staleness_threshold" in source(UPSTREAM.__init__)
     save = source(UPSTREAM._save_checkpoint)
     assert 'f"global_step_{self.current_param_version}"' in save and "latest_checkpointed_iteration.txt" in save
 
@@ -70,6 +76,45 @@ def test_hooks_commit_after_training_and_save_before_verl(monkeypatch, tmp_path)
     trainer._save_checkpoint()
     assert calls == ["train", "commit", ("save", str(tmp_path / "global_step_4")), "verl saves"]
     assert trainer.metrics == {"rollstream/commit_s": 0.01}
+
+
+def test_each_weight_sync_announces_and_hands_the_run_to_the_rollouter(monkeypatch) -> None:
+    calls: list = []
+
+    async def synced(self) -> dict:
+        calls.append("verl syncs")
+        return {}
+
+    def serve_run(run: int) -> object:
+        calls.append(("rollouter serves run", run))
+        done: Future = Future()
+        done.set_result(None)
+        return SimpleNamespace(future=lambda: done)
+
+    class Announcing:
+        def announce(self, version: int) -> int:
+            calls.append(("announce", version))
+            return 7
+
+    monkeypatch.setattr(UPSTREAM, "_fit_update_weights", synced)
+    trainer = runner._Trainer.__new__(runner._Trainer)
+    trainer.message_queue_client, trainer.current_param_version = Announcing(), 3
+    trainer.rollouter = SimpleNamespace(serve_run=SimpleNamespace(remote=serve_run))
+    assert asyncio.run(trainer._fit_update_weights()) == {}
+    assert calls == ["verl syncs", ("announce", 3), ("rollouter serves run", 7)]
+
+
+def test_max_staleness_follows_verls_staleness_threshold() -> None:
+    assert [staleness_limit(s) for s in (0, 0.1, 0.5, 1, 1.5, 3)] == [1, 2, 2, 2, 3, 4]
+    derived = VerlTrainerQueue(VerlSettings(), groups_per_step=2, group_size=4, staleness_threshold=1.5)
+    assert derived.max_staleness == derived.consumer.max_staleness == 3
+    assert VerlTrainerQueue(VerlSettings(), groups_per_step=2, group_size=4).max_staleness == 2  # verl's 0.1
+    given = VerlTrainerQueue(VerlSettings(max_staleness=0), groups_per_step=2, group_size=4, staleness_threshold=1)
+    assert given.consumer.max_staleness == 0
+    with pytest.raises(ConfigError, match="staleness_threshold=-1"):
+        staleness_limit(-1)
+    for queue in (derived, given):
+        queue.close()
 
 
 def test_settings(monkeypatch, tmp_path) -> None:
