@@ -143,7 +143,8 @@ class RolloutConsumer(Checkpoints):
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
         self._announcer = announcer
         # Fences the group's older consumers at connect; without an announcer it commits too (`GroupRun`).
-        self._group_run = GroupRun(self.config, self.names, group_id) if fence else None
+        self._group_run = (GroupRun(self.config, self.names, group_id, request_timeout_s=timeout / 4) if fence
+                           else None)
         self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout,
                                         run=announcer or self._group_run)
         self._restart = Restart(self.names, group_id, manifests=manifests, dedupe_epochs=dedupe_epochs,

@@ -9,6 +9,7 @@ group run (`GroupRun`, one id per trainer consumer group). Not thread-safe: its 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -58,16 +59,22 @@ class RunTransactions:
         superseded: the `RunSupersededError` to raise for an action (given its description) once fenced.
         renew: what to do once the producer failed for good (e.g. "create a new PolicyAnnouncer").
         topic: the topic the run writes, named in errors (None: offsets only).
+        request_timeout_s: the most one request to the transaction coordinator may wait (librdkafka's
+            ``socket.timeout.ms``; None: its 60 s). A transactional call waits for its request whatever its own
+            timeout, so a caller with a deadline shorter than that (a commit) bounds the requests.
     """
 
     def __init__(self, config: KafkaConfig, transactional_id: str, *,
-                 superseded: Callable[[str], RunSupersededError], renew: str, topic: str | None = None) -> None:
+                 superseded: Callable[[str], RunSupersededError], renew: str, topic: str | None = None,
+                 request_timeout_s: float | None = None) -> None:
         self.transactional_id = transactional_id
         self._config = config
         self._new_superseded = superseded
         self._renew = renew
         self._topic = topic
+        self._request_timeout_s = request_timeout_s
         self._producer: Producer | None = None
+        self._unfinished = False  # a transaction failed and its abort did not finish in time: abort it first
         self.fenced_older = False  # init_transactions succeeded: the older runs of the id are fenced
         self._superseded = False  # the broker fenced this run: a newer one began
         self._broken: str | None = None  # the failure after which this run's producer cannot write
@@ -91,8 +98,11 @@ class RunTransactions:
         if self._producer is None:
             # retry.backoff.ms: a transaction right after another finds its markers still being written
             # (CONCURRENT_TRANSACTIONS) and is retried; librdkafka's 100 ms default made a commit's p90 114 ms.
-            conf = self._config.producer({"linger.ms": 0, "transactional.id": self.transactional_id,
-                                          "transaction.timeout.ms": 60_000, "retry.backoff.ms": 10})
+            conf: dict[str, object] = {"linger.ms": 0, "transactional.id": self.transactional_id,
+                                       "transaction.timeout.ms": 60_000, "retry.backoff.ms": 10}
+            if self._request_timeout_s is not None:
+                conf["socket.timeout.ms"] = max(100, int(self._request_timeout_s * 1000))
+            conf = self._config.producer(conf)
             self._producer = open_producer(conf)
         try:
             self._producer.init_transactions(timeout)  # after a retriable failure it may be called again
@@ -121,16 +131,22 @@ class RunTransactions:
         producer = self._producer
         if producer is None or not self.fenced_older:
             raise KafkaIOError(f"{what}: the run has not begun", retriable=True)
+        started = time.monotonic()
         try:
+            if self._unfinished:  # the last one failed and was not aborted yet (the broker did not answer)
+                producer.abort_transaction(timeout)
+                self._unfinished = False
             producer.begin_transaction()
             write(producer)
-            producer.commit_transaction(timeout)
+            producer.commit_transaction(max(0.0, timeout - (time.monotonic() - started)))
         except KafkaException as exc:
             error = self._failure(what, exc)
             if isinstance(error, RunSupersededError):
                 self._superseded = True
-            elif _is_fatal(exc) or not self._aborted(producer):
+            elif _is_fatal(exc):
                 self._broken = str(error)
+            else:  # within what is left of the call's time; else the next transaction aborts it first
+                self._unfinished = not self._aborted(producer, max(0.0, timeout - (time.monotonic() - started)))
             raise error from exc
 
     def close(self) -> None:
@@ -142,11 +158,12 @@ class RunTransactions:
             except KafkaException as exc:  # a producer that failed for good (fenced, not authorized) says so again
                 log.debug("closing the producer of %s: %s", self.transactional_id, exc)
 
-    def _aborted(self, producer: Producer) -> bool:
+    def _aborted(self, producer: Producer, timeout: float) -> bool:
         try:
-            producer.abort_transaction(10.0)
+            producer.abort_transaction(timeout)
         except KafkaException as exc:
-            log.warning("could not abort the transaction of %s: %s", self.transactional_id, exc)
+            log.info("could not abort the transaction of %s yet (the next one aborts it first): %s",
+                     self.transactional_id, exc)
             return False
         return True
 

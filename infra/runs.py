@@ -297,20 +297,22 @@ class PolicyAnnouncer:
 class GroupRun:
     """The run of one trainer consumer group: fences the group's older consumers and commits its offsets in
     transactions the broker refuses once a newer one began. What a `RolloutConsumer` (and so `rollstream
-    take`) is when it announces nothing (see the module docstring).
+    take`) is when it announces nothing (see the module docstring). `request_timeout_s` bounds each request to
+    the transaction coordinator (a commit's deadline shorter than librdkafka's 60 s: a quarter of it).
 
     Runs of other groups, and trainer runs (`PolicyAnnouncer`), are not fenced by it: its ``transactional.id``
     is the group's (`group_run_transactional_id`). Construction does no I/O; `begin` fences. A context manager;
     `close` is idempotent. Thread-safe (one transaction at a time).
     """
 
-    def __init__(self, config: KafkaConfig, names: TopicNames | str, group_id: str) -> None:
+    def __init__(self, config: KafkaConfig, names: TopicNames | str, group_id: str, *,
+                 request_timeout_s: float | None = None) -> None:
         self.names = names if isinstance(names, TopicNames) else TopicNames(names)
         self.group_id = group_id
         self._txn = RunTransactions(
             config, group_run_transactional_id(self.names, group_id),
             superseded=lambda what: RunSupersededError(None, self.names.namespace, what, group=group_id),
-            renew="start a new consumer of the group (it supersedes this one)")
+            renew="start a new consumer of the group (it supersedes this one)", request_timeout_s=request_timeout_s)
         self._closed = False
         self._lock = threading.Lock()
 
