@@ -123,7 +123,8 @@ class Checkpoints:
                 `step` (the message names the steps it has).
             CommitError: the position could not be committed (retriable: call again).
             GroupConflictError: another client committed for this group.
-            RunSupersededError: a newer trainer run began (with ``announcer``); nothing was committed.
+            RunSupersededError: a newer consumer of the group connected, or (with ``announcer``) a newer trainer
+                run began; nothing was committed.
             KafkaIOError (retriable): the broker did not answer within `timeout` (connecting, reading the
                 manifests); nothing changed.
         """

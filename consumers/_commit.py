@@ -32,7 +32,7 @@ from rollstream.consumers._batch import Batch
 from rollstream.consumers._errors import CommitError, GroupConflictError
 from rollstream.consumers._manifests import ManifestIndex
 from rollstream.consumers._requeue import Requeue
-from rollstream.infra import KafkaConfig, KafkaIOError, PolicyAnnouncer, TopicNames
+from rollstream.infra import GroupRun, KafkaConfig, KafkaIOError, PolicyAnnouncer, TopicNames
 from rollstream.infra._replaceable import ClientReplacement
 from rollstream.infra.clients import open_producer
 from rollstream.infra.commits import CommitClient
@@ -57,13 +57,15 @@ class StepCommitter:
     Args:
         manifests: write step manifests (else only offsets are committed).
         timeout: seconds one commit (`retrying`) may take in all, every wait in it included.
+        run: commit through this run's transactions (`rollstream.infra.runs`: a trainer run, or the group's own
+            run), which the broker refuses once a newer run began; None: plain commits.
 
     The offsets check and the commits go through a client of their own (`rollstream.infra.commits.CommitClient`,
     assigned nothing), never the client that fetches: waiting for an asynchronous commit's answer polls it.
     """
 
     def __init__(self, names: TopicNames, group_id: str, *, manifests: bool, timeout: float,
-                 run: PolicyAnnouncer | None = None) -> None:
+                 run: PolicyAnnouncer | GroupRun | None = None) -> None:
         self.names = names
         self.run = run
         self.group_id = group_id
@@ -323,10 +325,10 @@ class StepCommitter:
             raise CommitError(batch, f"cannot commit offsets {dict(offsets)} of {what} for group "
                                      f"{self.group_id}: {exc}") from exc
 
-    def _commit_in_run(self, run: PolicyAnnouncer, offsets: Mapping[int, int], batch: Batch | None, what: str,
-                       timeout: float) -> None:
-        """Commit through the trainer run's transactions: refused by the broker once a newer run began
-        (`RunSupersededError`, raised as it is: not retriable)."""
+    def _commit_in_run(self, run: PolicyAnnouncer | GroupRun, offsets: Mapping[int, int], batch: Batch | None,
+                       what: str, timeout: float) -> None:
+        """Commit through the run's transactions (a trainer run's, or the group's own): refused by the broker once
+        a newer run began (`RunSupersededError`, raised as it is: not retriable)."""
         metadata = self._metadata()
         tps = [TopicPartition(self.names.rollouts, p, o) if metadata is None
                else TopicPartition(self.names.rollouts, p, o, metadata) for p, o in sorted(offsets.items())]

@@ -19,9 +19,15 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
   ``duplicate`` within the `DedupeWindow`; across restarts the taken ids are rebuilt from the group's manifests
   (`rollstream.consumers._ledger`). The consumer owns its `Progress` (position, ledger, step numbers, uncommitted
   batches); `_resume.Restart` only says what it is after a start or a seek.
-- One consumer per group at a time: two trainers sharing a group id would both read everything.
-  Kafka does not keep them apart (no membership), so every commit first checks that the group's
-  committed offsets are still the ones this consumer left; if not, `GroupConflictError`.
+- One consumer per group at a time, and the newest one wins: a consumer is a run of its group
+  (`rollstream.infra.runs.GroupRun`, the default ``fence=True``). When it connects, before it reads where the
+  group stands, it fences every older consumer of the group (a `rollstream take`, a RolloutConsumer: a job
+  restarted while the old node hangs on); the broker refuses their commits from then on (`RunSupersededError`,
+  at their next take or commit). Commits go through the group run's transactions, or, with ``announcer=``,
+  through the trainer run's (fenced by a newer trainer run of the namespace). Other groups of the namespace
+  are not fenced. Kafka does not keep two consumers of a group apart otherwise (no membership), so every
+  commit also first checks that the group's committed offsets are still the ones this consumer left (a
+  consumer with ``fence=False``, an older rollstream); if not, `GroupConflictError`.
 - One deadline per call (`rollstream.infra.deadline`): a blocking call (take, poll_batch, seek_to_step, seek_to,
   position, next_step, lag) makes one `Deadline` and everything it waits on spends it: connecting on first use
   (the reachability check, the topic's size, partitions, committed offsets, watermarks, manifests), the recorded
@@ -52,7 +58,7 @@ from rollstream.consumers._progress import Progress
 from rollstream.consumers._resume import Restart, Standing
 from rollstream.consumers.filters import FilterContext, GroupFilter, default_filters
 from rollstream.consumers.forensics._diagnose import TakeTimeouts
-from rollstream.infra import DEFAULT_TRAINER_GROUP, KafkaConfig, PolicyAnnouncer, TopicNames
+from rollstream.infra import DEFAULT_TRAINER_GROUP, GroupRun, KafkaConfig, PolicyAnnouncer, TopicNames
 from rollstream.infra._replaceable import close_quietly
 from rollstream.infra.deadline import GRACE_S, Deadline
 from rollstream.infra.kafka_io import REACH_TIMEOUT_S, require_topics, time_left
@@ -96,7 +102,17 @@ class RolloutConsumer(Checkpoints):
             no timeout of its own (`seek_to_step`, `seek_to`, `position`, `next_step`).
         announcer: the trainer run this consumer commits for (`rollstream.infra.runs`): its offsets are
             committed in the run's transactions, so once a newer trainer run began, the broker refuses
-            this one's commits (`RunSupersededError`, from `take` or `commit`). None: plain commits.
+            this one's commits (`RunSupersededError`, from `take` or `commit`). None: the group's own run
+            commits them (with `fence`).
+        fence: True (default): this consumer is a run of its group (`rollstream.infra.runs.GroupRun`): when it
+            connects it fences every older consumer of `group_id` (their later commits are refused with
+            `RunSupersededError`: the newest consumer of a group wins), and without `announcer` its commits are
+            transactions of the group's run, refused once a newer consumer of the group connected. Other
+            groups, and trainer runs, are not fenced. Costs: a transaction per commit (a few ms), and with ACLs
+            Write, Describe on the transactional id ``rollstream.NS.group-run.GROUP`` (`rollstream acls` prints
+            it). False: no fencing and plain commits (a cluster without transactions); two consumers of one
+            group are then caught only at a commit, by the offsets check (`GroupConflictError`), whichever
+            commits second losing.
     """
 
     def __init__(self, bootstrap_servers: str | None = None, group_id: str = DEFAULT_GROUP,
@@ -107,7 +123,7 @@ class RolloutConsumer(Checkpoints):
                  requeue: bool = True,
                  metrics: ConsumerMetrics | CollectorRegistry | None = None,
                  overrides: Mapping[str, object] | None = None, timeout: float = 30.0,
-                 announcer: PolicyAnnouncer | None = None) -> None:
+                 announcer: PolicyAnnouncer | None = None, fence: bool = True) -> None:
         if not group_id:
             raise ConfigError("group_id must be a non-empty consumer group id")
         if max_staleness is not None and max_staleness < 0:
@@ -125,7 +141,12 @@ class RolloutConsumer(Checkpoints):
         self._timeout = timeout
         self._progress = Progress(StepLedger(dedupe_epochs=dedupe_epochs, window=dedupe_window))
         self._client = TrainerClient(group_id, self.names.rollouts, dict(overrides or {}))
-        self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout, run=announcer)
+        self._announcer = announcer
+        # Fences the group's older consumers at connect; without an announcer it commits too (`GroupRun`).
+        self._group_run = (GroupRun(self.config, self.names, group_id, request_timeout_s=timeout / 4) if fence
+                           else None)
+        self._committer = StepCommitter(self.names, group_id, manifests=manifests, timeout=timeout,
+                                        run=announcer or self._group_run)
         self._restart = Restart(self.names, group_id, manifests=manifests, dedupe_epochs=dedupe_epochs,
                                 dedupe_window=dedupe_window)
         self._positions = PositionPublisher(self.names, group_id)
@@ -157,9 +178,12 @@ class RolloutConsumer(Checkpoints):
             return
         self._closed = True
         deadline = Deadline.after(CLOSE_S)
-        self._progress.warn_uncommitted(self.group_id)
+        runs = (self._announcer, self._group_run)
+        self._progress.warn_uncommitted(self.group_id, superseded=any(r is not None and r.superseded for r in runs))
         self._client.close(deadline.seconds(CLOSE_TIMEOUT_S))
         self._committer.close(deadline)
+        if self._group_run is not None:
+            self._group_run.close()  # nothing is pending between commits: returns at once
         self._positions.close(deadline.remaining())
         self._timeouts.close()
 
@@ -194,6 +218,7 @@ class RolloutConsumer(Checkpoints):
                        namespace=self.names.namespace, timeout=start.within(REACH_TIMEOUT_S))
         what = f"cannot start the consumer of group {self.group_id}"
         self.config = sized_to_topic(self.config, self.names.rollouts, timeout=time_left(start, what))
+        self._fence_older(start, what)  # before reading where the group stands: no older consumer moves it after
         consumer = self._client.open(self.config)
         try:
             standing, committed = self._restart.at_start(self.config, consumer, start)
@@ -207,6 +232,16 @@ class RolloutConsumer(Checkpoints):
         self._positions.start(self.config, timeout=start.seconds(REACH_TIMEOUT_S))
         log.info("group %s assigned %s at offsets %s; next step %d", self.group_id, self.names.rollouts,
                  self._progress.position, self._progress.next_step)
+
+    def _fence_older(self, start: Deadline, what: str) -> None:
+        """Begin the group's run (fencing its older consumers) within `start`, once. With an announcer the group run
+        only fences: the commits go through the trainer run's transactions, so its producer is closed at once."""
+        run = self._group_run
+        if run is None or run.begun:
+            return
+        run.begin(timeout=time_left(start, what))
+        if self._announcer is not None:
+            run.close()
 
     def _stand(self, standing: Standing) -> None:
         """Install where the group stands after a start or `seek_to_step` (`rollstream.consumers._resume`)."""
@@ -247,7 +282,8 @@ class RolloutConsumer(Checkpoints):
             CommitError: the step was taken but writing its manifest or committing failed;
                 ``err.batch`` is the batch, still uncommitted: retry ``commit(err.batch)``.
             GroupConflictError: another client committed for this group (two trainers on one group id).
-            RunSupersededError: a newer trainer run began (with ``announcer``); nothing was committed.
+            RunSupersededError: a newer consumer of the group connected, or (with ``announcer``) a newer trainer
+                run began; nothing was committed.
             FilterError: a filter raised; nothing was taken.
             ConfigError: `n` < 1 or a negative `timeout`.
             KafkaIOError (retriable): the broker did not answer in time while connecting or reading a recorded
@@ -325,7 +361,7 @@ class RolloutConsumer(Checkpoints):
 
     def _gather(self, n: int, deadline: Deadline, *, raising: bool) -> Gathering | None:
         """n groups gathered by `deadline`, or (timed out) everything put back and TakeTimeout raised, or None."""
-        run = self._committer.run.run if self._committer.run is not None else None
+        run = self._announcer.run if self._announcer is not None else None
         gathering = Gathering(self.names.rollouts, self.group_id, self.filters, self._progress.ledger, self.dedupe,
                               self.policy_version, self.max_staleness, self.requeue, run)
         if self._fetched.gather(gathering, n, None if deadline.total_s is None else deadline.expires_at):
@@ -396,7 +432,8 @@ class RolloutConsumer(Checkpoints):
                 start begins after this step, else it takes the same batch again; never half of it.
             GroupConflictError (a CommitError, not retriable): another client committed offsets for
                 this group since this consumer last did (two trainers on one group id); nothing was written.
-            RunSupersededError: a newer trainer run began (with ``announcer``); the offsets were not committed.
+            RunSupersededError: a newer consumer of the group connected, or (with ``announcer``) a newer trainer
+                run began; the offsets were not committed.
             RollstreamError: `batch` was not taken by this consumer, or was dropped by `seek_to`.
         """
         batches = self._progress.through(batch, self.group_id)

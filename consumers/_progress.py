@@ -44,11 +44,13 @@ class Progress:
         self.ledger = standing.ledger
         self.next_step = standing.next_step
 
-    def warn_uncommitted(self, group_id: str) -> None:
-        """Log the uncommitted steps a closing consumer leaves (their groups will be taken again), if any."""
+    def warn_uncommitted(self, group_id: str, *, superseded: bool = False) -> None:
+        """Log the uncommitted steps a closing consumer leaves (their groups will be taken again), if any: a
+        warning, or only at INFO for a `superseded` consumer (its error said so; the newer one takes them)."""
         if self.pending:
-            log.warning("closing %s with %d uncommitted step(s) %s: their groups will be taken again",
-                        group_id, len(self.pending), [b.step for b in self.pending])
+            log.log(logging.INFO if superseded else logging.WARNING,
+                    "closing %s with %d uncommitted step(s) %s: their groups will be taken again", group_id,
+                    len(self.pending), [b.step for b in self.pending])
 
     def hand_over(self, batch: Batch) -> None:
         """`batch` was taken and not committed: the position moves past it, its step number is used, and

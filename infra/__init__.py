@@ -10,7 +10,7 @@ from rollstream.infra.config import BOOTSTRAP_ENV, DEFAULT_TRAINER_GROUP, KafkaC
 from rollstream.infra.deadline import GRACE_S, Deadline
 from rollstream.infra.kafka_errors import KafkaIOError, MissingNamespaceError
 from rollstream.infra.lag import GroupLag, LagReader, PartitionLag
-from rollstream.infra.runs import PolicyAnnouncer, RunSupersededError, announce_policy_version
+from rollstream.infra.runs import GroupRun, PolicyAnnouncer, RunSupersededError, announce_policy_version
 from rollstream.infra.topics import (
     TopicNames,
     TopicPlan,
@@ -26,7 +26,7 @@ __all__ = [
     # topics
     "TopicNames", "TopicPlan", "TopicSpec", "alter_topics", "create_topics", "describe_topic_configs",
     # policy versions and trainer runs
-    "PolicyAnnouncer", "RunSupersededError", "announce_policy_version",
+    "GroupRun", "PolicyAnnouncer", "RunSupersededError", "announce_policy_version",
     # lag
     "GroupLag", "LagReader", "PartitionLag",
     # access control

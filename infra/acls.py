@@ -12,7 +12,9 @@ Each rule was found by running that role against a broker with the StandardAutho
   offsets); Write, Read, Describe on NS.steps (manifests; read back by the consumer at start, audit,
   replay); Write, Read, Describe on NS.control (announce policy versions); IdempotentWrite on the cluster;
   Write, Describe on the transactional id ``rollstream.NS.trainer-run`` (a trainer run's announcements and
-  commits are transactions, which fence older runs: `rollstream.infra.runs`);
+  commits are transactions, which fence older runs: `rollstream.infra.runs`) and on
+  ``rollstream.NS.group-run.GROUP`` (a consumer of the group fences its older consumers at start, and commits
+  in that id's transactions when it announces nothing: `rollstream.infra.runs.GroupRun`);
   Write, Read, Describe on NS.prompts (requeue the prompt of a stale or retriably failed group; `status`
   and the epoch audit read the prompts) and Describe on the producers' intake group (`status`: its members
   and committed offsets).
@@ -39,7 +41,7 @@ from confluent_kafka.admin import (
 from rollstream.infra.clients import open_admin
 from rollstream.infra.config import DEFAULT_TRAINER_GROUP, KafkaConfig
 from rollstream.infra.kafka_errors import KafkaIOError, kafka_error
-from rollstream.infra.runs import run_transactional_id
+from rollstream.infra.runs import group_run_transactional_id, run_transactional_id
 from rollstream.infra.topics import TopicNames
 from rollstream.schemas import ConfigError
 
@@ -108,6 +110,8 @@ def plan_acls(namespace: str, producer_principal: str, trainer_principal: str, *
         ("trainer", t, "CLUSTER", CLUSTER_NAME, ("IDEMPOTENT_WRITE",), "idempotent announcer"),
         ("trainer", t, "TRANSACTIONAL_ID", run_transactional_id(names), ("WRITE", "DESCRIBE"),
          "trainer runs: announce and commit in transactions that fence older runs"),
+        ("trainer", t, "TRANSACTIONAL_ID", group_run_transactional_id(names, trainer_group), ("WRITE", "DESCRIBE"),
+         "group runs: a new take/consumer of the group fences older ones"),
         ("trainer", t, "TOPIC", names.prompts, ("WRITE", "READ", "DESCRIBE"),
          "requeue prompts; status and the epoch audit read them"),
         ("trainer", t, "GROUP", intake, ("DESCRIBE",), "status: the producers' members and committed offsets"),

@@ -19,6 +19,13 @@ Kafka *transactional* producer with the same ``transactional.id`` (``rollstream.
    offset order, and `run_id` (a uuid) tells the rare same-numbered pair apart (a broker without
    transactions): the first one on NS.control wins.
 
+Group runs (`GroupRun`): a trainer consumer that announces nothing (`rollstream take`, a `RolloutConsumer`
+without ``announcer=``) is a run of its consumer group, with a ``transactional.id`` of the group's own
+(``rollstream.NS.group-run.GROUP``): starting one fences the group's older consumers the same way, and its
+commits are transactions the broker refuses once a newer one began. It fences nothing else: trainer runs
+and the consumers of other groups of the namespace go on. A group run has no number and announces nothing:
+producers follow trainer runs only.
+
 `follow_verdict` is the rule every `ControlWatcher` applies to each announcement it reads.
 `announce_policy_version(config, ...)` is a run of one announcement: it supersedes the trainer that
 announced before (use it to point producers at a version by hand, e.g. a rollback, with no trainer running).
@@ -37,36 +44,19 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import TracebackType
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from rollstream.infra.clients import open_consumer, open_producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+from rollstream.infra._transactions import RunSupersededError, RunTransactions
+from rollstream.infra.clients import open_consumer
 from rollstream.infra.config import KafkaConfig
 from rollstream.infra.kafka_errors import KafkaIOError, kafka_error
 from rollstream.infra.topics import TopicNames
-from rollstream.schemas import DecodeError, LifecycleError, PolicyVersion, RollstreamError, decode, encode
+from rollstream.schemas import DecodeError, LifecycleError, PolicyVersion, decode, encode
 
 log = logging.getLogger(__name__)
 CONTROL_KEY = b"policy"
-_FENCED = {"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "INVALID_PRODUCER_ID_MAPPING"}
-
-
-class RunSupersededError(RollstreamError):
-    """A newer trainer run began on this namespace: this one may neither announce nor commit any more.
-
-    Not retriable. Attributes: `run` (this run's number) and `namespace`.
-    """
-
-    def __init__(self, run: int | None, namespace: str, what: str) -> None:
-        self.run, self.namespace = run, namespace
-        label = f"trainer run {run}" if run else "this trainer run"
-        super().__init__(
-            f"{what} refused: {label} of namespace {namespace} was superseded by a newer trainer run, which "
-            f"began since (another process created a PolicyAnnouncer for {namespace} and announced or "
-            "committed). The producers follow the newer run and the broker refuses this one's announcements "
-            "and commits. Stop this trainer; if it should be the one running, restart it (it begins a new run "
-            "that supersedes the other), or give each trainer its own namespace.", retriable=False)
 
 
 class Verdict(enum.Enum):
@@ -98,6 +88,11 @@ def follow_verdict(current: PolicyVersion | None, announced: PolicyVersion) -> V
 def run_transactional_id(names: TopicNames) -> str:
     """The ``transactional.id`` every trainer run of `names.namespace` shares (the fencing key)."""
     return f"rollstream.{names.namespace}.trainer-run"
+
+
+def group_run_transactional_id(names: TopicNames, group_id: str) -> str:
+    """The ``transactional.id`` every group run of consumer group `group_id` on `names.namespace` shares."""
+    return f"rollstream.{names.namespace}.group-run.{group_id}"
 
 
 def newest_run(config: KafkaConfig, topic: str, *, timeout: float) -> int:
@@ -205,11 +200,11 @@ class PolicyAnnouncer:
         self.topic = self.names.control
         self.run_id = uuid.uuid4().hex
         self._config = config
-        self._producer: Producer | None = None
         self._run: int | None = None
-        self._fenced_older = False  # init_transactions succeeded: the older runs are fenced
-        self._superseded = False  # the broker fenced this run: a newer one began
-        self._broken: str | None = None  # the failure after which this run's producer cannot write
+        self._txn = RunTransactions(
+            config, run_transactional_id(self.names), topic=self.topic,
+            superseded=lambda what: RunSupersededError(self._run, self.names.namespace, what),
+            renew="begin a new run: create a new PolicyAnnouncer (it supersedes this one)")
         self._closed = False
         self._lock = threading.Lock()
 
@@ -224,6 +219,11 @@ class PolicyAnnouncer:
     def run(self) -> int | None:
         """This run's number (None before it began)."""
         return self._run
+
+    @property
+    def superseded(self) -> bool:
+        """True once the broker refused this run because a newer one began."""
+        return self._txn.superseded
 
     def begin(self, *, timeout: float = 30.0) -> int:
         """Begin the run if it has not begun, and return its number: fence every older run of the
@@ -251,8 +251,8 @@ class PolicyAnnouncer:
         with self._lock:
             run = self._begin(timeout)
             record = dataclasses.replace(version, run=run, run_id=self.run_id)
-            self._in_transaction(f"announcing policy version {version.version}", timeout,
-                                 lambda p: p.produce(self.topic, encode(record), key=CONTROL_KEY))
+            self._txn.transaction(f"announcing policy version {version.version}", timeout,
+                                  lambda p: p.produce(self.topic, encode(record), key=CONTROL_KEY))
         log.info("announced policy %s on %s (weights %s)", record.label(), self.topic, record.weights_path)
         return record
 
@@ -272,96 +272,113 @@ class PolicyAnnouncer:
         """
         with self._lock:
             self._begin(timeout)
-            self._in_transaction(what, timeout, lambda p: p.send_offsets_to_transaction(
+            self._txn.transaction(what, timeout, lambda p: p.send_offsets_to_transaction(
                 offsets, consumer.consumer_group_metadata(), timeout))
 
     def close(self) -> None:
         """Drop the producer (nothing is pending between calls). Idempotent; the run cannot write afterwards."""
         with self._lock:
             self._closed = True
-            producer, self._producer = self._producer, None
-        if producer is not None:
-            try:
-                producer.flush(1.0)
-            except KafkaException as exc:  # a producer that failed for good (fenced, not authorized) says so again
-                log.debug("closing the producer of trainer run %s: %s", self._run, exc)
-
-    # -- internals (under the lock) ----------------------------------------------------------------
+            self._txn.close()
 
     def _begin(self, timeout: float) -> int:
+        """Under the lock: fence the older runs (once), then number this one."""
         if self._closed:
             raise LifecycleError(f"the announcer of trainer run {self._run or '(not begun)'} on {self.names.namespace} "
                                  "is closed: a new PolicyAnnouncer begins a new run")
         if self._run is not None:
             return self._run
-        if self._producer is None:
-            # retry.backoff.ms: a transaction right after another finds its markers still being written
-            # (CONCURRENT_TRANSACTIONS) and is retried; librdkafka's 100 ms default made a commit's p90 114 ms.
-            conf = self._config.producer({"linger.ms": 0, "transactional.id": run_transactional_id(self.names),
-                                          "transaction.timeout.ms": 60_000, "retry.backoff.ms": 10})
-            self._producer = open_producer(conf)
-        if not self._fenced_older:
-            try:
-                self._producer.init_transactions(timeout)  # after a retriable failure it may be called again
-            except KafkaException as exc:
-                error = self._failure(f"beginning a trainer run (Kafka transactions with transactional.id "
-                                      f"{run_transactional_id(self.names)}: the cluster must run its transaction "
-                                      "coordinator, i.e. transaction.state.log.replication.factor no larger than "
-                                      "its brokers, and with ACLs grant Write, Describe on that transactional id; "
-                                      "rollstream acls prints it)", exc)
-                self._superseded = isinstance(error, RunSupersededError)
-                raise error from exc
-            self._fenced_older = True  # never again for this run: a second init would fence a newer run
+        self._txn.fence(timeout, "beginning a trainer run")
         self._run = newest_run(self._config, self.topic, timeout=timeout) + 1
         log.info("trainer run %d (%s) began on %s: older runs are fenced", self._run, self.run_id, self.names.namespace)
         return self._run
 
-    def _in_transaction(self, what: str, timeout: float, write: Callable[[Producer], object]) -> None:
-        """One transaction. A run never begins twice (a second ``init_transactions`` would fence a newer
-        run): once its producer failed for good, every later call raises that failure again."""
-        if self._superseded:
-            raise RunSupersededError(self._run, self.names.namespace, what)
-        if self._broken is not None:
-            raise KafkaIOError(f"{what}: trainer run {self._run} can no longer write ({self._broken}); begin a new "
-                               "run: create a new PolicyAnnouncer (it supersedes this one)", topic=self.topic,
-                               retriable=False)
-        producer = self._producer
-        if producer is None:
-            raise KafkaIOError(f"{what}: the run has not begun", retriable=True)
-        try:
-            producer.begin_transaction()
-            write(producer)
-            producer.commit_transaction(timeout)
-        except KafkaException as exc:
-            error = self._failure(what, exc)
-            if isinstance(error, RunSupersededError):
-                self._superseded = True
-            elif _is_fatal(exc) or not self._aborted(producer):
-                self._broken = str(error)
-            raise error from exc
 
-    def _aborted(self, producer: Producer) -> bool:
-        try:
-            producer.abort_transaction(10.0)
-        except KafkaException as exc:
-            log.warning("could not abort the transaction of trainer run %s: %s", self._run, exc)
-            return False
-        return True
+class GroupRun:
+    """The run of one trainer consumer group: fences the group's older consumers and commits its offsets in
+    transactions the broker refuses once a newer one began. What a `RolloutConsumer` (and so `rollstream
+    take`) is when it announces nothing (see the module docstring). `request_timeout_s` bounds each request to
+    the transaction coordinator (a commit's deadline shorter than librdkafka's 60 s: a quarter of it).
 
-    def _failure(self, what: str, exc: KafkaException) -> RollstreamError:
-        err = _error_of(exc)
-        if err is not None and err.name() in _FENCED:
-            return RunSupersededError(self._run, self.names.namespace, what)
-        return kafka_error(f"{what} on {self.topic}", exc, topic=self.topic)
+    Runs of other groups, and trainer runs (`PolicyAnnouncer`), are not fenced by it: its ``transactional.id``
+    is the group's (`group_run_transactional_id`). Construction does no I/O; `begin` fences. A context manager;
+    `close` is idempotent. Thread-safe (one transaction at a time).
+    """
 
+    def __init__(self, config: KafkaConfig, names: TopicNames | str, group_id: str, *,
+                 request_timeout_s: float | None = None) -> None:
+        self.names = names if isinstance(names, TopicNames) else TopicNames(names)
+        self.group_id = group_id
+        self._txn = RunTransactions(
+            config, group_run_transactional_id(self.names, group_id),
+            superseded=lambda what: RunSupersededError(None, self.names.namespace, what, group=group_id),
+            renew="start a new consumer of the group (it supersedes this one)", request_timeout_s=request_timeout_s)
+        self._closed = False
+        self._lock = threading.Lock()
 
-def _error_of(exc: KafkaException) -> KafkaError | None:
-    return exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    def __enter__(self) -> GroupRun:
+        return self
 
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
 
-def _is_fatal(exc: KafkaException) -> bool:
-    err = _error_of(exc)
-    return err is not None and err.fatal()
+    @property
+    def run(self) -> None:
+        """A group run has no number: producers do not follow it (they follow trainer runs)."""
+        return None
+
+    @property
+    def superseded(self) -> bool:
+        """True once the broker refused this run because a newer consumer of the group began."""
+        return self._txn.superseded
+
+    @property
+    def begun(self) -> bool:
+        """True once `begin` fenced the group's older consumers."""
+        return self._txn.fenced_older
+
+    def begin(self, *, timeout: float = 30.0) -> None:
+        """Fence every older run of the group, if not done yet: from now on the broker refuses their commits.
+        Blocks up to about `timeout`. Idempotent.
+
+        Raises:
+            KafkaIOError: the broker did not answer in time (retriable: call again) or refused (the transactional
+                id's ACL, no transaction coordinator: the message says what to grant or set).
+            RunSupersededError: a newer consumer of the group began while this one was beginning.
+            LifecycleError: closed.
+        """
+        with self._lock:
+            self._begin(timeout)
+
+    def commit_offsets(self, consumer: Consumer, offsets: list[TopicPartition], *, what: str,
+                       timeout: float) -> None:
+        """Commit `offsets` (with their metadata) for `consumer`'s group in one of this run's transactions.
+        Begins the run if it has not begun. Blocks up to about `timeout` (more when it begins the run).
+
+        Raises:
+            KafkaIOError: not committed (retriable unless librdkafka said fatal; nothing was committed).
+            RunSupersededError: a newer consumer of the group began; nothing was committed.
+        """
+        with self._lock:
+            self._begin(timeout)
+            self._txn.transaction(what, timeout, lambda p: p.send_offsets_to_transaction(
+                offsets, consumer.consumer_group_metadata(), timeout))
+
+    def close(self) -> None:
+        """Drop the producer (nothing is pending between commits). Idempotent; the run cannot commit afterwards."""
+        with self._lock:
+            self._closed = True
+            self._txn.close()
+
+    def _begin(self, timeout: float) -> None:
+        if self._closed:
+            raise LifecycleError(f"the run of group {self.group_id} on {self.names.namespace} is closed: a new "
+                                 "consumer of the group begins a new one")
+        if not self._txn.fenced_older:
+            self._txn.fence(timeout, f"beginning a run of group {self.group_id}")
+            log.info("group %s on %s: a new run began, older consumers of the group are fenced", self.group_id,
+                     self.names.namespace)
 
 
 def announce_policy_version(config: KafkaConfig, names: TopicNames | str, version: PolicyVersion, *,
@@ -380,6 +397,6 @@ def announce_policy_version(config: KafkaConfig, names: TopicNames | str, versio
         return announcer.announce(version, timeout=timeout)
 
 
-__all__ = ["CONTROL_KEY", "Followed", "PolicyAnnouncer", "RunSupersededError", "Verdict", "announce_policy_version",
-           "announcements", "caught_up", "follow_verdict", "followed_policy", "newest_run", "read_to_end",
-           "run_transactional_id"]
+__all__ = ["CONTROL_KEY", "Followed", "GroupRun", "PolicyAnnouncer", "RunSupersededError", "Verdict",
+           "announce_policy_version", "announcements", "caught_up", "follow_verdict", "followed_policy",
+           "group_run_transactional_id", "newest_run", "read_to_end", "run_transactional_id"]

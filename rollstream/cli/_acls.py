@@ -21,6 +21,10 @@ HELP = "\n\n".join([
     "Print the ACLs a producer and a trainer principal need on a namespace; --apply creates them.",
     "Nothing else is needed: internal readers (manifests, replay, audit, lag) use no consumer group of their own. "
     "Applying needs a principal allowed to alter ACLs (the SASL broker's admin.properties, via --kafka-config).",
+    "The trainer's two transactional ids fence a replaced trainer: rollstream.NS.trainer-run (trainer runs, "
+    "PolicyAnnouncer) and rollstream.NS.group-run.GROUP (every RolloutConsumer and rollstream take of "
+    "--trainer-group fences the group's older ones; run this once per trainer group). A consumer with "
+    "fence=False (take --no-fence) needs no group-run id, and is not fenced.",
 ])
 
 

@@ -12,7 +12,7 @@ import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, Annotated, Any, NoReturn
 
 import typer
 
@@ -33,6 +33,7 @@ from rollstream.cli._waiting import WaitNotices, take_saying_why, why_in_one_lin
 from rollstream.consumers import (
     Batch,
     DedupeWindow,
+    GroupConflictError,
     ReplayedRecord,
     RolloutConsumer,
     TakeTimeout,
@@ -45,7 +46,7 @@ from rollstream.consumers import (
     replay_step,
     since_bounds,
 )
-from rollstream.infra import DEFAULT_TRAINER_GROUP, LagReader
+from rollstream.infra import DEFAULT_TRAINER_GROUP, LagReader, RunSupersededError
 from rollstream.schemas import ConfigError
 
 OutOpt = Annotated[Path | None, typer.Option("--out", "-o", dir_okay=False,
@@ -54,6 +55,7 @@ TakeOutOpt = Annotated[Path | None, typer.Option(
     "--out", "-o", dir_okay=False,
     help="Append JSON lines to this file instead of stdout (a step re-taken after a crash repeats its step).")]
 _PROGRESS_MIN_RECORDS = 500
+EXIT_SUPERSEDED = 3  # a newer run of the group took over: `take` stopped, and should stay stopped
 
 
 @contextlib.contextmanager
@@ -125,6 +127,9 @@ def take(
         help="OFFSETS,SECONDS: forget a taken group id once the position on its partition is OFFSETS records "
              "past it and its step SECONDS older than the newest; 'none' remembers every id (memory grows).")
     ] = f"{DedupeWindow().offsets},{DedupeWindow().seconds:g}",
+    fence: Annotated[bool, typer.Option(
+        help="Be a run of the group: fence every older take or consumer of it when starting, commit in the "
+             "group run's transactions. --no-fence: plain commits (a cluster without transactions).")] = True,
     bootstrap_servers: BootstrapOpt = None,
     kafka_config_file: KafkaConfigOpt = None,
 ) -> None:
@@ -145,12 +150,18 @@ def take(
 
     While it waits for a step it says so on stderr, first after 30 s and then less often (every 5 min at most):
     how long, how many of the N groups it has, and the likely cause with its fix (as `rollstream status`).
+
+    It is a run of its group: starting, it fences every older `rollstream take` (or RolloutConsumer) of the group,
+    whose commits the broker refuses from then on, so a restarted job takes over from the one it replaces. A take
+    that a newer one superseded stops at its next take or commit and exits 3 with one line on stderr; its step in
+    hand stays uncommitted and the newer one takes it. Needs Kafka transactions (with ACLs: Write, Describe on
+    the transactional id rollstream.NS.group-run.GROUP, see `rollstream acls`); --no-fence turns this off.
     """
     config = kafka_config(bootstrap_servers, kafka_config_file, f"rollstream-take-{group}")
     notices = WaitNotices.from_env()
     consumer = RolloutConsumer(config=config, group_id=group, namespace=namespace, max_staleness=max_staleness,
                                policy_version=policy_version, dedupe_window=_dedupe_window(dedupe_window),
-                               filters=default_filters(dynamic_sampling=dynamic_sampling))
+                               filters=default_filters(dynamic_sampling=dynamic_sampling), fence=fence)
     if metrics_port is not None:
         from prometheus_client import start_http_server
 
@@ -168,6 +179,10 @@ def take(
                 _write_step(sink, batch, durable)
                 consumer.commit(batch)  # only now: a kill before this leaves the step to be taken again
                 taken += 1
+    except (RunSupersededError, GroupConflictError) as exc:
+        if stop.signalled is not None:
+            stop.exit_now(f"interrupted ({signal.Signals(stop.signalled).name}) after {taken} committed step(s)")
+        _superseded(exc, group, namespace, taken)
     except BaseException as exc:  # noqa: BLE001 - after a stop signal, whatever it became on the way out
         if stop.signalled is None:
             if isinstance(exc, KeyboardInterrupt):
@@ -176,6 +191,20 @@ def take(
             raise
         how = "" if isinstance(exc, KeyboardInterrupt) else f"; on the way out: {type(exc).__name__}: {exc}"
         stop.exit_now(f"interrupted ({signal.Signals(stop.signalled).name}) after {taken} committed step(s){how}")
+
+
+def _superseded(exc: RunSupersededError | GroupConflictError, group: str, namespace: str, committed: int) -> NoReturn:
+    """Exit `EXIT_SUPERSEDED` with one line: which newer consumer took the group over, what is left, what to do."""
+    steps = f"{committed} step{'s' if committed != 1 else ''}"
+    if isinstance(exc, RunSupersededError):
+        who = "a newer run of the group took over (a rollstream take or RolloutConsumer of it started since)"
+    else:  # a consumer that does not fence (--no-fence, an older rollstream) committed for the group
+        who = f"another consumer committed for the group since this one did ({' '.join(str(exc).split())})"
+    typer.secho(f"error: superseded: take of group {group} on namespace {namespace} stopped after {steps} committed: "
+                f"{who}; its step in hand is left uncommitted for the newer one to take. Nothing to do if the newer "
+                "one should run; else stop it and start this take again (it takes over).",
+                fg=typer.colors.RED, err=True)
+    sys.exit(EXIT_SUPERSEDED)
 
 
 def _timed_out(exc: TakeTimeout, committed: int) -> str:

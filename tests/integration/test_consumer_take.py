@@ -139,11 +139,14 @@ def test_the_consumer_sizes_itself_from_the_topic_not_its_default(kafka_config, 
 
 def test_a_second_trainer_on_the_same_group_is_stopped_before_it_writes_anything(kafka_config, namespace_factory,
                                                                                  group_id) -> None:
+    """Consumers that do not fence (``fence=False``): the offsets check is what keeps them apart. (Fencing ones: the
+    newer one wins, tests/integration/test_take_takeover.py.)"""
     from rollstream.consumers import GroupConflictError
 
     names = namespace_factory(partitions=1)
     groups = publish_many(kafka_config, names, 6)
-    with consumer(kafka_config, names, group_id) as first, consumer(kafka_config, names, group_id) as second:
+    with consumer(kafka_config, names, group_id, fence=False) as first, \
+            consumer(kafka_config, names, group_id, fence=False) as second:
         first.position(), second.position()  # both started: both read committed = nothing
         assert first.take(2, timeout=30).group_ids == [g.group_id for g in groups[:2]]
         # The same two groups: that is the hazard. Caught when the step would be recorded, before its manifest.

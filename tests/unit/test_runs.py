@@ -64,3 +64,17 @@ def test_a_closed_announcer_cannot_begin_or_announce() -> None:
     with pytest.raises(LifecycleError, match="closed: a new PolicyAnnouncer begins a new run"):
         announcer.announce(PolicyVersion(1))
     announcer.close()  # idempotent
+
+
+def test_the_trainer_is_granted_both_transactional_ids_and_group_runs_fence_only_their_group() -> None:
+    """`rollstream acls` names the trainer run's id (per namespace) and the group run's (per trainer group)."""
+    from rollstream.infra import TopicNames, plan_acls
+    from rollstream.infra.runs import group_run_transactional_id, run_transactional_id
+
+    names = TopicNames("exp")
+    rules = plan_acls("exp", "p", "t", trainer_group="g1")
+    ids = {(r.name, r.operation) for r in rules if r.resource == "TRANSACTIONAL_ID"}
+    assert ids == {(i, op) for i in ("rollstream.exp.trainer-run", "rollstream.exp.group-run.g1")
+                   for op in ("WRITE", "DESCRIBE")}
+    assert run_transactional_id(names) == "rollstream.exp.trainer-run"
+    assert group_run_transactional_id(names, "g1") != group_run_transactional_id(names, "g2")
