@@ -162,8 +162,12 @@ def _derived_positions(attention: torch.Tensor) -> torch.Tensor:
 
 
 def _pad(padded: torch.Tensor, real: torch.Tensor) -> int:
-    pads = padded[~real]
-    return int(pads[0]) if len(pads) else 0
+    """The first padding value in row-major order (0 when there is none). argmin finds the first False
+    without building the masked copy (``padded[~real]``, ~5 ms at 8 x 2048)."""
+    flat = real.reshape(-1)
+    if len(flat) == 0 or bool(flat.all()):
+        return 0
+    return int(padded.reshape(-1)[int(torch.argmin(flat.to(torch.uint8)))])
 
 
 def _tensor_json(t: torch.Tensor) -> dict[str, Any]:

@@ -1,0 +1,176 @@
+"""verl's transport, side by side in one run: how fast the rollouter's acknowledged puts go, now and as main
+b5c9eaa published them, and what a trainer step of 32 prompts x 8 responses costs on top of training.
+
+1. Publishing: ``VerlRolloutQueue.put_sample`` fed the bytes verl's rollouter puts (``ray.cloudpickle`` of a
+   RolloutSample of 8 responses, 1024 + 2048 token widths: ~72 kB records), `CONCURRENCY` puts running at
+   once as verl's ``max_concurrent_samples`` tasks run them; each put returns when its sample is acknowledged.
+   The other side is the same workload through another checkout's code, run as a child process by that
+   checkout's interpreter (``ROLLSTREAM_VERL_BASE_PYTHON``, e.g. main b5c9eaa's, where one thread produced a
+   sample and polled until its acknowledgement, then the next). `REPEATS` alternating runs per side, best of
+   each; without the variable only this checkout is measured.
+2. A trainer step: `VerlTrainerQueue` takes 32 groups (``take``), hands each over as verl's
+   ``_get_samples_from_queue`` reads it (``get_sample`` then ``ray.cloudpickle.loads``), and verl's own
+   ``assemble_batch_from_rollout_samples`` builds the batch; ``rebuild`` is everything after the take.
+
+Needs the verl venv: ``.venv-verl/bin/python -m tests.bench --only verl``, or alone (against
+``ROLLSTREAM_BOOTSTRAP_SERVERS``): ``.venv-verl/bin/python -m tests.bench.bench_verl``. Side by side with main
+b5c9eaa::
+
+    git worktree add ../wt-verlbase b5c9eaa   # then its .venv-verl as the Makefile's install-verl makes one
+    ROLLSTREAM_VERL_BASE_PYTHON=../wt-verlbase/.venv-verl/bin/python .venv-verl/bin/python -m tests.bench --only verl
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import ray
+from rollstream.consumers._verl_codec import encode_sample
+from rollstream.consumers._verl_rollouter import VerlRolloutQueue
+from rollstream.consumers.verl import VerlSettings, VerlTrainerQueue
+from rollstream.infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames
+from rollstream.schemas import encode
+from verl.experimental.fully_async_policy.detach_utils import RolloutSample, assemble_batch_from_rollout_samples
+
+from tests.bench._common import Rows, run_standalone
+from tests.standins.verl_fully_async.rollouts import agent_loop_output
+
+RESPONSES, PROMPT_WIDTH, RESPONSE_WIDTH = 8, 1024, 2048
+STEP = 32  # groups a trainer step takes
+CONCURRENCY = 64
+SAMPLES = 48  # puts per run, for the other checkout: main b5c9eaa's ~40-110 puts/s make that ~1 s
+BASE_ENV = "ROLLSTREAM_VERL_BASE_PYTHON"
+REPEATS = 3
+STEPS = 3
+
+
+def rollout_samples(count: int) -> list[bytes]:
+    """`count` distinct samples as verl's rollouter puts them (cloudpickled RolloutSamples)."""
+    out = []
+    for i in range(count):
+        full = agent_loop_output(i, RESPONSES, version=0, prompt_width=PROMPT_WIDTH, response_width=RESPONSE_WIDTH)
+        sample_id = f"sample_0_{i}"
+        full.non_tensor_batch["uid"] = np.array([f"uid_{sample_id}"] * RESPONSES, dtype=object)
+        out.append(ray.cloudpickle.dumps(RolloutSample(full_batch=full, sample_id=sample_id, epoch=0,
+                                                       rollout_status={"count/staleness_samples": 0})))
+    return out
+
+
+def _settings(config: KafkaConfig, names: TopicNames) -> VerlSettings:
+    return VerlSettings(bootstrap_servers=config.bootstrap_servers, namespace=names.namespace,
+                        group=f"bench-verl-{names.namespace}", take_timeout_s=60.0, poll_interval_s=0.2,
+                        lag_refresh_s=0.0, kafka_timeout_s=60.0)
+
+
+def _put_all(queue: Any, samples: list[bytes], count: int) -> float:
+    """Seconds for `count` acknowledged puts, `CONCURRENCY` at once (samples reused cyclically)."""
+    async def go() -> float:
+        gate = asyncio.Semaphore(CONCURRENCY)
+
+        async def one(i: int) -> None:
+            async with gate:
+                if await queue.put_sample(samples[i % len(samples)]) is not True:
+                    raise RuntimeError("bench: put_sample did not return True")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(count)))
+        return time.perf_counter() - started
+
+    try:
+        return asyncio.run(go())
+    finally:
+        queue.close()
+
+
+def _step(trainer: VerlTrainerQueue) -> tuple[float, float, float]:
+    """(take, rebuild, assemble) seconds of one step, as verl's _get_samples_from_queue runs it."""
+    async def go() -> tuple[float, float, list[Any]]:
+        started = time.perf_counter()
+        first, _left = await trainer.get_sample()  # the take, then the rebuild of the whole step
+        took = trainer.metrics().get("rollstream/take_s", 0.0)
+        out = [ray.cloudpickle.loads(first)]
+        while len(out) < STEP:
+            sample, _left = await trainer.get_sample()
+            out.append(ray.cloudpickle.loads(sample))
+        return took, time.perf_counter() - started - took, out
+
+    took, rebuilt, samples = asyncio.run(go())
+    started = time.perf_counter()
+    assemble_batch_from_rollout_samples(samples, tokenizer=None, config=None)
+    assembled = time.perf_counter() - started
+    trainer.commit_trained()
+    return took, rebuilt, assembled
+
+
+def puts_per_s(config: KafkaConfig, names: TopicNames, samples: list[bytes], count: int) -> float:
+    """Acknowledged puts a second of this checkout's `VerlRolloutQueue`."""
+    return count / _put_all(VerlRolloutQueue(_settings(config, names)), samples, count)
+
+
+def base_puts_per_s(python: str, config: KafkaConfig, names: TopicNames, count: int) -> float:
+    """The same, measured by `python` (another checkout's interpreter) in a child process."""
+    env = {**os.environ, BOOTSTRAP_ENV: config.bootstrap_servers}
+    done = subprocess.run([python, "-m", "tests.bench.bench_verl", "--puts", names.namespace, str(count)],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench: {python} failed to publish:\n{done.stderr[-3000:]}")
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["puts_per_s"])
+
+
+def run(config: KafkaConfig, names_factory: Callable[..., TopicNames], progress: Callable[[str], None] = print) -> Rows:
+    """Rows (figure, value): puts/s of this checkout (and of ``ROLLSTREAM_VERL_BASE_PYTHON``'s, and the
+    ratio); a step's take and rebuild."""
+    samples = rollout_samples(STEP)
+    base_python = os.environ.get(BASE_ENV)
+    serial: list[float] = []
+    pipelined: list[float] = []
+    for r in range(REPEATS):
+        progress(f"publishing, round {r + 1}/{REPEATS}")
+        if base_python:
+            serial.append(base_puts_per_s(base_python, config, names_factory(partitions=3), SAMPLES))
+        pipelined.append(puts_per_s(config, names_factory(partitions=3), samples, SAMPLES * 10))
+    progress("trainer steps")
+    names = names_factory(partitions=3)
+    settings = _settings(config, names)
+    distinct = rollout_samples(STEP * (STEPS + 1))  # distinct group ids: a repeated one is dropped as a duplicate
+    _put_all(VerlRolloutQueue(settings), distinct, len(distinct))
+    trainer = VerlTrainerQueue(settings, groups_per_step=STEP, group_size=RESPONSES)
+    try:
+        _step(trainer)  # warm-up: the consumer joins its group
+        steps = [_step(trainer) for _ in range(STEPS)]
+    finally:
+        trainer.close()
+    take, rebuild, assemble = (min(s[i] for s in steps) for i in range(3))
+    record = len(encode(encode_sample(ray.cloudpickle.loads(samples[0]))))
+    return [
+        ("workload", f"RolloutSamples of {RESPONSES} responses, {PROMPT_WIDTH} + {RESPONSE_WIDTH} token widths "
+                     f"({record / 1000:.0f} kB records), {CONCURRENCY} puts at once, 3 partitions"),
+        (f"puts/s of {base_python or BASE_ENV + ' (unset: not measured)'}", _runs(serial)),
+        ("puts/s of this checkout", _runs(pipelined)),
+        ("this checkout / the other, best of each (target >= 20)",
+         f"{max(pipelined) / max(serial):.1f}" if serial else "-"),
+        (f"trainer step of {STEP} x {RESPONSES}: take s (best of {STEPS})", f"{take:.3f}"),
+        ("rebuild s (get_sample x 32 + verl's unpickle; target < 0.2)", f"{rebuild:.3f}"),
+        ("verl's assemble_batch_from_rollout_samples s", f"{assemble:.3f}"),
+    ]
+
+
+def _runs(rates: list[float]) -> str:
+    return f"{max(rates):,.1f} (runs: {', '.join(f'{x:.1f}' for x in rates)})" if rates else "-"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--puts"]:  # the child of `base_puts_per_s`: one run, in this interpreter's checkout
+        config = KafkaConfig(client_id="rollstream-bench")
+        rate = puts_per_s(config, TopicNames(sys.argv[2]), rollout_samples(STEP), int(sys.argv[3]))
+        print(json.dumps({"puts_per_s": rate}))
+    else:
+        run_standalone(lambda c, f: run(c, f), "bench-verl")
