@@ -7,7 +7,9 @@ b5c9eaa published them, and what a trainer step of 32 prompts x 8 responses cost
    The other side is the same workload through another checkout's code, run as a child process by that
    checkout's interpreter (``ROLLSTREAM_VERL_BASE_PYTHON``, e.g. main b5c9eaa's, where one thread produced a
    sample and polled until its acknowledgement, then the next). `REPEATS` alternating runs per side, best of
-   each; without the variable only this checkout is measured.
+   each; without the variable only this checkout is measured. "Transport only" publishes groups encoded
+   beforehand through the same queue (its publish thread and acknowledgement wait), without verl's unpickle
+   and the codec, which stay on the rollouter's loop and bound a put by CPU.
 2. A trainer step: `VerlTrainerQueue` takes 32 groups (``take``), hands each over as verl's
    ``_get_samples_from_queue`` reads it (``get_sample`` then ``ray.cloudpickle.loads``), and verl's own
    ``assemble_batch_from_rollout_samples`` builds the batch; ``rebuild`` is everything after the take.
@@ -70,16 +72,28 @@ def _settings(config: KafkaConfig, names: TopicNames) -> VerlSettings:
                         lag_refresh_s=0.0, kafka_timeout_s=60.0)
 
 
-def _put_all(queue: Any, samples: list[bytes], count: int) -> float:
-    """Seconds for `count` acknowledged puts, `CONCURRENCY` at once (samples reused cyclically)."""
+def _put_all(queue: Any, samples: list[bytes], count: int, *, transport: bool) -> float:
+    """Seconds for `count` acknowledged puts, `CONCURRENCY` at once (samples reused cyclically). `transport`:
+    the samples are encoded beforehand and only published (the put without verl's unpickle and the codec)."""
+    groups = [encode_sample(ray.cloudpickle.loads(s)) for s in samples] if transport else []
+
+    async def put(i: int) -> None:
+        if not transport:
+            if await queue.put_sample(samples[i % len(samples)]) is not True:
+                raise RuntimeError("bench: put_sample did not return True")
+        elif hasattr(queue, "_send"):  # this checkout: produce, then await the acknowledgement
+            await asyncio.wrap_future(await queue._publish.run(queue._send, groups[i % len(groups)]))
+        else:  # main b5c9eaa: the one publish thread produces and waits for the acknowledgement
+            await queue._publish.run(queue._produce, groups[i % len(groups)])
+
     async def go() -> float:
         gate = asyncio.Semaphore(CONCURRENCY)
 
         async def one(i: int) -> None:
             async with gate:
-                if await queue.put_sample(samples[i % len(samples)]) is not True:
-                    raise RuntimeError("bench: put_sample did not return True")
+                await put(i)
 
+        await put(0)  # warm-up, not timed: the producer connects and gets its producer id
         started = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(count)))
         return time.perf_counter() - started
@@ -90,8 +104,8 @@ def _put_all(queue: Any, samples: list[bytes], count: int) -> float:
         queue.close()
 
 
-def _step(trainer: VerlTrainerQueue) -> tuple[float, float, float]:
-    """(take, rebuild, assemble) seconds of one step, as verl's _get_samples_from_queue runs it."""
+def _step(trainer: VerlTrainerQueue) -> tuple[float, float, float, float]:
+    """(take, rebuild, assemble, commit) seconds of one step, as verl's _get_samples_from_queue runs it."""
     async def go() -> tuple[float, float, list[Any]]:
         started = time.perf_counter()
         first, _left = await trainer.get_sample()  # the take, then the rebuild of the whole step
@@ -107,18 +121,19 @@ def _step(trainer: VerlTrainerQueue) -> tuple[float, float, float]:
     assemble_batch_from_rollout_samples(samples, tokenizer=None, config=None)
     assembled = time.perf_counter() - started
     trainer.commit_trained()
-    return took, rebuilt, assembled
+    return took, rebuilt, assembled, trainer.metrics()["rollstream/commit_s"]
 
 
-def puts_per_s(config: KafkaConfig, names: TopicNames, samples: list[bytes], count: int) -> float:
+def puts_per_s(config: KafkaConfig, names: TopicNames, samples: list[bytes], count: int, transport: bool) -> float:
     """Acknowledged puts a second of this checkout's `VerlRolloutQueue`."""
-    return count / _put_all(VerlRolloutQueue(_settings(config, names)), samples, count)
+    return count / _put_all(VerlRolloutQueue(_settings(config, names)), samples, count, transport=transport)
 
 
-def base_puts_per_s(python: str, config: KafkaConfig, names: TopicNames, count: int) -> float:
+def base_puts_per_s(python: str, config: KafkaConfig, names: TopicNames, count: int, transport: bool) -> float:
     """The same, measured by `python` (another checkout's interpreter) in a child process."""
     env = {**os.environ, BOOTSTRAP_ENV: config.bootstrap_servers}
-    done = subprocess.run([python, "-m", "tests.bench.bench_verl", "--puts", names.namespace, str(count)],
+    done = subprocess.run([python, "-m", "tests.bench.bench_verl", "--puts", names.namespace, str(count),
+                           *(["transport"] if transport else [])],
                           env=env, capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"bench: {python} failed to publish:\n{done.stderr[-3000:]}")
@@ -130,37 +145,48 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames], progress:
     ratio); a step's take and rebuild."""
     samples = rollout_samples(STEP)
     base_python = os.environ.get(BASE_ENV)
-    serial: list[float] = []
-    pipelined: list[float] = []
+    rates: dict[tuple[str, bool], list[float]] = {(side, t): [] for side in ("base", "this") for t in (False, True)}
     for r in range(REPEATS):
         progress(f"publishing, round {r + 1}/{REPEATS}")
-        if base_python:
-            serial.append(base_puts_per_s(base_python, config, names_factory(partitions=3), SAMPLES))
-        pipelined.append(puts_per_s(config, names_factory(partitions=3), samples, SAMPLES * 10))
+        for transport in (False, True):
+            if base_python:
+                rates["base", transport].append(base_puts_per_s(base_python, config, names_factory(partitions=3),
+                                                                SAMPLES, transport))
+            rates["this", transport].append(puts_per_s(config, names_factory(partitions=3), samples, SAMPLES * 10,
+                                                       transport))
     progress("trainer steps")
     names = names_factory(partitions=3)
     settings = _settings(config, names)
     distinct = rollout_samples(STEP * (STEPS + 1))  # distinct group ids: a repeated one is dropped as a duplicate
-    _put_all(VerlRolloutQueue(settings), distinct, len(distinct))
+    _put_all(VerlRolloutQueue(settings), distinct, len(distinct), transport=False)
     trainer = VerlTrainerQueue(settings, groups_per_step=STEP, group_size=RESPONSES)
     try:
         _step(trainer)  # warm-up: the consumer joins its group
         steps = [_step(trainer) for _ in range(STEPS)]
     finally:
         trainer.close()
-    take, rebuild, assemble = (min(s[i] for s in steps) for i in range(3))
+    take, rebuild, assemble, commit = (min(s[i] for s in steps) for i in range(4))
     record = len(encode(encode_sample(ray.cloudpickle.loads(samples[0]))))
     return [
         ("workload", f"RolloutSamples of {RESPONSES} responses, {PROMPT_WIDTH} + {RESPONSE_WIDTH} token widths "
                      f"({record / 1000:.0f} kB records), {CONCURRENCY} puts at once, 3 partitions"),
-        (f"puts/s of {base_python or BASE_ENV + ' (unset: not measured)'}", _runs(serial)),
-        ("puts/s of this checkout", _runs(pipelined)),
-        ("this checkout / the other, best of each (target >= 20)",
-         f"{max(pipelined) / max(serial):.1f}" if serial else "-"),
+        *_publish_rows(rates, base_python or f"{BASE_ENV} (unset: not measured)"),
         (f"trainer step of {STEP} x {RESPONSES}: take s (best of {STEPS})", f"{take:.3f}"),
         ("rebuild s (get_sample x 32 + verl's unpickle; target < 0.2)", f"{rebuild:.3f}"),
         ("verl's assemble_batch_from_rollout_samples s", f"{assemble:.3f}"),
+        ("commit s", f"{commit:.3f}"),
     ]
+
+
+def _publish_rows(rates: dict[tuple[str, bool], list[float]], base: str) -> Rows:
+    rows = []
+    for transport, what in ((False, "puts/s (verl's bytes in, acknowledged)"),
+                            (True, "transport only: puts/s of records encoded beforehand")):
+        ours, theirs = rates["this", transport], rates["base", transport]
+        rows += [(f"{what}, {base}", _runs(theirs)), (f"{what}, this checkout", _runs(ours)),
+                 (f"{what}: this checkout / the other, best of each",
+                  f"{max(ours) / max(theirs):.1f}" if theirs else "-")]
+    return rows
 
 
 def _runs(rates: list[float]) -> str:
@@ -170,7 +196,8 @@ def _runs(rates: list[float]) -> str:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--puts"]:  # the child of `base_puts_per_s`: one run, in this interpreter's checkout
         config = KafkaConfig(client_id="rollstream-bench")
-        rate = puts_per_s(config, TopicNames(sys.argv[2]), rollout_samples(STEP), int(sys.argv[3]))
+        rate = puts_per_s(config, TopicNames(sys.argv[2]), rollout_samples(STEP), int(sys.argv[3]),
+                          transport=sys.argv[4:5] == ["transport"])
         print(json.dumps({"puts_per_s": rate}))
     else:
         run_standalone(lambda c, f: run(c, f), "bench-verl")
