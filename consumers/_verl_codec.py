@@ -156,7 +156,7 @@ def handover(rs: RolloutSample) -> bytes:
     """`rs` as bytes ``ray.cloudpickle.loads`` (or ``pickle.loads``) turns back into an equal RolloutSample in
     this process: verl's trainer unpickles what its queue hands over (fully_async_trainer.py:439). The tensors
     travel as numpy arrays, not through DataProto's own pickling (``torch.save`` of a consolidated TensorDict,
-    two thirds of a 32 x 8 step's rebuild). In-process only: never written anywhere.
+    half or more of a 32 x 8 step's rebuild). In-process only: never written anywhere.
     """
     full = rs.full_batch
     arrays = {k: full.batch[k].numpy() for k in full.batch.keys()}

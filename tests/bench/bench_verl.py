@@ -12,7 +12,8 @@ b5c9eaa published them, and what a trainer step of 32 prompts x 8 responses cost
    and the codec, which stay on the rollouter's loop and bound a put by CPU.
 2. A trainer step: `VerlTrainerQueue` takes 32 groups (``take``), hands each over as verl's
    ``_get_samples_from_queue`` reads it (``get_sample`` then ``ray.cloudpickle.loads``), and verl's own
-   ``assemble_batch_from_rollout_samples`` builds the batch; ``rebuild`` is everything after the take.
+   ``assemble_batch_from_rollout_samples`` builds the batch; ``rebuild`` is everything after the take. Best of
+   `STEPS` steps, in this checkout and (a child process) in the other.
 
 Needs the verl venv: ``.venv-verl/bin/python -m tests.bench --only verl``, or alone (against
 ``ROLLSTREAM_BOOTSTRAP_SERVERS``): ``.venv-verl/bin/python -m tests.bench.bench_verl``. Side by side with main
@@ -131,13 +132,19 @@ def puts_per_s(config: KafkaConfig, names: TopicNames, samples: list[bytes], cou
 
 def base_puts_per_s(python: str, config: KafkaConfig, names: TopicNames, count: int, transport: bool) -> float:
     """The same, measured by `python` (another checkout's interpreter) in a child process."""
+    args = ["--puts", names.namespace, str(count), *(["transport"] if transport else [])]
+    return float(_child(python, config, args)["puts_per_s"])
+
+
+def _child(python: str, config: KafkaConfig, args: list[str]) -> dict[str, Any]:
+    """The JSON line ``python -m tests.bench.bench_verl ARGS`` prints last (run from this folder, so `python`'s
+    own checkout provides rollstream and this one the bench)."""
     env = {**os.environ, BOOTSTRAP_ENV: config.bootstrap_servers}
-    done = subprocess.run([python, "-m", "tests.bench.bench_verl", "--puts", names.namespace, str(count),
-                           *(["transport"] if transport else [])],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run([python, "-m", "tests.bench.bench_verl", *args], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"bench: {python} failed to publish:\n{done.stderr[-3000:]}")
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["puts_per_s"])
+        raise RuntimeError(f"bench: {python} {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def run(config: KafkaConfig, names_factory: Callable[..., TopicNames], progress: Callable[[str], None] = print) -> Rows:
@@ -155,7 +162,22 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames], progress:
             rates["this", transport].append(puts_per_s(config, names_factory(partitions=3), samples, SAMPLES * 10,
                                                        transport))
     progress("trainer steps")
-    names = names_factory(partitions=3)
+    ours = step_seconds(config, names_factory(partitions=3))
+    theirs = base_step_seconds(base_python, config, names_factory(partitions=3)) if base_python else None
+    record = len(encode(encode_sample(ray.cloudpickle.loads(samples[0]))))
+    rows = [("workload", f"RolloutSamples of {RESPONSES} responses, {PROMPT_WIDTH} + {RESPONSE_WIDTH} token widths "
+                         f"({record / 1000:.0f} kB records), {CONCURRENCY} puts at once, 3 partitions"),
+            *_publish_rows(rates, base_python or f"{BASE_ENV} (unset: not measured)")]
+    for i, what in enumerate(("take", "rebuild (get_sample x 32 + verl's unpickle; target < 0.2)",
+                              "verl's assemble_batch_from_rollout_samples", "commit")):
+        other = f"{theirs[i]:.3f}" if theirs else "-"
+        rows.append((f"step of {STEP} x {RESPONSES}, {what}: s, this checkout / the other (best of {STEPS})",
+                     f"{ours[i]:.3f} / {other}"))
+    return rows
+
+
+def step_seconds(config: KafkaConfig, names: TopicNames) -> list[float]:
+    """(take, rebuild, assemble, commit) seconds of this checkout's trainer steps, best of `STEPS` each."""
     settings = _settings(config, names)
     distinct = rollout_samples(STEP * (STEPS + 1))  # distinct group ids: a repeated one is dropped as a duplicate
     _put_all(VerlRolloutQueue(settings), distinct, len(distinct), transport=False)
@@ -165,17 +187,12 @@ def run(config: KafkaConfig, names_factory: Callable[..., TopicNames], progress:
         steps = [_step(trainer) for _ in range(STEPS)]
     finally:
         trainer.close()
-    take, rebuild, assemble, commit = (min(s[i] for s in steps) for i in range(4))
-    record = len(encode(encode_sample(ray.cloudpickle.loads(samples[0]))))
-    return [
-        ("workload", f"RolloutSamples of {RESPONSES} responses, {PROMPT_WIDTH} + {RESPONSE_WIDTH} token widths "
-                     f"({record / 1000:.0f} kB records), {CONCURRENCY} puts at once, 3 partitions"),
-        *_publish_rows(rates, base_python or f"{BASE_ENV} (unset: not measured)"),
-        (f"trainer step of {STEP} x {RESPONSES}: take s (best of {STEPS})", f"{take:.3f}"),
-        ("rebuild s (get_sample x 32 + verl's unpickle; target < 0.2)", f"{rebuild:.3f}"),
-        ("verl's assemble_batch_from_rollout_samples s", f"{assemble:.3f}"),
-        ("commit s", f"{commit:.3f}"),
-    ]
+    return [min(s[i] for s in steps) for i in range(4)]
+
+
+def base_step_seconds(python: str, config: KafkaConfig, names: TopicNames) -> list[float]:
+    """The same, measured by `python` (another checkout's interpreter) in a child process."""
+    return [float(x) for x in _child(python, config, ["--steps", names.namespace])["steps"]]
 
 
 def _publish_rows(rates: dict[tuple[str, bool], list[float]], base: str) -> Rows:
@@ -194,10 +211,12 @@ def _runs(rates: list[float]) -> str:
 
 
 if __name__ == "__main__":
+    child_config = KafkaConfig(client_id="rollstream-bench")
     if sys.argv[1:2] == ["--puts"]:  # the child of `base_puts_per_s`: one run, in this interpreter's checkout
-        config = KafkaConfig(client_id="rollstream-bench")
-        rate = puts_per_s(config, TopicNames(sys.argv[2]), rollout_samples(STEP), int(sys.argv[3]),
+        rate = puts_per_s(child_config, TopicNames(sys.argv[2]), rollout_samples(STEP), int(sys.argv[3]),
                           transport=sys.argv[4:5] == ["transport"])
         print(json.dumps({"puts_per_s": rate}))
+    elif sys.argv[1:2] == ["--steps"]:  # the child of `base_step_seconds`
+        print(json.dumps({"steps": step_seconds(child_config, TopicNames(sys.argv[2]))}))
     else:
         run_standalone(lambda c, f: run(c, f), "bench-verl")
