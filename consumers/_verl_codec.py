@@ -50,6 +50,7 @@ from verl.experimental.fully_async_policy.detach_utils import RolloutSample
 
 ENCODING = "rollstream.verl/1"
 END_KEY = "verl.end"  # metadata of the end-of-stream marker (`_verl_rollouter.end_marker`)
+_LEAVES = frozenset({str, int, float, bool, type(None)})
 _CORE = ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "rollout_log_probs", "rm_scores")
 
 
@@ -226,6 +227,11 @@ def _column_of(spec: Mapping[str, Any]) -> np.ndarray:
 
 def _plain(value: Any) -> Any:
     """`value` as plain JSON data (numpy scalars and arrays inside object columns become Python ones)."""
+    kind = type(value)
+    if kind in _LEAVES:  # exact types first: most values are, and ABC checks (Mapping) cost microseconds each
+        return value
+    if kind is dict:
+        return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
