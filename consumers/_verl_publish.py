@@ -31,7 +31,8 @@ _POLL_S = 0.05  # how long one poll waits for a report: bounds how late `stop` i
 
 
 class PublishFailed(RollstreamError):
-    """The broker did not acknowledge a verl sample within ``kafka_timeout_s``; retriable unless fatal."""
+    """A verl sample was not acknowledged within ``kafka_timeout_s``, or librdkafka refused it; retriable unless
+    fatal."""
 
 
 class AckedPublisher(WorkerThread):
@@ -107,6 +108,9 @@ class AckedPublisher(WorkerThread):
                 return
             fatal = bool(err is not None and err.fatal())
             why = reason or (err.str() if err is not None else "failed")
+            if err is not None and err.code() == KafkaError._MSG_TIMED_OUT:
+                why += (f" (no acknowledgement within {self.timeout_s} s: is the broker reachable and {self.topic} "
+                        "created? `rollstream topics create`)")
             future.set_exception(PublishFailed(f"verl sample {key} to {self.topic}: {why}", retriable=not fatal))
         except concurrent.futures.InvalidStateError:  # its awaiting caller was cancelled: nobody is told
             pass

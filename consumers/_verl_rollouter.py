@@ -28,7 +28,8 @@ from rollstream.infra.threads import ThreadPool
 from rollstream.schemas import Samples, ScoredGroup, encode, now_ms
 
 log = logging.getLogger(__name__)
-_GRACE_S = 1.0  # librdkafka answers within kafka_timeout_s (message.timeout.ms); this only guards against a bug
+_GRACE_S = 1.0  # librdkafka answers within kafka_timeout_s of the produce (message.timeout.ms); past the put's
+# deadline by more than this, the put gives up (only when waiting for room in librdkafka's queue took long)
 
 __all__ = ["PublishFailed", "VerlRolloutQueue", "end_marker"]
 
@@ -61,8 +62,10 @@ class VerlRolloutQueue:
         """
         import ray
 
+        deadline = time.monotonic() + self.settings.kafka_timeout_s  # one for the put: room, then acknowledgement
         if sample is None:
             await self._publish.run(self._publisher.drain, self.settings.kafka_timeout_s)
+            deadline = time.monotonic() + self.settings.kafka_timeout_s  # the marker's own, after the samples
             group = end_marker(self.producer_id)
         else:
             # verl pickled it in this process a moment ago; what goes on the wire is the Avro record
@@ -70,10 +73,11 @@ class VerlRolloutQueue:
             group = encode_sample(rs, producer_id=self.producer_id)
         acked = await self._publish.run(self._send, group)
         try:
-            await asyncio.wait_for(asyncio.wrap_future(acked), self.settings.kafka_timeout_s + _GRACE_S)
+            await asyncio.wait_for(asyncio.wrap_future(acked), max(0.0, deadline - time.monotonic()) + _GRACE_S)
         except TimeoutError as exc:
             raise PublishFailed(f"verl sample {group.group_id} to {self.names.rollouts}: no acknowledgement in "
-                                f"{self.settings.kafka_timeout_s} s", retriable=True) from exc
+                                f"{self.settings.kafka_timeout_s} s (it may still land: the trainer's dedupe of "
+                                "group ids keeps it from being trained twice)", retriable=True) from exc
         self.published += 1
         return True
 
