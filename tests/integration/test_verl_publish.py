@@ -38,7 +38,7 @@ from rollstream.consumers.verl import VerlSettings
 from tests.standins.verl_fully_async.rollouts import rollout_sample
 
 async def main():
-    queue = VerlRolloutQueue(VerlSettings(namespace=sys.argv[1], kafka_timeout_s=20.0))
+    queue = VerlRolloutQueue(VerlSettings(namespace=sys.argv[1], kafka_config=sys.argv[2], kafka_timeout_s=20.0))
     gate = asyncio.Semaphore(16)
 
     async def one(i):
@@ -87,10 +87,12 @@ def test_concurrent_puts_then_end_marker(bootstrap_servers, kafka_config, namesp
     assert sum(1 for g in groups if g.metadata.get(END_KEY)) == 1
 
 
-def test_killed_rollouter_loses_no_counted_sample(bootstrap_servers, kafka_config, namespace) -> None:
+def test_killed_rollouter_loses_no_counted_sample(bootstrap_servers, kafka_config, namespace, tmp_path) -> None:
     env = {**os.environ, BOOTSTRAP_ENV: bootstrap_servers}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, namespace.namespace], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, cwd=os.getcwd())
+    slow = tmp_path / "slow-acks.properties"
+    slow.write_text("linger.ms=500\n")  # every record waits in librdkafka half a second: a wide window to lose
+    child = subprocess.Popen([sys.executable, "-c", CHILD, namespace.namespace, str(slow)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=os.getcwd())
     counted: list[str] = []
     deadline = time.monotonic() + 120
     try:
