@@ -40,7 +40,8 @@ install: $(STAMP)
 VERL_VENV  := .venv-verl
 VERL_PY    := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.installed
-VERL_TESTS := tests/unit/test_verl_codec.py tests/unit/test_verl_runner.py tests/integration/test_consumer_verl.py
+VERL_TESTS := tests/unit/test_verl_codec.py tests/unit/test_verl_runner.py tests/integration/test_consumer_verl.py \
+              tests/integration/test_verl_publish.py
 # transformers 5.10 (verl's) imports any `kernels` it finds, and finds the main venv's (0.19, which transformers 5.2x
 # needs) through the .pth, whose API it cannot call: the verl venv gets the kernels its transformers declares.
 VERL_OWN   := 'kernels>=0.12,<0.13'

@@ -42,6 +42,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import pickle
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,6 +55,7 @@ from verl.experimental.fully_async_policy.detach_utils import RolloutSample
 
 ENCODING = "rollstream.verl/1"
 END_KEY = "verl.end"  # metadata of the end-of-stream marker (`_verl_rollouter.end_marker`)
+_LEAVES = frozenset({str, int, float, bool, type(None)})
 _CORE = ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "rollout_log_probs", "rm_scores")
 
 
@@ -163,6 +165,34 @@ def decode_sample(group: ScoredGroup) -> RolloutSample:
                          rollout_status=json.loads(md["verl.rollout_status"]))
 
 
+def handover(rs: RolloutSample) -> bytes:
+    """`rs` as bytes ``ray.cloudpickle.loads`` (or ``pickle.loads``) turns back into an equal RolloutSample in
+    this process: verl's trainer unpickles what its queue hands over (fully_async_trainer.py:439). The tensors
+    travel as numpy arrays, not through DataProto's own pickling (``torch.save`` of a consolidated TensorDict,
+    half or more of a 32 x 8 step's rebuild). In-process only: never written anywhere.
+    """
+    full = rs.full_batch
+    arrays = {k: full.batch[k].numpy() for k in full.batch.keys()}
+    return pickle.dumps(_Handover((arrays, full.non_tensor_batch, full.meta_info, rs.sample_id, rs.epoch,
+                                   rs.rollout_status)), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class _Handover:
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        self.args = args
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _rebuild, self.args
+
+
+def _rebuild(arrays: dict[str, np.ndarray], non_tensor: dict[str, np.ndarray], meta_info: dict[str, Any],
+             sample_id: str, epoch: int, rollout_status: Any) -> RolloutSample:
+    tensors = {k: torch.from_numpy(a) for k, a in arrays.items()}
+    full = DataProto(batch=TensorDict(tensors, batch_size=len(next(iter(arrays.values())))),
+                     non_tensor_batch=non_tensor, meta_info=meta_info)
+    return RolloutSample(full_batch=full, sample_id=sample_id, epoch=epoch, rollout_status=rollout_status)
+
+
 def _versions(nt: Mapping[str, np.ndarray], i: int) -> tuple[int, ...]:
     low, high = nt.get("min_global_steps"), nt.get("max_global_steps")
     found = [int(c[i]) for c in (low, high) if c is not None and c[i] is not None]
@@ -174,8 +204,12 @@ def _derived_positions(attention: torch.Tensor) -> torch.Tensor:
 
 
 def _pad(padded: torch.Tensor, real: torch.Tensor) -> int:
-    pads = padded[~real]
-    return int(pads[0]) if len(pads) else 0
+    """The first padding value in row-major order (0 when there is none). argmin finds the first False
+    without building the masked copy (``padded[~real]``, ~5 ms at 8 x 2048)."""
+    flat = real.reshape(-1)
+    if len(flat) == 0 or bool(flat.all()):
+        return 0
+    return int(padded.reshape(-1)[int(torch.argmin(flat.to(torch.uint8)))])
 
 
 def _tensor_json(t: torch.Tensor) -> dict[str, Any]:
@@ -205,6 +239,11 @@ def _column_of(spec: Mapping[str, Any]) -> np.ndarray:
 
 def _plain(value: Any) -> Any:
     """`value` as plain JSON data (numpy scalars and arrays inside object columns become Python ones)."""
+    kind = type(value)
+    if kind in _LEAVES:  # exact types first: most values are, and ABC checks (Mapping) cost microseconds each
+        return value
+    if kind is dict:
+        return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):

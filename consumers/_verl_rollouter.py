@@ -3,9 +3,11 @@
 `VerlRolloutQueue` publishes each RolloutSample as one ScoredGroup (`_verl_codec`), keyed by its group id,
 through an idempotent producer (acks=all), and answers verl's "queue size" with the trainer group's lag,
 read at most every ``lag_refresh_s`` (verl asks before every sample it starts, fully_async_rollouter.py:907).
-Publishing and lag reads run in two threads of their own (``rollstream-verl-publish``, ``rollstream-verl-lag``),
-so neither blocks the rollouter's event loop nor waits for the other. One put is acknowledged before the
-next is produced: verl's samples take seconds to generate, the broker milliseconds to acknowledge.
+Publishing and lag reads run in threads of their own (``rollstream-verl-publish`` encodes and produces,
+``rollstream-verl-acks`` serves the acknowledgements, ``rollstream-verl-lag``), so none blocks the rollouter's
+event loop or waits for another. Every put verl runs concurrently is in flight at once (`_verl_publish`); each
+returns only when the broker acknowledged its own sample, so a sample verl counts as produced is durable and
+one that is not acknowledged when the rollouter dies was never counted.
 
 Every group is stamped with the trainer run the rollouter serves (`VerlRolloutQueue.serve_run`: the verl trainer
 hands its run over at each weight sync, the first before the rollouter generates anything), so a resumed trainer
@@ -14,25 +16,26 @@ hands its run over at each weight sync, the first before the rollouter generates
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import time
 import uuid
 from typing import Any
 
 import numpy as np
-from confluent_kafka import KafkaError
 from rollstream.consumers._verl_codec import END_KEY, RolloutSample, encode_sample
+from rollstream.consumers._verl_publish import AckedPublisher, PublishFailed
 from rollstream.infra import TopicNames
-from rollstream.infra.clients import open_producer
 from rollstream.infra.lag import LagReader
 from rollstream.infra.threads import ThreadPool
-from rollstream.schemas import ConfigError, LifecycleError, RollstreamError, Samples, ScoredGroup, encode, now_ms
+from rollstream.schemas import ConfigError, LifecycleError, Samples, ScoredGroup, encode, now_ms
 
 log = logging.getLogger(__name__)
+_GRACE_S = 1.0  # librdkafka answers within kafka_timeout_s of the produce (message.timeout.ms); past the put's
+# deadline by more than this, the put gives up (only when waiting for room in librdkafka's queue took long)
 
-
-class PublishFailed(RollstreamError):
-    """The broker did not acknowledge a verl sample within ``kafka_timeout_s``; retriable unless fatal."""
+__all__ = ["PublishFailed", "VerlRolloutQueue", "end_marker"]
 
 
 class VerlRolloutQueue:
@@ -44,7 +47,7 @@ class VerlRolloutQueue:
         self.names = TopicNames(settings.namespace)
         self.producer_id = producer_id or f"verl-rollouter-{uuid.uuid4().hex[:8]}"
         self._kafka = settings.kafka(self.producer_id)
-        self._producer: Any = None
+        self._publisher = AckedPublisher(self._kafka.producer(), self.names.rollouts, settings.kafka_timeout_s)
         self._lag_reader = LagReader(self._kafka)
         self._publish = ThreadPool("rollstream-verl-publish", 1)
         self._lags = ThreadPool("rollstream-verl-lag", 1)
@@ -61,8 +64,10 @@ class VerlRolloutQueue:
 
     async def put_sample(self, sample: bytes | RolloutSample | None) -> bool:
         """Publish `sample` (verl passes ``ray.cloudpickle`` bytes of a RolloutSample, fully_async_rollouter.py:
-        1007; None: the rollouter's end of data, published as the end marker). Returns True once the broker
-        acknowledged it: never False, nothing is dropped.
+        1007; None: the rollouter's end of data, published as the end marker, after every sample put before
+        it is acknowledged). Returns True once the broker acknowledged it (acks=all): never False, nothing is
+        dropped. Any number of puts may run concurrently, all in flight at once; each waits for its own
+        acknowledgement only, at most ``kafka_timeout_s``.
 
         Raises:
             PublishFailed: no acknowledgement within ``kafka_timeout_s``; VerlEncodingError.
@@ -70,7 +75,10 @@ class VerlRolloutQueue:
         """
         import ray
 
+        deadline = time.monotonic() + self.settings.kafka_timeout_s  # one for the put: room, then acknowledgement
         if sample is None:
+            await self._publish.run(self._publisher.drain, self.settings.kafka_timeout_s)
+            deadline = time.monotonic() + self.settings.kafka_timeout_s  # the marker's own, after the samples
             group = end_marker(self.producer_id)
         else:
             if self.policy_run is None:
@@ -80,7 +88,13 @@ class VerlRolloutQueue:
             # verl pickled it in this process a moment ago; what goes on the wire is the Avro record
             rs = ray.cloudpickle.loads(sample) if isinstance(sample, bytes) else sample
             group = encode_sample(rs, producer_id=self.producer_id, policy_run=self.policy_run)
-        await self._publish.run(self._produce, group)
+        acked = await self._publish.run(self._send, group)
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(acked), max(0.0, deadline - time.monotonic()) + _GRACE_S)
+        except TimeoutError as exc:
+            raise PublishFailed(f"verl sample {group.group_id} to {self.names.rollouts}: no acknowledgement in "
+                                f"{self.settings.kafka_timeout_s} s (it may still land: the trainer's dedupe of "
+                                "group ids keeps it from being trained twice)", retriable=True) from exc
         self.published += 1
         return True
 
@@ -102,34 +116,14 @@ class VerlRolloutQueue:
         self.close()
 
     def close(self) -> None:
-        """Flush and stop. Idempotent."""
-        if self._producer is not None:
-            self._publish.submit(self._producer.flush, self.settings.kafka_timeout_s).result()
+        """Wait up to ``kafka_timeout_s`` for what is in flight, then stop. Idempotent."""
+        self._publisher.close(self.settings.kafka_timeout_s)
         self._lags.submit(self._lag_reader.close).result()
         self._publish.retire()
         self._lags.retire()
 
-    def _produce(self, group: ScoredGroup) -> None:
-        if self._producer is None:
-            self._producer = open_producer(self._kafka.producer())
-        errors: list[KafkaError] = []
-        done: list[bool] = []
-
-        def delivered(err: KafkaError | None, _msg: object) -> None:
-            done.append(True)
-            if err is not None:
-                errors.append(err)
-
-        self._producer.produce(self.names.rollouts, key=group.group_id.encode(), value=encode(group),
-                               on_delivery=delivered)
-        deadline = time.monotonic() + self.settings.kafka_timeout_s
-        while not done and time.monotonic() < deadline:
-            self._producer.poll(min(0.1, max(0.0, deadline - time.monotonic())))
-        if errors or not done:
-            reason = errors[0].str() if errors else f"no acknowledgement in {self.settings.kafka_timeout_s} s"
-            fatal = bool(errors and errors[0].fatal())
-            raise PublishFailed(f"verl sample {group.group_id} to {self.names.rollouts}: {reason}",
-                                retriable=not fatal)
+    def _send(self, group: ScoredGroup) -> concurrent.futures.Future[None]:
+        return self._publisher.send(group.group_id, encode(group))
 
     def _read_lag(self) -> int:
         now = time.monotonic()

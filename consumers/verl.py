@@ -11,14 +11,16 @@ oldest sample when full and loses everything on a crash) is replaced by NS.rollo
 
 - The rollouter's ``put_sample`` publishes each ``RolloutSample`` (one prompt, ``rollout.n`` responses) as one
   ScoredGroup (`rollstream.consumers._verl_codec`, encoding ``rollstream.verl/1``, no pickle on the wire) and
-  returns when the broker acknowledged it (acks=all, idempotent). Nothing is ever dropped: when the queue
+  returns when the broker acknowledged it (acks=all, idempotent; the puts verl runs concurrently are all in
+  flight at once, each waiting for its own acknowledgement only). Nothing is ever dropped: when the queue
   is "full" the rollouter pauses, as verl does, but "queue size" is now the trainer group's lag on
   NS.rollouts (`VerlRolloutQueue.get_queue_size`). The lag also counts the step being trained (taken, not
   committed yet), so the rollouter's ``max_queue_size`` is raised by ``required_samples`` to pause where
   verl's deque would have been full.
 - The trainer's ``get_sample`` takes exactly ``required_samples`` groups per step (one rollstream step) and
-  hands them over one by one as verl's ``_get_samples_from_queue`` expects (``ray.cloudpickle`` bytes of a
-  RolloutSample rebuilt from the record: verl's own in-process hand-over, never written anywhere).
+  hands them over one by one as verl's ``_get_samples_from_queue`` expects (pickle bytes that verl's
+  ``ray.cloudpickle.loads`` turns into the RolloutSample rebuilt from the record, its tensors as numpy arrays
+  (`_verl_codec.handover`): verl's own in-process hand-over, never written anywhere).
 - The step is committed right after verl's ``_fit_update_actor`` returned (fully_async_trainer.py:591):
   the earliest point where verl trained on it, before its weights sync, checkpoint and the next take. A crash
   before that leaves it uncommitted (a resumed job judges it afresh, see below). A checkpoint of version k stores
@@ -68,7 +70,7 @@ from typing import Any
 from rollstream.consumers._adapters import StepMetrics, group_size_filter
 from rollstream.consumers._batch import Batch
 from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
-from rollstream.consumers._verl_codec import END_KEY, RolloutSample, decode_sample
+from rollstream.consumers._verl_codec import END_KEY, RolloutSample, decode_sample, handover
 from rollstream.consumers.filters import FilterContext, all_rewards_equal, failed_group, stale
 from rollstream.infra import KafkaConfig, PolicyAnnouncer, TopicNames
 from rollstream.infra.config import ConfigError
@@ -196,8 +198,8 @@ class VerlTrainerQueue:
     # -- verl's MessageQueueClient surface (message_queue.py:183-242) ------------------------------------
 
     async def get_sample(self) -> tuple[bytes | None, int]:
-        """The next sample of the current step, as verl's queue returns it: ``(cloudpickled RolloutSample,
-        samples left in this step)``, or ``(None, 0)`` once the rollouter ended and no full step is left.
+        """The next sample of the current step, as verl's queue returns it: ``(pickled RolloutSample
+        (`handover`), samples left in this step)``, or ``(None, 0)`` once the rollouter ended and no full step is left.
         Blocks (off the loop) until a whole step is there, at most ``take_timeout_s``.
 
         Raises:
@@ -205,8 +207,6 @@ class VerlTrainerQueue:
             RollstreamError: a new step was asked for before the last one was committed (the trainer's commit
                 hook is missing).
         """
-        import ray
-
         if not self._ready:
             if self._handed is not None:
                 raise RollstreamError(f"verl asked for step {self._handed.step + 1} before step {self._handed.step} "
@@ -215,11 +215,10 @@ class VerlTrainerQueue:
             batch = await self._thread.run(self._take_step)
             if batch is None:
                 return None, 0
-            self._ready.extend(decode_sample(g) for g in batch.groups)
+            self._ready.extend(await self._thread.run(lambda: [decode_sample(g) for g in batch.groups]))
             self._handed = batch
-        sample = self._ready.popleft()
         # verl's trainer unpickles what get_sample returns (fully_async_trainer.py:439): an in-process hand-over.
-        return ray.cloudpickle.dumps(sample), len(self._ready)
+        return handover(self._ready.popleft()), len(self._ready)
 
     async def get_queue_size(self) -> int:
         """Groups on NS.rollouts the trainer group has not committed (its lag, read at most 10 s)."""

@@ -1,6 +1,7 @@
 """``make bench``: every performance figure of rollstream, each a side-by-side ratio measured in one run.
 
-Usage: ``python -m tests.bench [--out bench-report.md] [--only pipeline,codec,...]``.
+Usage: ``python -m tests.bench [--out bench-report.md] [--only pipeline,codec,...]``. The ``verl`` part runs
+only in the verl venv (``.venv-verl/bin/python -m tests.bench --only verl``; `tests.bench.bench_verl`).
 
 Uses ``ROLLSTREAM_BOOTSTRAP_SERVERS`` when set; else starts a local broker on a free port with a temporary
 data dir and stops it at the end, also on error or Ctrl-C. Progress goes to stderr; the markdown report is
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import logging
 import os
 import sys
@@ -24,7 +26,15 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rollstream.infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames
 
-from tests.bench import bench_baseline, bench_codec, bench_consumer, bench_pipeline, bench_producer, bench_tls
+from tests.bench import (
+    bench_baseline,
+    bench_codec,
+    bench_consumer,
+    bench_conversions,
+    bench_pipeline,
+    bench_producer,
+    bench_tls,
+)
 from tests.bench._common import NamesFactory, Rows, delete_topics, topic_factory
 from tests.bench._report import Part, machine_facts, render
 
@@ -96,7 +106,31 @@ def _specs() -> list[_Spec]:
               "Freeze: the original with a queue of 8 and 500 ms training steps, rollstream with max_lag 8; "
               "longest stall of a 10 ms timer on the generation loop.",
               lambda c, f, p: bench_baseline.run(c, f, progress=p)),
+        _Spec("conversions", "What the TRL and slime adapters' conversions cost a step",
+              f"One step's records ({bench_conversions.GROUPS} groups x {bench_conversions.RESPONSES} responses of "
+              f"1-{bench_conversions.RESPONSE_MAX} tokens with logprobs and loss masks, "
+              f"{bench_conversions.PROMPT}-token prompts) decoded, then turned into TRL's `RolloutSample`s "
+              "(`to_rollout_samples`) and slime's `Sample`s (`to_slime_group`, slime's stand-in); best of "
+              f"{bench_conversions.ROUNDS}. No broker: the take and commit are the consumer part's.",
+              lambda c, f, p: bench_conversions.run()),
+        _Spec("verl", "verl's transport: acknowledged puts/s side by side, a 32 x 8 trainer step's take and rebuild",
+              "verl 0.9.1's rollouter puts (cloudpickled RolloutSamples of 8 responses, 1024 + 2048 token "
+              "widths, 64 at once) through `VerlRolloutQueue.put_sample`, each returning once acknowledged, in "
+              "this checkout and, as a child process, in the checkout whose interpreter "
+              "`ROLLSTREAM_VERL_BASE_PYTHON` names (main b5c9eaa's for the figure in docs/benchmarks.md); 3 "
+              "alternating runs a side, best of each. Then `VerlTrainerQueue` steps of 32 groups as verl's "
+              "`_get_samples_from_queue` reads them: take, rebuild (decode + hand-over + verl's unpickle) and "
+              "verl's `assemble_batch_from_rollout_samples`, best of 3 steps.",
+              lambda c, f, p: _bench_verl().run(c, f, p)),
     ]
+
+
+def _bench_verl():  # noqa: ANN202 - the module, imported only when its part runs (it needs the verl venv)
+    if importlib.util.find_spec("verl") is None:
+        raise SystemExit("the verl part needs verl: run it as .venv-verl/bin/python -m tests.bench --only verl")
+    from tests.bench import bench_verl
+
+    return bench_verl
 
 
 @contextlib.contextmanager
@@ -147,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench-report.md"), help="where to write the report")
     parser.add_argument("--only", default="", help=f"comma-separated parts ({','.join(s.key for s in specs)})")
     args = parser.parse_args(argv)
-    chosen = [s for s in specs if not args.only or s.key in args.only.split(",")]
+    with_verl = importlib.util.find_spec("verl") is not None  # `make bench` in the main venv runs without it
+    chosen = [s for s in specs if s.key in args.only.split(",") or not args.only and (s.key != "verl" or with_verl)]
     if not chosen:
         parser.error(f"--only {args.only!r} names no part")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -8,9 +8,16 @@ import pytest
 
 pytest.importorskip("verl", reason="the verl extra is not installed (pip install 'rollstream[verl]')")
 
+import ray  # noqa: E402
 import torch  # noqa: E402
 from rollstream.consumers._ledger import epoch_of  # noqa: E402
-from rollstream.consumers._verl_codec import ENCODING, VerlEncodingError, decode_sample, encode_sample  # noqa: E402
+from rollstream.consumers._verl_codec import (  # noqa: E402
+    ENCODING,
+    VerlEncodingError,
+    decode_sample,
+    encode_sample,
+    handover,
+)
 from rollstream.schemas import ScoredGroup, decode, encode  # noqa: E402
 from verl.experimental.fully_async_policy.detach_utils import assemble_batch_from_rollout_samples  # noqa: E402
 
@@ -91,3 +98,29 @@ def test_carried_tensors_and_refusals() -> None:
                           prompt_tokens=plain.prompt_tokens, samples=plain.samples, started_at_ms=1, finished_at_ms=1)
     with pytest.raises(VerlEncodingError, match="encoding None"):
         decode_sample(foreign)
+
+
+def test_handover_is_bit_for_bit_what_verl_unpickled_before() -> None:
+    """get_sample's bytes (`handover`) load, through verl's own ray.cloudpickle.loads, to exactly what the
+    former hand-over (ray.cloudpickle of the RolloutSample) loaded to; so does the assembled batch."""
+    decoded = [wire(rollout_sample(i, n=3, version=2, partial=i % 2 == 1)) for i in range(4)]
+    for rs in decoded:  # a carried tensor too
+        rs.full_batch.batch["routed_experts"] = torch.arange(3 * 40 * 2, dtype=torch.int32).reshape(3, 40, 2)
+    before = [ray.cloudpickle.loads(ray.cloudpickle.dumps(rs)) for rs in decoded]
+    after = [ray.cloudpickle.loads(handover(rs)) for rs in decoded]
+    for old, new in zip(before, after, strict=True):
+        assert (new.sample_id, new.epoch, new.rollout_status) == (old.sample_id, old.epoch, old.rollout_status)
+        assert new.full_batch.meta_info == old.full_batch.meta_info
+        assert list(new.full_batch.batch.keys()) == list(old.full_batch.batch.keys())
+        assert new.full_batch.batch.batch_size == old.full_batch.batch.batch_size
+        for key in old.full_batch.batch.keys():
+            a, b = old.full_batch.batch[key], new.full_batch.batch[key]
+            assert (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride()), key
+            assert torch.equal(a, b), key
+        for key, column in old.full_batch.non_tensor_batch.items():
+            got = new.full_batch.non_tensor_batch[key]
+            assert got.dtype == column.dtype and got.tolist() == column.tolist(), key
+    want = assemble_batch_from_rollout_samples(before, tokenizer=None, config=None)
+    got = assemble_batch_from_rollout_samples(after, tokenizer=None, config=None)
+    for key in want.batch.keys():
+        assert torch.equal(got.batch[key], want.batch[key]), key
