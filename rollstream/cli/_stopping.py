@@ -16,6 +16,12 @@ exception`` instead (seen in most runs with the broker down or just restarted, w
 So the command asks `signalled` which signal came and exits with its code whatever the shutdown raised.
 And a close that waits on a broker which does not answer, or a client left to librdkafka at interpreter
 exit, can no longer hold the process: after the shutdown the command leaves with `exit_now`.
+
+The deadline starts when the signal arrives, not when the main thread next runs Python code: a blocking
+librdkafka call (a transactional commit waits up to the consumer's timeout) would hold the Python handler back
+for that long. Python's C-level handler writes each signal's number to a wakeup pipe
+(``signal.set_wakeup_fd``) at once, and a watcher thread (``rollstream-stop-signals``) reading it starts the
+deadline. Where something else owns the wakeup fd (an asyncio loop's signal handlers), the handler starts it.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ class StopSignals:
         self.grace_s = grace_s
         self.signalled: int | None = None  # the first stop signal received
         self._previous: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self._pipe: tuple[int, int] | None = None  # the wakeup pipe the watcher reads (read end, write end)
+        self._previous_wakeup_fd = -1
 
     @property
     def exit_code(self) -> int:
@@ -54,6 +63,7 @@ class StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
+            self._watch()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -62,17 +72,63 @@ class StopSignals:
             for sig, previous in self._previous.items():
                 signal.signal(sig, previous)
         self._previous.clear()
+        self._unwatch()
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.signalled = signum
-        for sig in STOP_SIGNALS:  # a second signal: the kernel ends the process, now
-            signal.signal(sig, signal.SIG_DFL)
+    def _watch(self) -> None:
+        """Route signal numbers to a pipe the watcher thread reads, unless another wakeup fd is in use."""
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        if previous != -1:  # someone else's (an event loop's): leave it, the handler starts the deadline
+            signal.set_wakeup_fd(previous)
+            os.close(read_end)
+            os.close(write_end)
+            return
+        self._pipe = (read_end, write_end)
+        threading.Thread(target=self._read_signals, args=(read_end,), name="rollstream-stop-signals",
+                         daemon=True).start()
+
+    def _unwatch(self) -> None:
+        if self._pipe is None:
+            return
+        read_end, write_end = self._pipe
+        self._pipe = None
+        signal.set_wakeup_fd(-1)
+        os.write(write_end, b"\0")  # ends the watcher, which closes the read end
+        os.close(write_end)
+
+    def _read_signals(self, read_end: int) -> None:
+        seen = 0  # each signal writes its number once
+        try:
+            while (data := os.read(read_end, 64)) and 0 not in data:
+                for signum in data:
+                    if signum not in STOP_SIGNALS:
+                        continue
+                    seen += 1
+                    self._start_deadline(signum)
+                    if seen > 1:  # a second one while the main thread may still be blocked, before its handler
+                        # could put the default action back: end it now, as the kernel would have
+                        self._exit(self.exit_code, f"interrupted ({signal.Signals(signum).name} again): exiting now")
+        finally:
+            os.close(read_end)
+
+    def _start_deadline(self, signum: int) -> None:
+        """Note the first stop signal and start the hard-exit deadline (once). Any thread."""
+        with self._lock:
+            if self.signalled is not None:
+                return
+            self.signalled = signum
         name = signal.Signals(signum).name
-        deadline = threading.Timer(self.grace_s, self._exit, (128 + signum, f"{self.what} did not stop within "
-                                                              f"{self.grace_s:g} s of {name}: exiting now"))
+        deadline = threading.Timer(self.grace_s, self._exit, (
+            128 + signum, f"interrupted ({name}): {self.what} did not stop within {self.grace_s:g} s: exiting now"))
         deadline.daemon = True
         deadline.start()
-        raise KeyboardInterrupt(name)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._start_deadline(signum)
+        for sig in STOP_SIGNALS:  # a second signal: the kernel ends the process, now
+            signal.signal(sig, signal.SIG_DFL)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
     def exit_now(self, message: str) -> None:
         """Print `message` and end the process with `exit_code` without the interpreter's own shutdown (which

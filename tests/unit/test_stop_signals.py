@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -36,3 +39,31 @@ def test_without_a_signal_the_previous_handlers_come_back() -> None:
         assert signal.getsignal(signal.SIGTERM) != before[signal.SIGTERM]
     assert stop.signalled is None and stop.exit_code == 130
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+_BLOCKED_IN_LIBRDKAFKA = """
+from confluent_kafka import Producer
+from rollstream.cli._stopping import StopSignals
+producer = Producer({"bootstrap.servers": "127.0.0.1:1", "transactional.id": "blocked"})
+with StopSignals("blocked", grace_s=1.0):
+    print("ready", flush=True)
+    producer.init_transactions(60)  # no Python code runs in the main thread for up to 60 s
+"""
+
+
+def test_the_deadline_starts_while_the_main_thread_is_blocked_in_librdkafka() -> None:
+    """A signal that arrives while the main thread is inside a blocking librdkafka call (a transactional commit)
+    starts the hard-exit deadline at once: the Python handler would only run once the call returned."""
+    proc = subprocess.Popen([sys.executable, "-c", _BLOCKED_IN_LIBRDKAFKA], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=20)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and took < 10, (proc.returncode, took, stderr[-2000:])
+    assert "interrupted (SIGTERM)" in stderr and "did not stop within 1 s" in stderr
