@@ -29,8 +29,13 @@ Resume: slime restores checkpoint k and calls ``data_source.load(k)`` (ray/place
 `RollstreamDataSource.load` moves the consumer to the end of k's step (`RolloutConsumer.seek_to_step`), so
 the next rollout continues exactly after it, whatever was committed later, with the same batches as before.
 Each slime job is one trainer run (`rollstream.infra.runs`), begun at its first rollout or load: from then on
-the broker refuses the commits of the job it replaced (a hung job that comes back gets `RunSupersededError`).
-It announces nothing (slime moves weights to its engines itself).
+the broker refuses the announcements and commits of the job it replaced (a hung job that comes back gets
+`RunSupersededError`). At each rollout whose weight version (below) moved it announces that version on
+NS.control, without weights (slime moves them to its engines itself), before it commits or takes: producers
+follow a restarted job down to its lower count and stamp its run on the groups they generate. A group
+generated under an older run (the dead job's backlog) is skipped as stale and requeued (`filters.older_run`,
+also without ``rollstream_max_staleness``); the steps recorded after a restored checkpoint are taken again
+as recorded, as above.
 
 Staleness (``rollstream_max_staleness``) is measured against the weight version slime's engines serve, which
 counts ``update_weights`` calls, not rollouts: slime's weight updater starts at 0 and adds 1 before each push
@@ -95,9 +100,9 @@ from rollstream.consumers._slime_samples import (
     train_output_class,
     uniform_logprobs,
 )
-from rollstream.consumers.filters import default_filters
+from rollstream.consumers.filters import default_filters, older_run
 from rollstream.infra import KafkaConfig, PolicyAnnouncer, TopicNames
-from rollstream.schemas import ConfigError, RollstreamError
+from rollstream.schemas import ConfigError, PolicyVersion, RollstreamError
 
 log = logging.getLogger(__name__)
 _STATE_ATTR = "_rollstream_slime_rollout"
@@ -189,11 +194,13 @@ class SlimeRollout:
         n_samples = getattr(args, "n_samples_per_prompt", None)
         filters = (*default_filters(dynamic_sampling=settings.dynamic_sampling),
                    group_size_filter(int(n_samples) if n_samples else None, trainer="slime",
-                                     setting="n_samples_per_prompt"))
+                                     setting="n_samples_per_prompt"), older_run)
         self.run: PolicyAnnouncer | None = None
+        self.announced: int | None = None  # the weight version this run announced last
         if consumer is None:
-            # One trainer run (rollstream.infra.runs): a replaced slime job can no longer commit. slime moves
-            # weights to its engines itself, so this run announces nothing; producers stamp the engines' versions.
+            # One trainer run (rollstream.infra.runs): a replaced slime job can neither announce nor commit. It
+            # announces slime's weight-update count (no weights: slime moves them to its engines itself), so that
+            # producers follow a resumed job down to its count and stamp its run on what they generate.
             config = KafkaConfig.load(settings.bootstrap_servers,
                                       Path(settings.kafka_config_file) if settings.kafka_config_file else None,
                                       client_id=f"rollstream-trainer-{settings.group}")
@@ -220,8 +227,9 @@ class SlimeRollout:
         if self.start is None:
             self.start = rollout_id
         self.begin_run()
-        self.commit_through(rollout_id - (1 if self.settings.loop == "sync" else 2))
         version = self.weight_version(rollout_id)
+        self.announce(version)
+        self.commit_through(rollout_id - (1 if self.settings.loop == "sync" else 2))
         batch = self.consumer.take(n, timeout=self.settings.take_timeout, commit=False, policy_version=version)
         self.handed[rollout_id] = batch
         self.steps[rollout_id] = batch.step
@@ -233,6 +241,14 @@ class SlimeRollout:
         refuses the commits of the slime job this one replaced (`RunSupersededError` there)."""
         if self.run is not None:
             self.run.begin()
+
+    def announce(self, version: int) -> None:
+        """Announce `version` on NS.control as this run's, unless it was the last announced. Blocks until the
+        broker committed it. Raises RunSupersededError when a newer slime job began, KafkaIOError (retriable)."""
+        if self.run is None or version == self.announced:
+            return
+        self.run.announce(PolicyVersion(version, metadata={"trainer": "slime"}))
+        self.announced = version
 
     def weight_version(self, rollout_id: int) -> int:
         """The weight version slime's engines serve when rollout `rollout_id` is asked for."""

@@ -34,6 +34,11 @@ trainer's thread only enqueues requests: a commit carries a future the callback 
 `update_model_version` an announcement. The thread's state is `_trl_pipeline.Pipeline`'s; the buffer TRL
 reads is `_trl_pipeline.HandOver`; groups become TRL samples in `_trl_samples`.
 
+Runs: the worker is one trainer run (`rollstream.infra.runs`, its `PolicyAnnouncer`), begun at TRL's first weight
+sync (or first commit). A restarted trainer's worker supersedes this one: producers follow the new run's versions
+(TRL counts from 1 again), and this worker's next commit or announcement raises `RunSupersededError`, which ends
+the worker thread (one log line) and reaches the trainer through `commit_step` and `check_health`.
+
 What it does not do: move weights. Versions are announced on NS.control; producers load weights
 themselves (a policy directory, ``weights_path``, or their engine's own sync).
 """
@@ -53,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 from rollstream.consumers._consumer import DEFAULT_GROUP
 from rollstream.consumers._trl_pipeline import HandOver, Metrics, Pipeline
 from rollstream.consumers._trl_samples import to_rollout_samples, trl_group_id
-from rollstream.infra import KafkaConfig
+from rollstream.infra import KafkaConfig, RunSupersededError
 from rollstream.infra.threads import WorkerThread
 from rollstream.schemas import ConfigError, LifecycleError, RollstreamError
 
@@ -286,6 +291,9 @@ class RollstreamRolloutWorker(WorkerThread):
                 if pipeline.take_slice(self._version):
                     self._last_progress = time.monotonic()
             self._serve(pipeline, wait=False)  # the last announcements
+        except RunSupersededError as exc:  # expected when the job was restarted elsewhere: one line, no traceback
+            log.error("the rollstream TRL worker stopped: %s", exc)
+            self._error = exc
         except BaseException as exc:
             log.exception("the rollstream TRL worker failed")
             self._error = exc
@@ -305,6 +313,7 @@ class RollstreamRolloutWorker(WorkerThread):
                 try:
                     command.done.set_result(pipeline.commit_oldest(command.trl_step))
                 except BaseException as exc:
+                    self._error = exc  # before the trainer's thread sees the commit fail: check_health raises it too
                     command.done.set_exception(exc)
                     raise
                 self._last_progress = time.monotonic()

@@ -13,11 +13,14 @@ RolloutFnTrainOutput with rollstream's metrics; a batch is committed only after 
 it, in both loops; a crash before a step finished gives that step's batch back (same ids, same order)
 and the audit passes; resuming from checkpoint k takes first exactly the groups after step k; the
 weight version counts slime's weight updates (and starts over after a resume); a default slime config
-reaches its eval; calls that contradict rollstream_slime_loop raise.
+reaches its eval; calls that contradict rollstream_slime_loop raise; a job restarted from a checkpoint, with
+a real producer feeding it, moves the producer down to its weight-update count, trains only groups of its own
+run (the dead job's backlog requeued, accounted), and the hung dead job can neither announce nor commit.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -55,19 +58,22 @@ class Slime:
     """
 
     def __init__(self, args: SimpleNamespace, kafka_config, crash: tuple[str, int] | None = None, *,
-                 check_commits: bool = True) -> None:
+                 check_commits: bool = True, hook: Callable[[str, int], None] | None = None) -> None:
         from slime.rollout.base_types import call_rollout_fn
 
         self.args, self.kafka_config, self.crash, self.call = args, kafka_config, crash, call_rollout_fn
-        self.check_commits = check_commits
+        self.check_commits, self.hook = check_commits, hook
         self.data_source = RollstreamDataSource(args)  # RolloutManager.__init__, ray/rollout.py:383-384
         self.handed: dict[int, list[str]] = {}
         self.trained: dict[int, list[str]] = {}
         self.versions: dict[int, int] = {}
+        self.steps: dict[int, int] = {}  # rollout id -> rollstream step
         self.evals: list = []
         self.resumed_at = 0
 
     def at(self, point: str, rollout_id: int) -> None:
+        if self.hook is not None:
+            self.hook(point, rollout_id)
         if self.crash == (point, rollout_id):
             raise Crash(f"{point} {rollout_id}")
 
@@ -84,6 +90,7 @@ class Slime:
         assert len(output.samples) == self.args.rollout_batch_size
         self.handed[rollout_id] = ids(output)
         self.versions[rollout_id] = output.metrics["rollstream/weight_version"]
+        self.steps[rollout_id] = output.metrics["rollstream/step"]
         return output
 
     def train(self, rollout_id: int, output) -> None:
@@ -128,15 +135,18 @@ class Slime:
             self.at("update", rollout_id)  # :66-70
             self.eval(rollout_id)  # :72-73
 
-    def run(self, loop: str) -> bool:
-        """Run `loop` to the end or to the crash; return True when it crashed. The consumer is dropped either way."""
+    def run(self, loop: str, *, hang: bool = False) -> bool:
+        """Run `loop` to the end or to the crash; return True when it crashed. The consumer is dropped either way,
+        unless `hang`: then a crashed job keeps it (a node that hangs on after the scheduler restarted the job)."""
+        crashed = False
         try:
             (self.train_py if loop == "sync" else self.train_async_py)()
-            return False
         except Crash:
-            return True
+            crashed = True
         finally:
-            close(self.args)
+            if not (crashed and hang):
+                close(self.args)
+        return crashed
 
 
 def committed(kafka_config, namespace: str, group_id: str) -> dict[int, int | None]:
@@ -279,10 +289,83 @@ def test_a_replaced_slime_job_can_no_longer_commit(bootstrap_servers, kafka_conf
     again, _ = new.rollout(0, 2)  # its run begins: the same batch comes back
     assert again.group_ids == first.group_ids and again.step == first.step == 0
     with pytest.raises(RunSupersededError, match="committing step 0"):
-        old.rollout(1, 2)  # the old job comes back and commits what it trained: refused by the broker
+        old.commit_through(0)  # the old job comes back and commits what it trained: refused by the broker
+    with pytest.raises(RunSupersededError, match="announcing policy version 2"):
+        old.rollout(1, 2)  # its next rollout announces its weight version first: refused too
     old.close()
     new.rollout(1, 2)  # the new job commits rollout 0 and goes on
     new.close()
     assert committed(kafka_config, names.namespace, group_id) == {0: 2}
     report = audit(kafka_config, names.namespace, group_id)
     assert report.ok, report.summary()
+
+
+
+def test_a_resumed_slime_job_leads_the_producers_down_to_its_count(bootstrap_servers, kafka_config, namespace_factory,
+                                                                   group_id, tmp_path, slime_path) -> None:
+    from rollstream.consumers import replay_step
+    from rollstream.infra import RunSupersededError
+    from rollstream.infra.runs import followed_policy
+    from rollstream.producers import RolloutProducer
+    from rollstream.schemas import PolicyVersion
+
+    from tests import plugins
+    from tests.integration._kafka import count, read_records, write_prompts
+    from tests.integration.test_policy_versions import running, settings, wait_for
+
+    names = namespace_factory(partitions=2)
+    producer = RolloutProducer(plugins.instant, settings(names, n_samples=2, max_lag=8, trainer_group=group_id),
+                               kafka=kafka_config, reward="tests.plugins:alternating")
+
+    def slime(crash=None, hook=None) -> Slime:
+        return Slime(slime_args(bootstrap_servers, names, group_id, tmp_path, rollstream_slime_loop="sync",
+                                save_interval=2), kafka_config, crash, hook=hook)
+
+    def dead_job_comes_back(point: str, rollout_id: int) -> None:
+        """The hung job wakes up while the resumed one trains: its next call, rollout 4, announces its version 5
+        first, which the broker refuses, so it takes nothing. (Its commits are refused too: see
+        test_a_replaced_slime_job_can_no_longer_commit.)"""
+        if (point, rollout_id) in (("train", 4), ("train", 5)):
+            with pytest.raises(RunSupersededError, match=f"announcing .* trainer run {dead_run} "):
+                generate_rollout(dead.args, 4, dead.data_source)
+            assert dead.args._rollstream_slime_rollout.last == 3  # handed nothing more
+
+    def more_prompts(point: str, rollout_id: int) -> None:
+        """Once the dead job's run began (rollout 0, generated before any run), the prompts of the later steps."""
+        if (point, rollout_id) == ("train", 0):
+            write_prompts(kafka_config, names, [f"q{i}" for i in range(2, 12)])
+
+    with running(producer):
+        write_prompts(kafka_config, names, ["q0", "q1"])
+        dead = slime(("update", 3), hook=more_prompts)
+        assert dead.run("sync", hang=True)  # trained 0..3, saved checkpoint 3, died updating weights: it hangs on
+        assert dead.versions == {0: 1, 1: 2, 2: 3, 3: 4}
+        wait_for(lambda: count(kafka_config, names.rollouts) == 12, "the dead run's 4 groups beyond its step 3")
+        dead_run = dead.args._rollstream_slime_rollout.run.run
+
+        resumed = slime(hook=dead_job_comes_back)  # restarted from checkpoint 3: slime counts from 1 again
+        assert not resumed.run("sync") and resumed.resumed_at == 4
+        assert resumed.versions == {4: 1, 5: 2}
+        wait_for(lambda: producer.policy_version == 2, "the producer to follow the resumed run down to 2")
+    close(dead.args)
+    followed = followed_policy(kafka_config, names.control, timeout=10).policy
+    assert followed is not None and (followed.run, followed.version) == (dead_run + 1, 2)
+    announced = [(v.run, v.version) for _, _, v in read_records(kafka_config, names.control, PolicyVersion,
+                                                                key=b"policy")]
+    assert announced == [*((dead_run, v) for v in range(1, 5)), (dead_run + 1, 1), (dead_run + 1, 2)]
+
+    # The resumed job trains only groups of its own run, at its versions; the dead run's 4 groups beyond its
+    # step 3 are requeued (accounted) and generated again under the resumed run.
+    trained = [g for r in (4, 5) for g in replay_step(kafka_config, names.namespace, group_id,
+                                                      resumed.steps[r]).groups]
+    assert [g.group_id for g in trained] == resumed.trained[4] + resumed.trained[5]
+    assert all(g.policy_run == dead_run + 1 and g.attempt == 1 for g in trained), [
+        (g.group_id, g.policy_run, g.attempt) for g in trained]
+    assert all(s.weight_versions[0] in (1, 2) for g in trained for s in g.samples)
+    requeued = [d for r in (4, 5) for d in replay_step(kafka_config, names.namespace, group_id,
+                                                       resumed.steps[r]).manifest.dispositions if d.kind == "requeued"]
+    assert len(requeued) == 4 and all(d.reason == f"stale: generated under trainer run {dead_run}, superseded by "
+                                      f"run {dead_run + 1}" for d in requeued), requeued
+    report = audit(kafka_config, names.namespace, group_id)
+    assert report.ok, report.summary()
+    assert report.counts["requeued"] == 4 and report.steps == (0, 1, 2, 3, 4, 5)

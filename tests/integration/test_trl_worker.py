@@ -4,8 +4,10 @@ TRL 1.16.
 Pinned here: a real AsyncGRPOTrainer trains on CPU from groups a real HF producer published, one step's
 groups per optimizer step, committed only after that step; a trainer killed after a step's optimizer step
 and before its commit gives that step's groups (same ids, same order) to the next consumer of the group;
-the samples are what TRL's own worker builds (async_rollout_worker.py); configs rollstream cannot serve
-are refused; the worker thread's error reaches the trainer through `check_health`.
+each restarted worker begins a new run that the producers follow (down to its versions), and supersedes the
+old worker still running (whose commit and health check raise `RunSupersededError`); the samples are what
+TRL's own worker builds (async_rollout_worker.py); configs rollstream cannot serve are refused; the worker
+thread's error reaches the trainer through `check_health`.
 CPU stand-ins for TRL's FlashAttention-3 kernel and GPU probe: see `tests/integration/_trl_train.py`.
 """
 
@@ -30,7 +32,7 @@ from rollstream.consumers.trl import (  # noqa: E402
     to_rollout_samples,
     trl_group_id,
 )
-from rollstream.infra import LagReader
+from rollstream.infra import LagReader, RunSupersededError
 from rollstream.infra.control import ControlWatcher
 from rollstream.infra.runs import followed_policy  # noqa: E402
 from rollstream.producers import HFEngine, ProducerSettings, RolloutProducer, build_tiny_model  # noqa: E402
@@ -45,7 +47,7 @@ from rollstream.schemas import (  # noqa: E402
 
 from tests.integration._kafka import cli_env, read_records, until, write_prompts  # noqa: E402
 from tests.integration._trl_train import EVENT, REPO_ROOT, build_trainer, patch_trl_for_cpu, trl_config  # noqa: E402
-from tests.records import publish  # noqa: E402
+from tests.records import make_group, publish  # noqa: E402
 
 
 def _varied_reward(prompt: dict, completion: dict) -> float:
@@ -126,6 +128,37 @@ def test_a_trl_run_restarted_twice_leads_the_producers_each_time(kafka_config, n
     report = audit(kafka_config, names.namespace, group_id)
     assert report.ok, report.summary()
     assert report.counts["taken"] == 6  # one committed step of 2 groups per run; what was handed ahead came back
+
+
+def test_a_restarted_trl_worker_supersedes_the_one_still_running(kafka_config, namespace_factory, group_id,
+                                                                  tmp_path) -> None:
+    """Driven through TRL's worker protocol (no trainer): the node of the old job hangs on while the job restarts."""
+    names = namespace_factory(partitions=1)
+    publish(kafka_config, names, [make_group(f"g{i}", rewards=(0.0, 1.0, 0.0, 1.0)) for i in range(6)])
+    settings = TRLWorkerSettings(namespace=names.namespace, group=group_id, take_timeout_s=30, poll_interval_s=0.2)
+    old = RollstreamRolloutWorker(trl_config(tmp_path / "old"), settings, kafka=kafka_config)
+    new = RollstreamRolloutWorker(trl_config(tmp_path / "new"), settings, kafka=kafka_config)
+    try:
+        old.start()
+        old.update_model_version(1)  # TRL's cold weight sync: the old run begins
+        first = [old.rollout_buffer.get(timeout=30).group_id for _ in range(8)]  # TRL reads step 1 and trains it
+        old_run = until(lambda: followed_policy(kafka_config, names.control, timeout=10).policy, 30, "run 1").run
+        new.start()
+        new.update_model_version(1)  # the restarted job's cold sync: a new run, producers follow it
+        again = [new.rollout_buffer.get(timeout=30).group_id for _ in range(8)]
+        until(lambda: followed_policy(kafka_config, names.control, timeout=10).policy.run == old_run + 1, 30,
+              "the producers to follow the restarted worker's run")
+        with pytest.raises(RunSupersededError, match=f"committing step 0 .* trainer run {old_run} "):
+            old.commit_step(1)  # the old node comes back and commits what it trained: refused by the broker
+        with pytest.raises(RunSupersededError):
+            old.check_health(60.0)  # and TRL's health check stops its trainer
+        assert again == first and new.commit_step(1) == 0  # the new run trains and commits the same step
+    finally:
+        old.stop()
+        new.stop()
+    report = audit(kafka_config, names.namespace, group_id)
+    assert report.ok, report.summary()
+    assert report.steps == (0,) and report.counts["taken"] == 2
 
 
 def _tokens(tokenizer, text: str) -> list[int]:

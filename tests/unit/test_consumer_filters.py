@@ -9,6 +9,7 @@ from rollstream.consumers._ledger import StepLedger
 from rollstream.consumers.filters import (
     all_rewards_equal,
     failed_group,
+    older_run,
     reason_label,
     reward_missing,
     stale,
@@ -136,3 +137,7 @@ def test_a_group_of_an_older_trainer_run_is_stale_whatever_its_version() -> None
     assert stale(replace(old, policy_run=0), context) is None  # no run known (slime's engines, old records)
     assert stale(old, replace(context, policy_run=None)) is None  # a trainer without an announcer
     assert stale(old, replace(context, max_staleness=None)) is None  # no staleness bound: inactive
+    unbounded = replace(context, max_staleness=None)  # older_run alone (slime's): active without a bound
+    assert older_run(old, unbounded) == stale(old, context)
+    assert older_run(replace(old, policy_run=0), unbounded) is None
+    assert older_run(old, replace(context, policy_run=None)) is None
