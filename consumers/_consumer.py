@@ -19,8 +19,8 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
   ``duplicate`` within the `DedupeWindow`; across restarts the taken ids are rebuilt from the group's manifests
   (`rollstream.consumers._ledger`). The consumer owns its `Progress` (position, ledger, step numbers, uncommitted
   batches); `_resume.Restart` only says what it is after a start or a seek.
-- One consumer per group at a time, and the newest one wins: a consumer is a run of its group
-  (`rollstream.infra.runs.GroupRun`, the default ``fence=True``). When it connects, before it reads where the
+- One consumer per group at a time, and the newest one wins: a consumer with ``fence=True`` (`rollstream take`
+  by default) is a run of its group (`rollstream.infra.runs.GroupRun`). When it connects, before it reads where the
   group stands, it fences every older consumer of the group (a `rollstream take`, a RolloutConsumer: a job
   restarted while the old node hangs on); the broker refuses their commits from then on (`RunSupersededError`,
   at their next take or commit). Commits go through the group run's transactions, or, with ``announcer=``,
@@ -104,7 +104,8 @@ class RolloutConsumer(Checkpoints):
             committed in the run's transactions, so once a newer trainer run began, the broker refuses
             this one's commits (`RunSupersededError`, from `take` or `commit`). None: the group's own run
             commits them (with `fence`).
-        fence: True (default): this consumer is a run of its group (`rollstream.infra.runs.GroupRun`): when it
+        fence: True (`rollstream take`'s default; not this class's, see docs/integrations.md): this consumer is a
+            run of its group (`rollstream.infra.runs.GroupRun`): when it
             connects it fences every older consumer of `group_id` (their later commits are refused with
             `RunSupersededError`: the newest consumer of a group wins), and without `announcer` its commits are
             transactions of the group's run, refused once a newer consumer of the group connected. Other
@@ -123,7 +124,7 @@ class RolloutConsumer(Checkpoints):
                  requeue: bool = True,
                  metrics: ConsumerMetrics | CollectorRegistry | None = None,
                  overrides: Mapping[str, object] | None = None, timeout: float = 30.0,
-                 announcer: PolicyAnnouncer | None = None, fence: bool = True) -> None:
+                 announcer: PolicyAnnouncer | None = None, fence: bool = False) -> None:
         if not group_id:
             raise ConfigError("group_id must be a non-empty consumer group id")
         if max_staleness is not None and max_staleness < 0:

@@ -132,7 +132,8 @@ def test_the_newest_consumer_of_a_group_wins_and_other_groups_go_on(kafka_config
     groups = [g.group_id for g in publish_many(kafka_config, names, 8)]
 
     def consumer(group: str, **kw: object) -> RolloutConsumer:
-        return RolloutConsumer(config=kafka_config, group_id=group, namespace=names.namespace, filters=(), **kw)
+        return RolloutConsumer(config=kafka_config, group_id=group, namespace=names.namespace, filters=(),
+                               **{"fence": True, **kw})
 
     with consumer(group_id) as old, consumer(f"{group_id}-replay") as other:
         assert old.take(2, timeout=30).group_ids == groups[:2]
