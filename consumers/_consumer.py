@@ -26,8 +26,8 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
   at their next take or commit). Commits go through the group run's transactions, or, with ``announcer=``,
   through the trainer run's (fenced by a newer trainer run of the namespace). Other groups of the namespace
   are not fenced. Kafka does not keep two consumers of a group apart otherwise (no membership), so every
-  commit also first checks that the group's committed offsets are still the ones this consumer left (a
-  consumer with ``fence=False``, an older rollstream); if not, `GroupConflictError`.
+  commit first checks that the group's committed offsets are still the ones this consumer left; if a newer run
+  moved them, `RunSupersededError`, else (``fence=False``, an older rollstream) `GroupConflictError`.
 - One deadline per call (`rollstream.infra.deadline`): a blocking call (take, poll_batch, seek_to_step, seek_to,
   position, next_step, lag) makes one `Deadline` and everything it waits on spends it: connecting on first use
   (the reachability check, the topic's size, partitions, committed offsets, watermarks, manifests), the recorded
