@@ -34,8 +34,8 @@ the broker refuses the announcements and commits of the job it replaced (a hung 
 NS.control, without weights (slime moves them to its engines itself), before it commits or takes: producers
 follow a restarted job down to its lower count and stamp its run on the groups they generate. A group
 generated under an older run (the dead job's backlog) is skipped as stale and requeued (`filters.older_run`,
-also without ``rollstream_max_staleness``); the steps recorded after a restored checkpoint are taken again
-as recorded, as above.
+also without ``rollstream_max_staleness``); a step recorded after a restored checkpoint is taken again as
+recorded, as above, unless it holds such a group: then its records are judged afresh.
 
 Staleness (``rollstream_max_staleness``) is measured against the weight version slime's engines serve, which
 counts ``update_weights`` calls, not rollouts: slime's weight updater starts at 0 and adds 1 before each push

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from rollstream.infra.clients import open_producer
 from rollstream.infra.config import KafkaConfig
 from rollstream.infra.kafka_errors import KafkaIOError, kafka_error
@@ -115,9 +115,12 @@ class RunTransactions:
             raise error from exc
         self.fenced_older = True
 
-    def transaction(self, what: str, timeout: float, write: Callable[[Producer], object]) -> None:
+    def transaction(self, what: str, timeout: float, write: Callable[[Producer], object], *,
+                    abort: bool = False) -> None:
         """`write` in one transaction, committed within about `timeout`. Once the producer failed for good, every
-        later call raises that failure again (a run never begins twice).
+        later call raises that failure again (a run never begins twice). With `abort`, a probe: the transaction is
+        aborted, so nothing is written, but the broker has still refused it to a superseded run (`write` must
+        register something with the coordinator, e.g. offsets: an empty transaction never reaches it).
 
         Raises:
             RunSupersededError: a newer run began; nothing was written.
@@ -138,7 +141,8 @@ class RunTransactions:
                 self._unfinished = False
             producer.begin_transaction()
             write(producer)
-            producer.commit_transaction(max(0.0, timeout - (time.monotonic() - started)))
+            end = producer.abort_transaction if abort else producer.commit_transaction
+            end(max(0.0, timeout - (time.monotonic() - started)))
         except KafkaException as exc:
             error = self._failure(what, exc)
             if isinstance(error, RunSupersededError):
@@ -148,6 +152,13 @@ class RunTransactions:
             else:  # within what is left of the call's time; else the next transaction aborts it first
                 self._unfinished = not self._aborted(producer, max(0.0, timeout - (time.monotonic() - started)))
             raise error from exc
+
+    def send_offsets(self, consumer: Consumer, offsets: list[TopicPartition], what: str, timeout: float, *,
+                     abort: bool = False) -> None:
+        """`offsets` (with their metadata) for `consumer`'s group in one `transaction` (with `abort`: a probe that
+        commits nothing). Raises what `transaction` raises."""
+        self.transaction(what, timeout, lambda p: p.send_offsets_to_transaction(
+            offsets, consumer.consumer_group_metadata(), timeout), abort=abort)
 
     def close(self) -> None:
         """Drop the producer (nothing is pending between transactions). Idempotent."""

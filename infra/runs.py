@@ -272,8 +272,19 @@ class PolicyAnnouncer:
         """
         with self._lock:
             self._begin(timeout)
-            self._txn.transaction(what, timeout, lambda p: p.send_offsets_to_transaction(
-                offsets, consumer.consumer_group_metadata(), timeout))
+            self._txn.send_offsets(consumer, offsets, what, timeout)
+
+    def check_superseded(self, consumer: Consumer, offsets: list[TopicPartition], *, what: str,
+                         timeout: float) -> None:
+        """Raise `RunSupersededError` when a newer trainer run began, committing nothing: a transaction of `offsets`
+        (the group's as they stand) that is aborted, which the broker refuses to a fenced run (a transaction's round
+        trips: for the rare path of a group moved under this run's consumer). Does nothing before the run began, or
+        without `offsets`. Blocks up to about `timeout`. Raises KafkaIOError when the broker did not answer in time
+        or refused otherwise (whether superseded is not known)."""
+        with self._lock:
+            if self._run is not None and offsets:
+                self._begin(timeout)  # raises LifecycleError when closed
+                self._txn.send_offsets(consumer, offsets, what, timeout, abort=True)
 
     def close(self) -> None:
         """Drop the producer (nothing is pending between calls). Idempotent; the run cannot write afterwards."""
@@ -362,8 +373,17 @@ class GroupRun:
         """
         with self._lock:
             self._begin(timeout)
-            self._txn.transaction(what, timeout, lambda p: p.send_offsets_to_transaction(
-                offsets, consumer.consumer_group_metadata(), timeout))
+            self._txn.send_offsets(consumer, offsets, what, timeout)
+
+    def check_superseded(self, consumer: Consumer, offsets: list[TopicPartition], *, what: str,
+                         timeout: float) -> None:
+        """`PolicyAnnouncer.check_superseded` for a group run: `RunSupersededError` when a newer consumer of the group
+        began; nothing is committed. Does nothing before the run began, or without `offsets`. Blocks up to about
+        `timeout`. Raises RunSupersededError, or KafkaIOError (whether superseded is not known)."""
+        with self._lock:
+            if self._txn.fenced_older and offsets:
+                self._begin(timeout)  # raises LifecycleError when closed
+                self._txn.send_offsets(consumer, offsets, what, timeout, abort=True)
 
     def close(self) -> None:
         """Drop the producer (nothing is pending between commits). Idempotent; the run cannot commit afterwards."""
