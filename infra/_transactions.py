@@ -9,8 +9,10 @@ group run (`GroupRun`, one id per trainer consumer group). Not thread-safe: its 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
+from types import TracebackType
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from rollstream.infra.clients import open_producer
@@ -184,6 +186,72 @@ class RunTransactions:
             return self._new_superseded(what)
         where = f" on {self._topic}" if self._topic else ""
         return kafka_error(f"{what}{where}", exc, topic=self._topic)
+
+
+class TransactionalRun:
+    """What both kinds of run share (`rollstream.infra.runs`): commits and superseded checks in the run's
+    transactions, one at a time under its lock, and closing. A context manager; `close` is idempotent.
+
+    A subclass gives its `RunTransactions` to ``__init__`` and defines `_begin` (under the lock: fence the older
+    runs once; raise LifecycleError once closed) and `_has_begun`.
+    """
+
+    def __init__(self, txn: RunTransactions) -> None:
+        self._txn = txn
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> TransactionalRun:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def superseded(self) -> bool:
+        """True once the broker refused this run because a newer one began."""
+        return self._txn.superseded
+
+    def commit_offsets(self, consumer: Consumer, offsets: list[TopicPartition], *, what: str,
+                       timeout: float) -> None:
+        """Commit `offsets` (with their metadata) for `consumer`'s group in one of this run's transactions, so
+        that the broker refuses it once a newer run began. Begins the run if it has not begun. Blocks up to
+        about `timeout` (more when it begins the run). `what` names the commit in errors.
+
+        Raises:
+            KafkaIOError: not committed (retriable unless librdkafka said fatal; nothing was committed).
+            RunSupersededError: a newer run began; nothing was committed.
+            LifecycleError: closed.
+        """
+        with self._lock:
+            self._begin(timeout)
+            self._txn.send_offsets(consumer, offsets, what, timeout)
+
+    def check_superseded(self, consumer: Consumer, offsets: list[TopicPartition], *, what: str,
+                         timeout: float) -> None:
+        """Raise `RunSupersededError` when a newer run began, committing nothing: a transaction of `offsets` (the
+        group's as they stand) that is aborted, which the broker refuses to a fenced run (a transaction's round
+        trips: for the rare path of a group moved under this run's consumer). Does nothing before the run began,
+        or without `offsets`. Blocks up to about `timeout`. Raises KafkaIOError when the broker did not answer in
+        time or refused otherwise (whether superseded is not known)."""
+        with self._lock:
+            if self._has_begun() and offsets:
+                self._begin(timeout)  # raises LifecycleError when closed
+                self._txn.send_offsets(consumer, offsets, what, timeout, abort=True)
+
+    def close(self) -> None:
+        """Drop the producer (nothing is pending between transactions). Idempotent; the run cannot write
+        afterwards."""
+        with self._lock:
+            self._closed = True
+            self._txn.close()
+
+    def _begin(self, timeout: float) -> object:
+        raise NotImplementedError
+
+    def _has_begun(self) -> bool:
+        raise NotImplementedError
 
 
 def _error_of(exc: KafkaException) -> KafkaError | None:
