@@ -136,8 +136,7 @@ def test_the_newest_consumer_of_a_group_wins_and_other_groups_go_on(kafka_config
     groups = [g.group_id for g in publish_many(kafka_config, names, 8)]
 
     def consumer(group: str, **kw: object) -> RolloutConsumer:
-        return RolloutConsumer(config=kafka_config, group_id=group, namespace=names.namespace, filters=(),
-                               **{"fence": True, **kw})
+        return _consumer(kafka_config, names, group, **kw)
 
     with consumer(group_id) as old, consumer(f"{group_id}-replay") as other:
         assert old.take(2, timeout=30).group_ids == groups[:2]
@@ -160,7 +159,9 @@ def test_the_newest_consumer_of_a_group_wins_and_other_groups_go_on(kafka_config
 
 
 def _consumer(config: KafkaConfig, names: TopicNames, group: str, **kw: object) -> RolloutConsumer:
-    return RolloutConsumer(config=config, group_id=group, namespace=names.namespace, filters=(), **kw)
+    """A fenced consumer of `group` (as `rollstream take`'s), unless ``fence=False`` is passed."""
+    return RolloutConsumer(config=config, group_id=group, namespace=names.namespace, filters=(),
+                           **{"fence": True, **kw})
 
 
 def test_a_superseded_consumer_that_commits_after_the_newer_one_is_told_it_was_superseded(
