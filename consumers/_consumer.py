@@ -157,6 +157,7 @@ class RolloutConsumer(Checkpoints):
         self._replacement = self._fetched.replacement(lambda: self._client.open(self.config),
                                                       lambda: self._progress.position, self.metrics.client_replacements)
         self._timeouts = TakeTimeouts(self.names, group_id)
+        self._skipped_waiting = 0  # records the last poll that returned None looked at and would not take
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -272,7 +273,8 @@ class RolloutConsumer(Checkpoints):
         `seek_to_step` went back to) is returned again exactly as recorded, filters and staleness
         included, when it took `n` groups and none of them is stale now, as the filters judge it (`older_run`: an
         older trainer run's, whatever `max_staleness`; `stale`: that, or a version past `max_staleness`, only with
-        one); otherwise groups are taken afresh from there.
+        one; a filter marked ``judges_staleness``, such as `rollstream.consumers.filters.ResumedStale`); otherwise
+        groups are taken afresh from there.
 
         Args:
             policy_version: set `policy_version` first (the staleness filter measures against it).
@@ -353,6 +355,7 @@ class RolloutConsumer(Checkpoints):
                                     unpublished(gathering))  # the rest went out while it waited
             self._hand_over(batch, gathering.taken_bytes, started)
         self._timeouts.polled()
+        self._skipped_waiting = 0
         if commit:
             self.commit(batch)
         elif self.manifests:
@@ -371,6 +374,7 @@ class RolloutConsumer(Checkpoints):
             raise self._timeouts.error(self.config, n, gathering.accepted, deadline.total_s, gathering.dispositions,
                                        max_staleness=self.max_staleness, policy_version=self.policy_version)
         self._timeouts.polled(gathering.dispositions, gathering.accepted)
+        self._skipped_waiting = sum(1 for d in gathering.dispositions if d.kind != "taken")
         return None
 
     def _take_recorded(self, n: int, deadline: Deadline) -> Batch | None:
@@ -401,6 +405,13 @@ class RolloutConsumer(Checkpoints):
         seconds = time.monotonic() - started
         self.metrics.observe_step(batch, seconds, taken_bytes, self.policy_version, self.estimated_lag())
         log.info("%s", batch.summary(seconds))
+
+    @property
+    def skipped_waiting(self) -> int:
+        """Records the last `poll_batch` that returned None looked at and would not take (filtered, requeued,
+        duplicate, undecodable): part of the group's lag that no step will train. 0 once a take returned a batch.
+        Does not block. Not thread-safe."""
+        return self._skipped_waiting
 
     def estimated_lag(self) -> int:
         """Records on NS.rollouts after this consumer's position (uncommitted batches count as taken),

@@ -82,9 +82,10 @@ def stale_now(batch: Batch, filters: Sequence[GroupFilter], context: FilterConte
     """Why a group the recorded `batch` took is stale in `context`, or None: what the staleness filters among
     `filters` say of it now, as a take would judge it. `older_run`: generated under an older trainer run than the
     consumer's, whatever ``max_staleness`` is; `stale`: that too, or a version now past ``max_staleness`` or
-    ahead (only with ``max_staleness``). A recorded step with such a group is not taken again as recorded: its
-    records are judged afresh."""
-    rules = [f for f in (older_run, stale) if f in filters]
+    ahead (only with ``max_staleness``); any filter with a true ``judges_staleness``
+    (`rollstream.consumers.filters.ResumedStale`) as it judges. A recorded step with such a group is not taken again
+    as recorded: its records are judged afresh."""
+    rules = [f for f in filters if f is older_run or f is stale or getattr(f, "judges_staleness", False)]
     for group, (p, o) in zip(batch.groups, batch.positions, strict=False):
         at = replace(context, partition=p, offset=o)
         for rule in rules:

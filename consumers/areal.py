@@ -19,155 +19,61 @@ in memory until then: a crash loses every one. Here the engine's executor is a `
   trainer run (a group generated under an older run is never trained).
 - **Commit after training**: AReaL sets the engine's version to ``global_step + 1`` right after
   ``ppo_update`` (``areal/trainer/rl_trainer.py``); the step taken at version v is committed at the first call
-  that sees the version past v (``resume()`` at the end of the step, else the next ``prepare_batch``). A crash
-  before that leaves it uncommitted: the next run's first batch is the same batch.
+  that sees the version past v (``resume()`` at the end of the step, after AReaL's checkpoint, else the next
+  ``prepare_batch``). A crash before that leaves it uncommitted: the recovered run's first batch is the same batch.
 - **Resume**: AReaL's recover calls ``staleness_manager.on_version_recovered(v)`` after loading the checkpoint
   of global step v - 1; `LagStaleness` hands it to `RollstreamExecutor.recover`, which moves the group to
   exactly after the step taken at version v - 1 (`RolloutConsumer.seek_to_step`; found in the group's
   manifests, which record each step's version) and begins a new trainer run (`PolicyAnnouncer`): producers
-  follow it, and what a dead run generated is filtered as stale.
+  follow it. Staleness is `ResumedStale` at v: a group a dead run generated entirely at versions up to v came
+  from the checkpoint's weights or those before them, which the recovered run shares, so it is judged by its
+  versions alone, and the steps the dead run took at versions up to v come back as recorded (the same batches).
+  A dead run's group with a newer version is stale (those weights were lost with it); so is every group of a
+  dead run when the trainer did not recover (AReaL without ``recover``: a new start from the base weights).
 
-What the user changes: nothing in the training script or config but the executor's class, one line before the
-trainer is built::
+What the user changes: one import in the training script, above the trainer, and nothing else (no flag, no key
+of AReaL's config)::
 
-    import rollstream.consumers.areal as rs; rs.install()   # AReaL's engines build a RollstreamExecutor
+    import rollstream.consumers.areal_install  # noqa: F401  (AReaL's engines build a RollstreamExecutor)
 
-`install()` replaces the name ``WorkflowExecutor`` in ``areal.infra.remote_inf_engine`` (what SPMD-mode engines,
-``RemoteSGLangEngine`` / ``RemotevLLMEngine``, build in ``initialize``); `uninstall()` puts AReaL's back.
+That module calls `install()`, which replaces the name ``WorkflowExecutor`` in ``areal.infra.remote_inf_engine``
+(what SPMD-mode engines, ``RemoteSGLangEngine`` / ``RemotevLLMEngine``, build in ``initialize``); `uninstall()`
+puts AReaL's back. Not covered: AReaL's single-controller mode (its ``RolloutController`` builds no
+``WorkflowExecutor`` through that name) and an actor with more than one data-parallel head (`initialize` raises).
 Settings come from the environment (`ArealSettings.of`): ``ROLLSTREAM_BOOTSTRAP_SERVERS``,
 ``ROLLSTREAM_KAFKA_CONFIG``, ``ROLLSTREAM_NAMESPACE``, ``ROLLSTREAM_TRAINER_GROUP``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
-import os
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import areal.infra.remote_inf_engine as _remote
-from areal.api import RolloutWorkflow
 from areal.infra.staleness_manager import StalenessManager
 from areal.infra.workflow_executor import WorkflowExecutor
 from rollstream.consumers._adapters import group_size_filter
-from rollstream.consumers._areal_codec import ArealEncodingError, decode_trajectory, encode_trajectory
+from rollstream.consumers._areal_codec import ArealEncodingError, decode_trajectory
+from rollstream.consumers._areal_publish import ArealSettings, RollstreamWorkflow, TrajectoryPublisher
 from rollstream.consumers._batch import Batch
-from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
+from rollstream.consumers._consumer import RolloutConsumer
 from rollstream.consumers._manifests import read_manifests
-from rollstream.consumers._verl_publish import AckedPublisher
-from rollstream.consumers.filters import FilterContext, GroupFilter, failed_group, stale
-from rollstream.infra import KafkaConfig, PolicyAnnouncer, TopicNames
-from rollstream.infra.config import ConfigError
+from rollstream.consumers.filters import FilterContext, GroupFilter, ResumedStale, failed_group
+from rollstream.infra import PolicyAnnouncer, TopicNames
 from rollstream.infra.lag import LagReader
-from rollstream.schemas import PolicyVersion, RollstreamError, ScoredGroup, encode, make_group_id
+from rollstream.schemas import PolicyVersion, RollstreamError, ScoredGroup
 
 log = logging.getLogger(__name__)
 __all__ = ["ArealEncodingError", "ArealSettings", "LagStaleness", "RollstreamExecutor", "RollstreamWorkflow",
            "TrajectoryPublisher", "install", "uninstall"]
 
 
-@dataclass(frozen=True)
-class ArealSettings:
-    """rollstream's side of an AReaL run. `of` reads the environment."""
-
-    bootstrap_servers: str | None = None
-    kafka_config: str | None = None
-    namespace: str = "rollstream"
-    group: str = DEFAULT_GROUP
-    take_timeout_s: float | None = None  # None: wait
-    poll_interval_s: float = 0.5
-    lag_refresh_s: float = 0.5
-    kafka_timeout_s: float = 30.0
-    producer_id: str = field(default_factory=lambda: f"areal-{uuid.uuid4().hex[:8]}")
-
-    def __post_init__(self) -> None:
-        if not self.namespace or not self.group:
-            raise ConfigError(f"namespace={self.namespace!r} and group={self.group!r} must be non-empty")
-        if self.poll_interval_s <= 0 or self.kafka_timeout_s <= 0 or self.lag_refresh_s < 0:
-            raise ConfigError(f"poll_interval_s={self.poll_interval_s} and kafka_timeout_s={self.kafka_timeout_s} "
-                              f"must be > 0, lag_refresh_s={self.lag_refresh_s} >= 0")
-
-    @classmethod
-    def of(cls, env: dict[str, str] | None = None) -> ArealSettings:
-        """From ``ROLLSTREAM_BOOTSTRAP_SERVERS``, ``ROLLSTREAM_KAFKA_CONFIG``, ``ROLLSTREAM_NAMESPACE`` and
-        ``ROLLSTREAM_TRAINER_GROUP`` (`env`, default the process environment); unset ones keep their defaults."""
-        source = os.environ if env is None else env
-        names = {"bootstrap_servers": "ROLLSTREAM_BOOTSTRAP_SERVERS", "kafka_config": "ROLLSTREAM_KAFKA_CONFIG",
-                 "namespace": "ROLLSTREAM_NAMESPACE", "group": "ROLLSTREAM_TRAINER_GROUP"}
-        return cls(**{k: source[v] for k, v in names.items() if source.get(v)})
-
-    def kafka(self, client_id: str) -> KafkaConfig:
-        return KafkaConfig.load(self.bootstrap_servers, Path(self.kafka_config) if self.kafka_config else None,
-                                client_id=client_id)
-
-
-class TrajectoryPublisher:
-    """Publishes AReaL trajectories to NS.rollouts, any number in flight (`AckedPublisher`). Thread-safe; no
-    network before the first publish. `policy_run`: the trainer run stamped on each group (set by the trainer)."""
-
-    def __init__(self, settings: ArealSettings) -> None:
-        self.settings = settings
-        kafka = settings.kafka(settings.producer_id)
-        self._publisher = AckedPublisher(kafka.producer(), TopicNames(settings.namespace).rollouts,
-                                         settings.kafka_timeout_s)
-        self.policy_run = 0
-        self._count = 0
-
-    def send(self, traj: dict[str, Any]) -> tuple[str, concurrent.futures.Future[None]]:
-        """Encode and queue `traj` (never waits for the broker); returns its group id and a future resolved
-        when acknowledged, or failed with `PublishFailed`.
-
-        Raises:
-            ArealEncodingError: `traj` cannot be carried. PublishFailed: librdkafka refused it.
-        """
-        self._count += 1
-        key = f"{self.settings.producer_id}.r{self.policy_run}.{self._count}"
-        group = encode_trajectory(traj, group_id=make_group_id(key, 0), prompt_id=key,
-                                  producer_id=self.settings.producer_id, policy_run=self.policy_run)
-        return group.group_id, self._publisher.send(group.group_id, encode(group))
-
-    async def publish(self, traj: dict[str, Any]) -> str:
-        """Publish `traj`; returns its group id once the broker acknowledged it (at most ``kafka_timeout_s``).
-
-        Raises:
-            PublishFailed: not acknowledged in time; ArealEncodingError.
-        """
-        group_id, acked = self.send(traj)
-        await asyncio.wrap_future(acked)
-        return group_id
-
-    def close(self) -> None:
-        """Wait up to ``kafka_timeout_s`` for what is in flight, then stop. Idempotent."""
-        self._publisher.close(self.settings.kafka_timeout_s)
-
-
-class RollstreamWorkflow(RolloutWorkflow):
-    """AReaL's `RolloutWorkflow` `inner`, whose trajectories are published before they are returned.
-
-    ``arun_episode`` returns what `inner` returned (None: rejected, nothing published) once the broker
-    acknowledged it. Raises what `inner` raises, `PublishFailed` or `ArealEncodingError` (AReaL's executor
-    counts a raising episode as rejected)."""
-
-    def __init__(self, inner: Any, publisher: TrajectoryPublisher) -> None:
-        self.inner, self.publisher = inner, publisher
-
-    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, Any] | None:
-        traj = await self.inner.arun_episode(engine, data)
-        if traj is None:
-            return None
-        await self.publisher.publish(traj)
-        return traj
-
-
 class LagStaleness(StalenessManager):
     """AReaL's `StalenessManager` whose "accepted, not yet trained" is the trainer group's lag on NS.rollouts
-    (read at most every ``lag_refresh_s``), so capacity =
+    (read at most every ``lag_refresh_s``) less the records the waiting take would not take
+    (`RolloutConsumer.skipped_waiting`), so capacity =
     ``min(max_concurrent - running, (max_staleness + 1) x consumer_batch_size - (lag + running))`` also after a
     restart; ``on_version_recovered`` resumes the executor (`RollstreamExecutor.recover`)."""
 
@@ -176,7 +82,9 @@ class LagStaleness(StalenessManager):
         self.executor = executor
 
     def get_capacity(self) -> int:
-        lag = self.executor.lag()
+        # Records the waiting take judged and would not take (a dead run's stale groups) will never be trained:
+        # counted, they could fill the bound and stop generation for good.
+        lag = max(0, self.executor.lag() - self.executor.consumer.skipped_waiting)
         with self.lock:
             running = self.rollout_stat.running
         concurrency = max(1, self.max_concurrent_rollouts) - running
@@ -205,7 +113,8 @@ class RollstreamExecutor:
         self.publisher = TrajectoryPublisher(s)
         self.announcer = PolicyAnnouncer(kafka, TopicNames(s.namespace))
         self._accept: list[Callable[[dict[str, Any]], bool] | None] = [None]
-        filters: list[GroupFilter] = [failed_group, stale, self._should_accept,
+        self.staleness = ResumedStale()  # resumed_at: set by `recover`
+        filters: list[GroupFilter] = [failed_group, self.staleness, self._should_accept,
                                       group_size_filter(None, trainer="AReaL", setting="gconfig.n_samples")]
         self.consumer = RolloutConsumer(config=kafka, group_id=s.group, namespace=s.namespace, filters=filters,
                                         max_staleness=self.max_staleness, timeout=s.kafka_timeout_s,
@@ -221,13 +130,22 @@ class RollstreamExecutor:
     # -- AReaL's WorkflowExecutor surface ----------------------------------------------------------------
 
     def initialize(self, logger: Any = None, train_data_parallel_size: int | None = None) -> None:
-        """Build the inner `WorkflowExecutor` (AReaL's, generating with `LagStaleness`) and start its threads."""
-        dp = max(1, train_data_parallel_size or 1)
+        """Build the inner `WorkflowExecutor` (AReaL's, generating with `LagStaleness`) and start its threads.
+
+        Raises:
+            RollstreamError: more than one data-parallel head (``train_data_parallel_size`` > 1): each head's
+                executor would take its own steps from the one trainer group and begin a trainer run fencing the
+                others'; not supported yet.
+        """
+        if (train_data_parallel_size or 1) > 1:
+            raise RollstreamError(f"rollstream.consumers.areal serves one data-parallel head; AReaL asked for "
+                                  f"{train_data_parallel_size} (the actor's dp_size): each head would take its own "
+                                  "steps from the one trainer group. Run the actor with dp_size 1 (tensor or pipeline "
+                                  "parallelism are fine), or AReaL's own executor")
         manager = self._given_manager or LagStaleness(
             self, version_provider=self.inference_engine,
-            max_concurrent_rollouts=max(1, (self.config.max_concurrent_rollouts or self.config.consumer_batch_size)
-                                        // dp),
-            consumer_batch_size=max(1, self.config.consumer_batch_size // dp), max_staleness=self.max_staleness)
+            max_concurrent_rollouts=max(1, self.config.max_concurrent_rollouts or self.config.consumer_batch_size),
+            consumer_batch_size=max(1, self.config.consumer_batch_size), max_staleness=self.max_staleness)
         self._inner = WorkflowExecutor(self.config, self.inference_engine, staleness_manager=manager)
         self._inner.initialize(logger=logger, train_data_parallel_size=train_data_parallel_size)
 
@@ -331,12 +249,15 @@ class RollstreamExecutor:
     def recover(self, version: int) -> int | None:
         """AReaL recovered the checkpoint of global step ``version - 1``: continue exactly after the step taken at
         that version (the newest such in the group's manifests; None, and a warning, if there is none), as a new
-        trainer run. Blocks until the position is committed and the run announced.
+        trainer run that shares the older runs' versions up to `version` (`ResumedStale`): the steps recorded after
+        it come back as recorded while their groups' versions are at most `version`. Blocks until the position is
+        committed and the run announced.
 
         Raises:
             what `RolloutConsumer.seek_to_step` and `PolicyAnnouncer.announce` raise.
         """
         self._handed = None
+        self.staleness.resumed_at = version
         names = TopicNames(self.settings.namespace)
         steps = [m.step for m in read_manifests(self.consumer.config, names.steps, self.settings.group,
                                                 timeout=self.settings.kafka_timeout_s)

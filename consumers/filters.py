@@ -24,12 +24,18 @@ Filters run in order; the first reason wins. Built-ins (`default_filters`):
 
 `older_run` is that last rule on its own, outside `default_filters`: for a trainer whose run announces its
 versions, so that every group generated since it began carries its run, also without ``max_staleness``.
+
+`ResumedStale` is `stale` for a trainer run resumed from a checkpoint of version v: a group an older run generated
+entirely at versions up to v came from weights the checkpoint holds or led to, which both runs share, so it is judged
+by its version numbers alone (the AReaL adapter, whose recovery reloads the checkpoint's version). A filter with a
+true ``judges_staleness`` attribute (`ResumedStale`), like `older_run` and `stale`, also decides whether a recorded
+step is taken again as recorded (`rollstream.consumers._gather.stale_now`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rollstream.schemas import ScoredGroup
 
@@ -116,6 +122,37 @@ def older_run(group: ScoredGroup, context: FilterContext) -> str | None:
     if group.policy_run and context.policy_run and group.policy_run < context.policy_run:
         return f"stale: generated under trainer run {group.policy_run}, superseded by run {context.policy_run}"
     return None
+
+
+def newest_weight_version(group: ScoredGroup) -> int | None:
+    """The newest policy version that generated any token of the group; None when no sample carries one."""
+    return max((v for s in group.samples for v in s.weight_versions), default=None)
+
+
+class ResumedStale:
+    """`stale`, for a trainer run resumed from a checkpoint of policy version `resumed_at`.
+
+    A group an older trainer run generated entirely at versions up to `resumed_at` is judged by its version numbers
+    alone (as if it were this run's): the weights of those versions are the checkpoint's and the ones that led to
+    it, which the resumed run shares; a group with any newer version, or none, is judged as `stale` judges it
+    (an older run's is stale). `resumed_at` None (the run did not resume): exactly `stale`. Set `resumed_at`
+    when the run loads its checkpoint, before it takes. A staleness rule for `stale_now` (``judges_staleness``):
+    a recorded step is taken again as recorded when this filter passes each of its groups now.
+
+    Caveat: sharing assumes the older runs continued the checkpoint's history up to `resumed_at`; a run that had
+    itself resumed from an earlier checkpoint and diverged before `resumed_at` without saving is not told apart.
+    """
+
+    judges_staleness = True
+
+    def __init__(self, resumed_at: int | None = None) -> None:
+        self.resumed_at = resumed_at
+
+    def __call__(self, group: ScoredGroup, context: FilterContext) -> str | None:
+        newest = newest_weight_version(group)
+        if self.resumed_at is not None and newest is not None and newest <= self.resumed_at:
+            context = replace(context, policy_run=None)  # versions both runs share: the numbers alone judge it
+        return stale(group, context)
 
 
 def default_filters(*, dynamic_sampling: bool = True) -> tuple[GroupFilter, ...]:

@@ -1,8 +1,9 @@
 """rollstream.consumers.areal against a real broker and AReaL 1.0.4's own WorkflowExecutor (generation through its
 dispatcher threads; the inference engine, a GPU part, stood in by `Engine`: a version counter). Pins: exactly one
 step per prepare_batch, the exact trajectories back, commit only after the step trained (the version moved), the
-same batch after a crash before the commit, and a recovered run continuing after the checkpoint's step, its
-producers stamping the new run."""
+same batch after a crash before the commit (AReaL recovering the checkpoint the dead run had), a run recovered from
+an earlier checkpoint continuing right after its step with nothing of the dead run's lost weights trained and the
+audit green, and producers stamping the new run."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ pytest.importorskip("areal", reason="AReaL is not installed (make install-areal:
 import torch  # noqa: E402
 from areal.api import RolloutWorkflow  # noqa: E402
 from areal.api.cli_args import InferenceEngineConfig  # noqa: E402
+from rollstream.consumers import audit  # noqa: E402
 from rollstream.consumers.areal import ArealSettings, RollstreamExecutor  # noqa: E402
 
 BATCH = 2
@@ -66,52 +68,79 @@ def ids(batch: list[dict]) -> list[int]:
     return [int(t["input_ids"][0, 1]) for t in batch]
 
 
-def run_two_steps(bootstrap_servers: str, namespace, group_id: str) -> list[dict]:
-    """Step 0 taken, refused as untrained, trained and committed; step 1 taken and never committed (a crash)."""
-    ex, engine = executor(bootstrap_servers, namespace, group_id)
+def same(a: list[dict], b: list[dict]) -> bool:
+    return ids(a) == ids(b) and all(torch.equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in y)
+
+
+def run_steps(bootstrap_servers: str, names, group_id: str, trained: int) -> tuple[list[list[dict]], int]:
+    """Steps 0..trained-1 taken and trained (committed); step `trained` taken and never committed (a crash). Step 0
+    is first refused as untrained. Returns each step's trajectories and the run's number."""
+    ex, engine = executor(bootstrap_servers, names, group_id)
+    steps = []
     try:
-        first = ex.prepare_batch(Prompts(), Toy())
-        assert len(first) == BATCH  # exactly one step's worth
-        t = first[0]
-        assert t["input_ids"].dtype == torch.int32 and t["attention_mask"].dtype == torch.bool
-        assert t["rewards"].shape == (2,)
-        assert torch.equal(t["versions"][0], torch.tensor([-1, -1, 0, 0, 0], dtype=torch.int32))
-        ex.resume()  # not trained (version still 0): nothing committed
-        with pytest.raises(Exception, match="not trained"):
-            ex.prepare_batch(Prompts(), Toy())
-        engine.version = 1  # AReaL's set_version after ppo_update
-        assert ex.commit_trained(only_if_trained=True) == 0  # the step trained: committed
-        second = ex.prepare_batch(Prompts(), Toy())  # step 1, taken at version 1, never committed: a crash
-        assert [b.step for b in ex.consumer.pending()] == [1]
-        return second
+        for k in range(trained + 1):
+            batch = ex.prepare_batch(Prompts(), Toy())
+            assert len(batch) == BATCH and [b.step for b in ex.consumer.pending()] == [k]  # exactly one step's worth
+            steps.append(batch)
+            if k == 0:
+                t = batch[0]
+                assert t["input_ids"].dtype == torch.int32 and t["attention_mask"].dtype == torch.bool
+                assert t["rewards"].shape == (2,)
+                assert torch.equal(t["versions"][0], torch.tensor([-1, -1, 0, 0, 0], dtype=torch.int32))
+                ex.resume()  # not trained (version still 0): nothing committed
+                with pytest.raises(Exception, match="not trained"):
+                    ex.prepare_batch(Prompts(), Toy())
+            if k < trained:
+                engine.version = k + 1  # AReaL's set_version after ppo_update
+                assert ex.commit_trained(only_if_trained=True) == k  # the step trained: committed
+        return steps, ex.publisher.policy_run
     finally:
         ex.destroy()
 
 
-def test_steps_commit_after_training_and_recover(bootstrap_servers: str, namespace, group_id: str) -> None:
-    run_two_steps(bootstrap_servers, namespace, group_id)
-    ex3, engine3 = executor(bootstrap_servers, namespace, group_id)
-    try:
-        engine3.version = 1  # AReaL recovered the checkpoint of global step 0
-        assert ex3.recover(1) == 0  # continue exactly after the step taken at version 0
-        again = ex3.prepare_batch(Prompts(), Toy())
-        assert len(again) == BATCH and [b.step for b in ex3.consumer.pending()] == [1]  # right after step 0
-        assert all(int(t["versions"][0, 2]) <= 1 for t in again)
-        assert ex3.publisher.policy_run >= 2  # producers stamp the resumed run
-    finally:
-        ex3.destroy()
+def recovered(bootstrap_servers: str, names, group_id: str, version: int) -> tuple[RollstreamExecutor, Engine]:
+    """A restarted trainer as AReaL recovers it: the checkpoint of global step ``version - 1`` loaded, the engine set
+    to `version`, then ``staleness_manager.on_version_recovered(version)`` (areal/trainer/rl_trainer.py)."""
+    ex, engine = executor(bootstrap_servers, names, group_id)
+    engine.version = version
+    ex.staleness_manager.on_version_recovered(version)
+    return ex, engine
 
 
-@pytest.mark.xfail(strict=True, reason="open: a restarted trainer is a new trainer run, and the stale filter drops "
-                   "the dead run's groups (older run), so the uncommitted step is judged afresh, not handed back")
 def test_crash_before_commit_gives_the_same_batch(bootstrap_servers: str, namespace, group_id: str) -> None:
-    second = run_two_steps(bootstrap_servers, namespace, group_id)
-    ex2, engine2 = executor(bootstrap_servers, namespace, group_id)
+    steps, dead_run = run_steps(bootstrap_servers, namespace, group_id, trained=1)
+    ex2, engine2 = recovered(bootstrap_servers, namespace, group_id, 1)  # the checkpoint of global step 0
     try:
-        engine2.version = 1
         again = ex2.prepare_batch(Prompts(), Toy())
-        assert ids(again) == ids(second)
-        for a, b in zip(again, second, strict=True):
-            assert all(torch.equal(a[k], b[k]) for k in b)
+        assert same(again, steps[1]) and [b.step for b in ex2.consumer.pending()] == [1]  # step 1, as recorded
+        assert ex2.publisher.policy_run > dead_run  # a new trainer run: producers stamp it
+        engine2.version = 2
+        assert ex2.commit_trained(only_if_trained=True) == 1
     finally:
         ex2.destroy()
+
+
+def test_resume_from_a_checkpoint_continues_after_its_step(bootstrap_servers: str, kafka_config, namespace,
+                                                           group_id: str) -> None:
+    """Steps 0 and 1 trained and committed, step 2 taken; recovered from the checkpoint of global step 0 (version 1):
+    step 1 comes back as recorded (its versions are the checkpoint's), then step 2 holds nothing generated by the
+    dead run's lost weights (its version 2), and the audit is green."""
+    steps, dead_run = run_steps(bootstrap_servers, namespace, group_id, trained=2)
+    ex, engine = recovered(bootstrap_servers, namespace, group_id, 1)
+    try:
+        assert [b.step for b in ex.consumer.pending()] == []
+        again = ex.prepare_batch(Prompts(), Toy())
+        assert same(again, steps[1]) and [b.step for b in ex.consumer.pending()] == [1]
+        engine.version = 2
+        ex.prepare_batch(Prompts(), Toy())  # commits step 1, takes step 2
+        (step2,) = ex.consumer.pending()
+        assert step2.step == 2
+        for g in step2.groups:
+            newest = max(v for s in g.samples for v in s.weight_versions)
+            assert g.policy_run == ex.publisher.policy_run or (g.policy_run == dead_run and newest <= 1), g
+        engine.version = 3
+        assert ex.commit_trained(only_if_trained=True) == 2
+    finally:
+        ex.destroy()
+    report = audit(kafka_config, namespace.namespace, group_id)
+    assert report.ok, report
