@@ -52,9 +52,10 @@ class ArealSettings:
         """From ``ROLLSTREAM_BOOTSTRAP_SERVERS``, ``ROLLSTREAM_KAFKA_CONFIG``, ``ROLLSTREAM_NAMESPACE`` and
         ``ROLLSTREAM_TRAINER_GROUP`` (`env`, default the process environment); unset ones keep their defaults."""
         source = os.environ if env is None else env
-        names = {"bootstrap_servers": "ROLLSTREAM_BOOTSTRAP_SERVERS", "kafka_config": "ROLLSTREAM_KAFKA_CONFIG",
-                 "namespace": "ROLLSTREAM_NAMESPACE", "group": "ROLLSTREAM_TRAINER_GROUP"}
-        return cls(**{k: source[v] for k, v in names.items() if source.get(v)})
+        return cls(bootstrap_servers=source.get("ROLLSTREAM_BOOTSTRAP_SERVERS") or None,
+                   kafka_config=source.get("ROLLSTREAM_KAFKA_CONFIG") or None,
+                   namespace=source.get("ROLLSTREAM_NAMESPACE") or cls.namespace,
+                   group=source.get("ROLLSTREAM_TRAINER_GROUP") or cls.group)
 
     def kafka(self, client_id: str) -> KafkaConfig:
         return KafkaConfig.load(self.bootstrap_servers, Path(self.kafka_config) if self.kafka_config else None,

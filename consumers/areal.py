@@ -323,9 +323,9 @@ def _cycle(dataloader: Any) -> Iterator[Any]:
 def install() -> None:
     """Make AReaL's SPMD engines (``RemoteInfEngine.initialize``) build a `RollstreamExecutor`: replaces the name
     ``WorkflowExecutor`` in ``areal.infra.remote_inf_engine`` (AReaL 1.0.4). Idempotent."""
-    _remote.WorkflowExecutor = RollstreamExecutor  # type: ignore[misc, assignment]
+    _remote.WorkflowExecutor = RollstreamExecutor
 
 
 def uninstall() -> None:
     """Put AReaL's own `WorkflowExecutor` back. Idempotent."""
-    _remote.WorkflowExecutor = WorkflowExecutor  # type: ignore[misc]
+    _remote.WorkflowExecutor = WorkflowExecutor
