@@ -72,16 +72,23 @@ def same(a: list[dict], b: list[dict]) -> bool:
     return ids(a) == ids(b) and all(torch.equal(x[k], y[k]) for x, y in zip(a, b, strict=True) for k in y)
 
 
-def run_steps(bootstrap_servers: str, names, group_id: str, trained: int) -> tuple[list[list[dict]], int]:
+def handed(ex: RollstreamExecutor) -> tuple[int, list[str]]:
+    """The step handed over and not committed: its number and its groups' ids, in order."""
+    (batch,) = ex.consumer.pending()
+    return batch.step, [g.group_id for g in batch.groups]
+
+
+def run_steps(bootstrap_servers: str, names, group_id: str, trained: int) -> tuple[list, int]:
     """Steps 0..trained-1 taken and trained (committed); step `trained` taken and never committed (a crash). Step 0
-    is first refused as untrained. Returns each step's trajectories and the run's number."""
+    is first refused as untrained. Returns each step's trajectories and group ids, and the run's number."""
     ex, engine = executor(bootstrap_servers, names, group_id)
     steps = []
     try:
         for k in range(trained + 1):
             batch = ex.prepare_batch(Prompts(), Toy())
-            assert len(batch) == BATCH and [b.step for b in ex.consumer.pending()] == [k]  # exactly one step's worth
-            steps.append(batch)
+            step, group_ids = handed(ex)
+            assert len(batch) == BATCH and step == k  # exactly one step's worth
+            steps.append((batch, group_ids))
             if k == 0:
                 t = batch[0]
                 assert t["input_ids"].dtype == torch.int32 and t["attention_mask"].dtype == torch.bool
@@ -112,7 +119,7 @@ def test_crash_before_commit_gives_the_same_batch(bootstrap_servers: str, namesp
     ex2, engine2 = recovered(bootstrap_servers, namespace, group_id, 1)  # the checkpoint of global step 0
     try:
         again = ex2.prepare_batch(Prompts(), Toy())
-        assert same(again, steps[1]) and [b.step for b in ex2.consumer.pending()] == [1]  # step 1, as recorded
+        assert same(again, steps[1][0]) and handed(ex2) == (1, steps[1][1])  # step 1, as recorded
         assert ex2.publisher.policy_run > dead_run  # a new trainer run: producers stamp it
         engine2.version = 2
         assert ex2.commit_trained(only_if_trained=True) == 1
@@ -130,7 +137,7 @@ def test_resume_from_a_checkpoint_continues_after_its_step(bootstrap_servers: st
     try:
         assert [b.step for b in ex.consumer.pending()] == []
         again = ex.prepare_batch(Prompts(), Toy())
-        assert same(again, steps[1]) and [b.step for b in ex.consumer.pending()] == [1]
+        assert same(again, steps[1][0]) and handed(ex) == (1, steps[1][1])
         engine.version = 2
         ex.prepare_batch(Prompts(), Toy())  # commits step 1, takes step 2
         (step2,) = ex.consumer.pending()
