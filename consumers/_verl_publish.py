@@ -76,11 +76,21 @@ class AckedPublisher(WorkerThread):
                 return self._refuse(future, key, str(exc), exc.args[0] if exc.args else None)
 
     def drain(self, timeout_s: float) -> bool:
-        """Block up to `timeout_s` until every record sent so far is acknowledged or failed; True if so."""
+        """Block up to `timeout_s` until every record sent so far is acknowledged or failed; True if so.
+
+        Watches the records (a report takes its future out of the pending set), not the futures' states: a future
+        whose awaiting caller was cancelled (an episode cancelled at shutdown) is never done for
+        `concurrent.futures.wait`, though its record was acknowledged."""
+        deadline = time.monotonic() + timeout_s
         with self._lock:
-            pending = list(self._pending)
-        done, _ = concurrent.futures.wait(pending, timeout_s)
-        return len(done) == len(pending)
+            waiting = set(self._pending)
+        while True:
+            with self._lock:
+                waiting &= self._pending
+            left = deadline - time.monotonic()
+            if not waiting or left <= 0:
+                return not waiting
+            time.sleep(min(_POLL_S, left))
 
     @property
     def in_flight(self) -> int:
