@@ -63,7 +63,7 @@ $(VERL_STAMP): pyproject.toml Makefile $(STAMP)
 # main venv lacks them). The main venv's packages are visible to it through a .pth (every site-packages its python
 # sees: a worktree's venv may chain to another), its own versions win; AReaL runs on the main venv's torch and
 # transformers, newer than it declares (the code the adapter runs uses plain tensor operations). Its tests run
-# there; in $(VENV) they skip.
+# there; in $(VENV) they skip. ~35 s, once.
 AREAL_VENV  := .venv-areal
 AREAL_PY    := $(AREAL_VENV)/bin/python
 AREAL_STAMP := $(AREAL_VENV)/.installed
@@ -78,7 +78,7 @@ $(AREAL_STAMP): pyproject.toml Makefile $(STAMP)
 	$(PY) -c "import sys; print('\n'.join(p for p in sys.path if p.endswith('site-packages')))" > $$($(AREAL_PY) -c "import site; print(site.getsitepackages()[0])")/main-venv.pth
 	$(AREAL_PY) -m pip install --quiet --upgrade pip
 	$(AREAL_PY) -m pip install --quiet --no-deps -e . areal==1.0.4
-	$(AREAL_PY) -m pip install --quiet $(AREAL_OWN)
+	$(AREAL_PY) -m pip install --quiet --no-warn-conflicts $(AREAL_OWN)  # AReaL's other requirements: unmet on purpose
 	$(AREAL_PY) -c "import rollstream.consumers.areal, areal.utils.data; print('AReaL', '1.0.4', 'ready in $(AREAL_VENV)')"
 	touch $(AREAL_STAMP)
 
