@@ -56,7 +56,8 @@ def step_experiences(first_prompt: int, prompts: int, n: int) -> list[Experience
 
 def generate_loop(queue: Any, slots: Any, steps: int, *, prompts_per_step: int, n: int, episode: int = 0,
                   consumed: int = 0, done: bool = True) -> int:
-    """`steps` batches as ``GenerateSamplesActor.fit`` puts them, from prompt `consumed` on; returns prompts consumed."""
+    """`steps` batches as ``GenerateSamplesActor.fit`` puts them, from prompt `consumed` on; returns the prompts
+    consumed."""
     for _ in range(steps):
         slots.get(block=True)
         t0 = time.time()
