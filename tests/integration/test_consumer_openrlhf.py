@@ -11,6 +11,7 @@ resumed run, and the dead run cannot commit.
 
 from __future__ import annotations
 
+import pickle
 import threading
 
 import pytest
@@ -52,7 +53,8 @@ def test_one_step_per_get_committed_only_after_it_trained_and_the_same_batch_aft
     generate_loop(put, RolloutSlots(s), 2, prompts_per_step=PROMPTS, n=N, done=False)
     put.close()
 
-    dying = RolloutQueue(s)
+    dying = pickle.loads(pickle.dumps(put))  # Ray hands the queue to each actor: it opens its own clients there
+    assert dying.settings == s and dying._producer is None
     samples, states, _rate, _seconds = dying.get()
     assert len(samples) == PROMPTS * N and prompts(samples) == ["prompt 0", "prompt 1"]
     assert states["total_consumed_prompts"] == 2 and states["rollstream_step"] == 0
