@@ -11,7 +11,10 @@ offsets, and the group's `ManifestIndex` (where its manifests are on NS.steps), 
 carries in its metadata so that the next start reads only those (`rollstream.consumers._manifests`).
 Before each commit it checks those offsets did not move under it: one trainer per group id is the
 contract (partitions are assigned, not subscribed, so Kafka does not keep two consumers of a group
-apart); a second one is caught at its first commit, at the cost of one offset fetch per commit.
+apart); a second one is caught at its first commit, at the cost of one offset fetch per commit. When the
+offsets moved under a consumer of a run (`run`), it first finds out whether the run was superseded (a newer run
+moved them; the broker would refuse this commit): `RunSupersededError` then, `GroupConflictError` only for a real
+conflict (a consumer with ``fence=False`` on the group).
 
 One deadline per call (`rollstream.infra.deadline.Deadline`): a commit (`retrying`) makes one of the committer's
 timeout, and each attempt, and in it each wait in turn (the offsets check, each step's requeues, the manifests,
@@ -141,10 +144,11 @@ class StepCommitter:
         Raises:
             CommitError (retriable): the offsets check or the write failed, or `deadline` passed first.
             GroupConflictError: another client committed for this group; nothing was written.
+            RunSupersededError: a newer run committed for this group (the broker fenced this one); nothing written.
         """
         manifest = batch.manifest()
         if self.manifests:
-            self._check_sole_committer(batch, deadline)
+            self._check_sole_committer(batch, deadline, "recording")
             self._publish_requeues([batch], deadline)
             self._publish([manifest], batch, deadline)
             self._recorded.add(id(batch))
@@ -169,6 +173,8 @@ class StepCommitter:
                 first (the message says which was not done); nothing is known committed (a retry is safe: a
                 manifest written twice supersedes itself).
             GroupConflictError: another client committed for this group; nothing was written.
+            RunSupersededError: a newer run began (the broker fenced this one), also when it already committed for
+                this group; nothing was committed.
         """
         batch = batches[-1]
         self._check_sole_committer(batch, deadline)
@@ -206,7 +212,7 @@ class StepCommitter:
         attempts in a row, also across calls, `replacement` replaces the client
         (`rollstream.infra._replaceable.ClientReplacement`, see `RolloutConsumer.commit`). Blocks at most the timeout
         plus `rollstream.infra.deadline.GRACE_S`. Raises what `commit` raises once the time is up;
-        `GroupConflictError` at once."""
+        `GroupConflictError` and `RunSupersededError` at once."""
         return self.retrying(lambda d: self.commit(batches, d), replacement=replacement)
 
     def retrying(self, attempt: Callable[[Deadline], _T], *, replacement: ClientReplacement[Consumer]) -> _T:
@@ -244,8 +250,9 @@ class StepCommitter:
                                      "all; nothing more was written")
         return left
 
-    def _check_sole_committer(self, batch: Batch | None, deadline: Deadline) -> None:
-        """Raise GroupConflictError when the group's committed offsets moved under this consumer."""
+    def _check_sole_committer(self, batch: Batch | None, deadline: Deadline, action: str = "committing") -> None:
+        """Raise GroupConflictError when the group's committed offsets moved under this consumer; RunSupersededError
+        when a newer run moved them (`_check_superseded`). `action` names what was refused in the latter."""
         topic = self.names.rollouts
         left = self._left(deadline, batch, "checking the group's committed offsets")
         try:
@@ -255,7 +262,31 @@ class StepCommitter:
         moved = {p: (self._committed.get(p), o) for p, o in found.items()
                  if o != self._committed.get(p) and o not in self._tried.get(p, ())}
         if moved:
+            self._check_superseded(batch, found, deadline, action)
             raise GroupConflictError(batch, self.group_id, moved)
+
+    def _check_superseded(self, batch: Batch | None, found: Mapping[int, int | None], deadline: Deadline,
+                          action: str) -> None:
+        """The group's offsets moved under this consumer (now `found`): raise RunSupersededError when its run was
+        superseded, since then the newer run moved them, and the broker would refuse this commit (checked before
+        it, the offsets would say GroupConflictError instead). A probe transaction of `found`, aborted, which the
+        broker refuses to a fenced run (`check_superseded`); only on this rare path. Returns without a run, or when
+        the run leads (a consumer with ``fence=False`` moved them: a real conflict). Raises CommitError (retriable
+        unless the run's producer failed for good) when the broker did not tell in time."""
+        if self.run is None:
+            return
+        what = "the rewound position" if batch is None else f"step {batch.step}"
+        left = self._left(deadline, batch, "finding out whether a newer run superseded this consumer")
+        offsets = [TopicPartition(self.names.rollouts, p, o) for p, o in sorted(found.items())
+                   if o is not None and o >= 0]
+        try:
+            self.run.check_superseded(self._started()[1].consumer, offsets, timeout=left,
+                                      what=f"{action} {what} of group {self.group_id}")
+        except KafkaIOError as exc:
+            error = CommitError(batch, f"the committed offsets of group {self.group_id} moved under this consumer, "
+                                       f"and whether a newer run superseded it could not be told: {exc}")
+            error.retriable = exc.retriable
+            raise error from exc
 
     def publish_requeues(self, requeues: Sequence[Requeue], *, timeout: float | None = None) -> None:
         """Publish `requeues` to NS.prompts and wait until the broker acknowledged every one. Blocks up to

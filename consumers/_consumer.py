@@ -19,15 +19,15 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
   ``duplicate`` within the `DedupeWindow`; across restarts the taken ids are rebuilt from the group's manifests
   (`rollstream.consumers._ledger`). The consumer owns its `Progress` (position, ledger, step numbers, uncommitted
   batches); `_resume.Restart` only says what it is after a start or a seek.
-- One consumer per group at a time, and the newest one wins: a consumer is a run of its group
-  (`rollstream.infra.runs.GroupRun`, the default ``fence=True``). When it connects, before it reads where the
+- One consumer per group at a time, and the newest one wins: a consumer with ``fence=True`` (`rollstream take`
+  by default) is a run of its group (`rollstream.infra.runs.GroupRun`). When it connects, before it reads where the
   group stands, it fences every older consumer of the group (a `rollstream take`, a RolloutConsumer: a job
   restarted while the old node hangs on); the broker refuses their commits from then on (`RunSupersededError`,
   at their next take or commit). Commits go through the group run's transactions, or, with ``announcer=``,
   through the trainer run's (fenced by a newer trainer run of the namespace). Other groups of the namespace
   are not fenced. Kafka does not keep two consumers of a group apart otherwise (no membership), so every
-  commit also first checks that the group's committed offsets are still the ones this consumer left (a
-  consumer with ``fence=False``, an older rollstream); if not, `GroupConflictError`.
+  commit first checks that the group's committed offsets are still the ones this consumer left; if a newer run
+  moved them, `RunSupersededError`, else (``fence=False``, an older rollstream) `GroupConflictError`.
 - One deadline per call (`rollstream.infra.deadline`): a blocking call (take, poll_batch, seek_to_step, seek_to,
   position, next_step, lag) makes one `Deadline` and everything it waits on spends it: connecting on first use
   (the reachability check, the topic's size, partitions, committed offsets, watermarks, manifests), the recorded
@@ -104,7 +104,8 @@ class RolloutConsumer(Checkpoints):
             committed in the run's transactions, so once a newer trainer run began, the broker refuses
             this one's commits (`RunSupersededError`, from `take` or `commit`). None: the group's own run
             commits them (with `fence`).
-        fence: True (default): this consumer is a run of its group (`rollstream.infra.runs.GroupRun`): when it
+        fence: True (`rollstream take`'s default; not this class's, see docs/integrations.md): this consumer is a
+            run of its group (`rollstream.infra.runs.GroupRun`): when it
             connects it fences every older consumer of `group_id` (their later commits are refused with
             `RunSupersededError`: the newest consumer of a group wins), and without `announcer` its commits are
             transactions of the group's run, refused once a newer consumer of the group connected. Other
@@ -123,7 +124,7 @@ class RolloutConsumer(Checkpoints):
                  requeue: bool = True,
                  metrics: ConsumerMetrics | CollectorRegistry | None = None,
                  overrides: Mapping[str, object] | None = None, timeout: float = 30.0,
-                 announcer: PolicyAnnouncer | None = None, fence: bool = True) -> None:
+                 announcer: PolicyAnnouncer | None = None, fence: bool = False) -> None:
         if not group_id:
             raise ConfigError("group_id must be a non-empty consumer group id")
         if max_staleness is not None and max_staleness < 0:
@@ -262,16 +263,16 @@ class RolloutConsumer(Checkpoints):
         bounded by the consumer's `timeout` (a step in hand is not thrown away for want of time). The step's
         manifest is written to NS.steps before returning. With ``commit=True`` its offsets are then committed
         too: per partition the offset of the next record to read, exactly past this step. With ``commit=False``
-        nothing is
-        committed; call `commit(batch)` after the optimizer step. Taking again before that continues
+        nothing is committed; call `commit(batch)` after the optimizer step. Taking again before that continues
         *after* the uncommitted batch (the position is in memory); if the process dies first, the
         next consumer of the group takes the same batch again first (same groups, same order, same
         step number). Not thread-safe.
 
         A step recorded by an earlier consumer of the group and never committed (or one after the step
         `seek_to_step` went back to) is returned again exactly as recorded, filters and staleness
-        included, when it took `n` groups and none of them is stale now (the `stale` filter, when among
-        the filters: a newer trainer run, a version moved on); otherwise groups are taken afresh from there.
+        included, when it took `n` groups and none of them is stale now, as the filters judge it (`older_run`: an
+        older trainer run's, whatever `max_staleness`; `stale`: that, or a version past `max_staleness`, only with
+        one); otherwise groups are taken afresh from there.
 
         Args:
             policy_version: set `policy_version` first (the staleness filter measures against it).
@@ -375,7 +376,7 @@ class RolloutConsumer(Checkpoints):
     def _take_recorded(self, n: int, deadline: Deadline) -> Batch | None:
         """The next recorded step again, as the same batch (`Restart.take_again`, reading within `deadline` and
         the consumer's timeout); None (and no more redo) when it took other than `n` groups, its records cannot
-        be read back, or a group it took is stale now (`stale_now`)."""
+        be read back, or a group it took is stale now, as the filters judge it (`stale_now`)."""
         started = time.monotonic()
         again = self._restart.take_again(self.config, n, self._progress.position, deadline.within(self._timeout))
         if again is None:

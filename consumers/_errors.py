@@ -92,7 +92,9 @@ class GroupConflictError(CommitError):
 
     Two trainers (or a trainer and a ``rollstream take``) are using the same group id: each would take
     the same groups. Nothing of this batch was written. Give each trainer job its own group id; or, if
-    the offsets were moved on purpose, start a new consumer (it reads them afresh).
+    the offsets were moved on purpose, start a new consumer (it reads them afresh). A consumer whose run a
+    newer one superseded gets `RunSupersededError` instead, also when the newer one moved the offsets: this
+    is for a peer that does not fence (``fence=False``, an older rollstream) or a consumer without a run.
 
     Attributes:
         batch: the `Batch` that was taken and is not committed.

@@ -18,7 +18,7 @@ from rollstream.consumers._batch import Batch
 from rollstream.consumers._errors import FilterError
 from rollstream.consumers._ledger import StepLedger
 from rollstream.consumers._requeue import Requeue, requeue_of, terminal_reason
-from rollstream.consumers.filters import FilterContext, GroupFilter, filter_name, stale
+from rollstream.consumers.filters import FilterContext, GroupFilter, filter_name, older_run, stale
 from rollstream.schemas import OffsetDisposition, PartitionRange, SchemaError, ScoredGroup, decode, now_ms
 
 _MAX_REASON = 500
@@ -79,15 +79,18 @@ def judge(group: ScoredGroup | SchemaError, ledger: StepLedger, filters: Sequenc
 
 
 def stale_now(batch: Batch, filters: Sequence[GroupFilter], context: FilterContext) -> str | None:
-    """Why a group the recorded `batch` took is stale in `context` (`stale`, when among `filters`: generated
-    under an older trainer run, or a version now past ``max_staleness`` or ahead), or None. A recorded step with
-    such a group is not taken again as recorded: its records are judged afresh."""
-    if stale not in filters:
-        return None
+    """Why a group the recorded `batch` took is stale in `context`, or None: what the staleness filters among
+    `filters` say of it now, as a take would judge it. `older_run`: generated under an older trainer run than the
+    consumer's, whatever ``max_staleness`` is; `stale`: that too, or a version now past ``max_staleness`` or
+    ahead (only with ``max_staleness``). A recorded step with such a group is not taken again as recorded: its
+    records are judged afresh."""
+    rules = [f for f in (older_run, stale) if f in filters]
     for group, (p, o) in zip(batch.groups, batch.positions, strict=False):
-        reason = stale(group, replace(context, partition=p, offset=o))
-        if reason is not None:
-            return f"{group.group_id}: {reason}"
+        at = replace(context, partition=p, offset=o)
+        for rule in rules:
+            reason = rule(group, at)
+            if reason is not None:
+                return f"{group.group_id}: {reason}"
     return None
 
 

@@ -34,8 +34,8 @@ the broker refuses the announcements and commits of the job it replaced (a hung 
 NS.control, without weights (slime moves them to its engines itself), before it commits or takes: producers
 follow a restarted job down to its lower count and stamp its run on the groups they generate. A group
 generated under an older run (the dead job's backlog) is skipped as stale and requeued (`filters.older_run`,
-also without ``rollstream_max_staleness``); the steps recorded after a restored checkpoint are taken again
-as recorded, as above.
+also without ``rollstream_max_staleness``); a step recorded after a restored checkpoint is taken again as
+recorded, as above, unless it holds such a group: then its records are judged afresh.
 
 Staleness (``rollstream_max_staleness``) is measured against the weight version slime's engines serve, which
 counts ``update_weights`` calls, not rollouts: slime's weight updater starts at 0 and adds 1 before each push
@@ -86,13 +86,12 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollstream.consumers._adapters import StepMetrics, group_size_filter
 from rollstream.consumers._batch import Batch
-from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
+from rollstream.consumers._consumer import RolloutConsumer
 from rollstream.consumers._slime_samples import (
     check_top_p,
     sample_class,
@@ -100,86 +99,13 @@ from rollstream.consumers._slime_samples import (
     train_output_class,
     uniform_logprobs,
 )
+from rollstream.consumers._slime_settings import SlimeSettings
 from rollstream.consumers.filters import default_filters, older_run
 from rollstream.infra import KafkaConfig, PolicyAnnouncer, TopicNames
 from rollstream.schemas import ConfigError, PolicyVersion, RollstreamError
 
 log = logging.getLogger(__name__)
 _STATE_ATTR = "_rollstream_slime_rollout"
-LOOPS = ("sync", "async")
-DEFAULT_EVAL_FUNCTION = "slime.rollout.sglang_rollout.generate_rollout"
-
-
-def _setting(args: Any, name: str, env: str, default: Any = None) -> Any:
-    value = getattr(args, name, None)
-    if value is None:
-        value = os.environ.get(env)
-    return default if value is None or value == "" else value
-
-
-def _number(kind: type[float] | type[int], name: str, value: Any) -> Any:
-    if value is None:
-        return None
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}={value!r}: give {'an integer' if kind is int else 'a number'}") from None
-
-
-def _flag(value: Any) -> bool:
-    return value if isinstance(value, bool) else str(value).strip().lower() not in ("0", "false", "no", "off")
-
-
-@dataclass(frozen=True)
-class SlimeSettings:
-    """The adapter's settings, read from slime's ``args`` (``rollstream_*`` attributes) or the environment."""
-
-    bootstrap_servers: str | None
-    namespace: str
-    group: str
-    take_timeout: float | None
-    max_staleness: int | None
-    dynamic_sampling: bool
-    loop: str | None
-    eval_function_path: str
-    kafka_config_file: str | None = None  # librdkafka properties (security.protocol, sasl.*, ssl.*), as --kafka-config
-
-    def __post_init__(self) -> None:
-        if not self.namespace or not self.group:
-            raise ConfigError(f"rollstream_namespace={self.namespace!r} and rollstream_group={self.group!r} must "
-                              "be non-empty")
-        if self.take_timeout is not None and not self.take_timeout > 0:
-            raise ConfigError(f"rollstream_take_timeout={self.take_timeout}: give a positive number of seconds "
-                              "(or leave it unset to wait without limit)")
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ConfigError(f"rollstream_max_staleness={self.max_staleness} must be >= 0 (or unset)")
-        if self.loop is not None and self.loop not in LOOPS:
-            raise ConfigError(f"rollstream_slime_loop={self.loop!r}: use 'sync' (slime's train.py) or 'async' "
-                              "(train_async.py)")
-        if "." not in self.eval_function_path.strip("."):
-            raise ConfigError(f"rollstream_eval_function_path={self.eval_function_path!r}: give a dotted path "
-                              "module.function, as slime's --eval-function-path")
-
-    @classmethod
-    def from_args(cls, args: Any) -> SlimeSettings:
-        """Raises ConfigError for a setting that is not valid, naming the values that are."""
-        loop = _setting(args, "rollstream_slime_loop", "ROLLSTREAM_SLIME_LOOP")
-        if _setting(args, "rollstream_commit", "ROLLSTREAM_COMMIT") is not None:
-            raise ConfigError("rollstream_commit is gone: commits follow slime's loop now; set "
-                              "rollstream_slime_loop (ROLLSTREAM_SLIME_LOOP) to 'sync' or 'async' instead")
-        timeout = _setting(args, "rollstream_take_timeout", "ROLLSTREAM_TAKE_TIMEOUT")
-        staleness = _setting(args, "rollstream_max_staleness", "ROLLSTREAM_MAX_STALENESS")
-        return cls(
-            bootstrap_servers=_setting(args, "rollstream_bootstrap_servers", "ROLLSTREAM_BOOTSTRAP_SERVERS"),
-            namespace=str(_setting(args, "rollstream_namespace", "ROLLSTREAM_NAMESPACE", "rollstream")),
-            group=str(_setting(args, "rollstream_group", "ROLLSTREAM_TRAINER_GROUP", DEFAULT_GROUP)),
-            take_timeout=_number(float, "rollstream_take_timeout", timeout),
-            max_staleness=_number(int, "rollstream_max_staleness", staleness),
-            dynamic_sampling=_flag(_setting(args, "rollstream_dynamic_sampling", "ROLLSTREAM_DYNAMIC_SAMPLING", True)),
-            loop=None if loop is None else str(loop),
-            eval_function_path=str(_setting(args, "rollstream_eval_function_path", "ROLLSTREAM_EVAL_FUNCTION_PATH",
-                                            DEFAULT_EVAL_FUNCTION)),
-            kafka_config_file=_setting(args, "rollstream_kafka_config", "ROLLSTREAM_KAFKA_CONFIG"))
 
 
 class SlimeRollout:

@@ -9,10 +9,12 @@ group run (`GroupRun`, one id per trainer consumer group). Not thread-safe: its 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
+from types import TracebackType
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from rollstream.infra.clients import open_producer
 from rollstream.infra.config import KafkaConfig
 from rollstream.infra.kafka_errors import KafkaIOError, kafka_error
@@ -115,9 +117,12 @@ class RunTransactions:
             raise error from exc
         self.fenced_older = True
 
-    def transaction(self, what: str, timeout: float, write: Callable[[Producer], object]) -> None:
+    def transaction(self, what: str, timeout: float, write: Callable[[Producer], object], *,
+                    abort: bool = False) -> None:
         """`write` in one transaction, committed within about `timeout`. Once the producer failed for good, every
-        later call raises that failure again (a run never begins twice).
+        later call raises that failure again (a run never begins twice). With `abort`, a probe: the transaction is
+        aborted, so nothing is written, but the broker has still refused it to a superseded run (`write` must
+        register something with the coordinator, e.g. offsets: an empty transaction never reaches it).
 
         Raises:
             RunSupersededError: a newer run began; nothing was written.
@@ -138,7 +143,8 @@ class RunTransactions:
                 self._unfinished = False
             producer.begin_transaction()
             write(producer)
-            producer.commit_transaction(max(0.0, timeout - (time.monotonic() - started)))
+            end = producer.abort_transaction if abort else producer.commit_transaction
+            end(max(0.0, timeout - (time.monotonic() - started)))
         except KafkaException as exc:
             error = self._failure(what, exc)
             if isinstance(error, RunSupersededError):
@@ -148,6 +154,13 @@ class RunTransactions:
             else:  # within what is left of the call's time; else the next transaction aborts it first
                 self._unfinished = not self._aborted(producer, max(0.0, timeout - (time.monotonic() - started)))
             raise error from exc
+
+    def send_offsets(self, consumer: Consumer, offsets: list[TopicPartition], what: str, timeout: float, *,
+                     abort: bool = False) -> None:
+        """`offsets` (with their metadata) for `consumer`'s group in one `transaction` (with `abort`: a probe that
+        commits nothing). Raises what `transaction` raises."""
+        self.transaction(what, timeout, lambda p: p.send_offsets_to_transaction(
+            offsets, consumer.consumer_group_metadata(), timeout), abort=abort)
 
     def close(self) -> None:
         """Drop the producer (nothing is pending between transactions). Idempotent."""
@@ -173,6 +186,72 @@ class RunTransactions:
             return self._new_superseded(what)
         where = f" on {self._topic}" if self._topic else ""
         return kafka_error(f"{what}{where}", exc, topic=self._topic)
+
+
+class TransactionalRun:
+    """What both kinds of run share (`rollstream.infra.runs`): commits and superseded checks in the run's
+    transactions, one at a time under its lock, and closing. A context manager; `close` is idempotent.
+
+    A subclass gives its `RunTransactions` to ``__init__`` and defines `_begin` (under the lock: fence the older
+    runs once; raise LifecycleError once closed) and `_has_begun`.
+    """
+
+    def __init__(self, txn: RunTransactions) -> None:
+        self._txn = txn
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> TransactionalRun:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def superseded(self) -> bool:
+        """True once the broker refused this run because a newer one began."""
+        return self._txn.superseded
+
+    def commit_offsets(self, consumer: Consumer, offsets: list[TopicPartition], *, what: str,
+                       timeout: float) -> None:
+        """Commit `offsets` (with their metadata) for `consumer`'s group in one of this run's transactions, so
+        that the broker refuses it once a newer run began. Begins the run if it has not begun. Blocks up to
+        about `timeout` (more when it begins the run). `what` names the commit in errors.
+
+        Raises:
+            KafkaIOError: not committed (retriable unless librdkafka said fatal; nothing was committed).
+            RunSupersededError: a newer run began; nothing was committed.
+            LifecycleError: closed.
+        """
+        with self._lock:
+            self._begin(timeout)
+            self._txn.send_offsets(consumer, offsets, what, timeout)
+
+    def check_superseded(self, consumer: Consumer, offsets: list[TopicPartition], *, what: str,
+                         timeout: float) -> None:
+        """Raise `RunSupersededError` when a newer run began, committing nothing: a transaction of `offsets` (the
+        group's as they stand) that is aborted, which the broker refuses to a fenced run (a transaction's round
+        trips: for the rare path of a group moved under this run's consumer). Does nothing before the run began,
+        or without `offsets`. Blocks up to about `timeout`. Raises KafkaIOError when the broker did not answer in
+        time or refused otherwise (whether superseded is not known)."""
+        with self._lock:
+            if self._has_begun() and offsets:
+                self._begin(timeout)  # raises LifecycleError when closed
+                self._txn.send_offsets(consumer, offsets, what, timeout, abort=True)
+
+    def close(self) -> None:
+        """Drop the producer (nothing is pending between transactions). Idempotent; the run cannot write
+        afterwards."""
+        with self._lock:
+            self._closed = True
+            self._txn.close()
+
+    def _begin(self, timeout: float) -> object:
+        raise NotImplementedError
+
+    def _has_begun(self) -> bool:
+        raise NotImplementedError
 
 
 def _error_of(exc: KafkaException) -> KafkaError | None:

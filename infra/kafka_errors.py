@@ -13,9 +13,11 @@ from collections.abc import Collection, Mapping
 from confluent_kafka import KafkaError, KafkaException
 from rollstream.schemas import RollstreamError
 
-# librdkafka's codes for "the broker did not answer" (none listening, too slow, connection lost).
+# librdkafka's codes for "the broker did not answer" (none listening, too slow, connection lost; _DESTROY_BROKER:
+# the broker left the cluster's metadata while a request waited on it, librdkafka >= 2.10 decommissions its
+# handle, and the next try goes to the broker that leads now).
 UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
-                         KafkaError._TIMED_OUT_QUEUE})
+                         KafkaError._TIMED_OUT_QUEUE, KafkaError._DESTROY_BROKER})
 # A partition without a leader for a moment (librdkafka says "unknown partition" until metadata has one).
 NO_LEADER = frozenset({"_UNKNOWN_PARTITION", "LEADER_NOT_AVAILABLE", "NOT_LEADER_FOR_PARTITION"})
 NO_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})

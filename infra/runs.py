@@ -41,14 +41,12 @@ import asyncio
 import dataclasses
 import enum
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Mapping
-from types import TracebackType
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
-from rollstream.infra._transactions import RunSupersededError, RunTransactions
+from rollstream.infra._transactions import RunSupersededError, RunTransactions, TransactionalRun
 from rollstream.infra.clients import open_consumer
 from rollstream.infra.config import KafkaConfig
 from rollstream.infra.kafka_errors import KafkaIOError, kafka_error
@@ -184,7 +182,7 @@ def caught_up(consumer: Consumer, topic: str, ends: Mapping[int, int]) -> bool:
     return all(tp.offset >= ends[tp.partition] for tp in positions)
 
 
-class PolicyAnnouncer:
+class PolicyAnnouncer(TransactionalRun):
     """One trainer run: writes its policy versions to NS.control (key ``policy``) and fences older runs.
 
     Construction does no I/O; the run begins at the first `announce` or `begin` (or the first commit of a
@@ -201,29 +199,18 @@ class PolicyAnnouncer:
         self.run_id = uuid.uuid4().hex
         self._config = config
         self._run: int | None = None
-        self._txn = RunTransactions(
+        super().__init__(RunTransactions(
             config, run_transactional_id(self.names), topic=self.topic,
             superseded=lambda what: RunSupersededError(self._run, self.names.namespace, what),
-            renew="begin a new run: create a new PolicyAnnouncer (it supersedes this one)")
-        self._closed = False
-        self._lock = threading.Lock()
+            renew="begin a new run: create a new PolicyAnnouncer (it supersedes this one)"))
 
     def __enter__(self) -> PolicyAnnouncer:
         return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     @property
     def run(self) -> int | None:
         """This run's number (None before it began)."""
         return self._run
-
-    @property
-    def superseded(self) -> bool:
-        """True once the broker refused this run because a newer one began."""
-        return self._txn.superseded
 
     def begin(self, *, timeout: float = 30.0) -> int:
         """Begin the run if it has not begun, and return its number: fence every older run of the
@@ -260,26 +247,8 @@ class PolicyAnnouncer:
         """`announce` in a worker thread, so the event loop never waits on the broker."""
         return await asyncio.to_thread(self.announce, version, timeout=timeout)
 
-    def commit_offsets(self, consumer: Consumer, offsets: list[TopicPartition], *, what: str,
-                       timeout: float) -> None:
-        """Commit `offsets` (with their metadata) for `consumer`'s group in one of this run's transactions,
-        so that the broker refuses it once a newer run began. Begins the run if it has not begun. Blocks
-        up to about `timeout` (more when it begins the run). `what` names the commit in errors.
-
-        Raises:
-            KafkaIOError: not committed (retriable unless librdkafka said fatal; nothing was committed).
-            RunSupersededError: a newer trainer run began; nothing was committed.
-        """
-        with self._lock:
-            self._begin(timeout)
-            self._txn.transaction(what, timeout, lambda p: p.send_offsets_to_transaction(
-                offsets, consumer.consumer_group_metadata(), timeout))
-
-    def close(self) -> None:
-        """Drop the producer (nothing is pending between calls). Idempotent; the run cannot write afterwards."""
-        with self._lock:
-            self._closed = True
-            self._txn.close()
+    def _has_begun(self) -> bool:
+        return self._run is not None
 
     def _begin(self, timeout: float) -> int:
         """Under the lock: fence the older runs (once), then number this one."""
@@ -294,7 +263,7 @@ class PolicyAnnouncer:
         return self._run
 
 
-class GroupRun:
+class GroupRun(TransactionalRun):
     """The run of one trainer consumer group: fences the group's older consumers and commits its offsets in
     transactions the broker refuses once a newer one began. What a `RolloutConsumer` (and so `rollstream
     take`) is when it announces nothing (see the module docstring). `request_timeout_s` bounds each request to
@@ -309,29 +278,18 @@ class GroupRun:
                  request_timeout_s: float | None = None) -> None:
         self.names = names if isinstance(names, TopicNames) else TopicNames(names)
         self.group_id = group_id
-        self._txn = RunTransactions(
+        super().__init__(RunTransactions(
             config, group_run_transactional_id(self.names, group_id),
             superseded=lambda what: RunSupersededError(None, self.names.namespace, what, group=group_id),
-            renew="start a new consumer of the group (it supersedes this one)", request_timeout_s=request_timeout_s)
-        self._closed = False
-        self._lock = threading.Lock()
+            renew="start a new consumer of the group (it supersedes this one)", request_timeout_s=request_timeout_s))
 
     def __enter__(self) -> GroupRun:
         return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
 
     @property
     def run(self) -> None:
         """A group run has no number: producers do not follow it (they follow trainer runs)."""
         return None
-
-    @property
-    def superseded(self) -> bool:
-        """True once the broker refused this run because a newer consumer of the group began."""
-        return self._txn.superseded
 
     @property
     def begun(self) -> bool:
@@ -351,25 +309,8 @@ class GroupRun:
         with self._lock:
             self._begin(timeout)
 
-    def commit_offsets(self, consumer: Consumer, offsets: list[TopicPartition], *, what: str,
-                       timeout: float) -> None:
-        """Commit `offsets` (with their metadata) for `consumer`'s group in one of this run's transactions.
-        Begins the run if it has not begun. Blocks up to about `timeout` (more when it begins the run).
-
-        Raises:
-            KafkaIOError: not committed (retriable unless librdkafka said fatal; nothing was committed).
-            RunSupersededError: a newer consumer of the group began; nothing was committed.
-        """
-        with self._lock:
-            self._begin(timeout)
-            self._txn.transaction(what, timeout, lambda p: p.send_offsets_to_transaction(
-                offsets, consumer.consumer_group_metadata(), timeout))
-
-    def close(self) -> None:
-        """Drop the producer (nothing is pending between commits). Idempotent; the run cannot commit afterwards."""
-        with self._lock:
-            self._closed = True
-            self._txn.close()
+    def _has_begun(self) -> bool:
+        return self._txn.fenced_older
 
     def _begin(self, timeout: float) -> None:
         if self._closed:

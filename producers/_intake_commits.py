@@ -120,12 +120,14 @@ class IntakeCommits:
         self._sent = _Sent(key, dict(offsets), self._last_sent, change)
 
     def _collect(self) -> bool:
-        """Apply the answer to the commit in flight, if it came; whether it did."""
-        assert self._sent is not None
-        answer = self._answers.answer(self._sent.key)
+        """Apply the answer to the commit in flight, if it came; whether it did (False with none in flight)."""
+        sent = self._sent
+        if sent is None:
+            return False
+        answer = self._answers.answer(sent.key)
         if answer is None:
             return False
-        sent, self._sent = self._sent, None
+        self._sent = None
         failed: dict[int, int] = {}
         try:
             raise_failures(self._topic, sent.offsets, *answer)

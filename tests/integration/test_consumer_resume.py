@@ -5,7 +5,8 @@ batch (ids, order, step number) on every one of 10 restarts, also two uncommitte
 `seek_to_step(k)` continues exactly after step k, takes the steps after it again as the same batches
 (whatever was committed later), rebuilds dedupe for that point, survives a crash in the middle of
 the redo, and keeps the audit green; a recorded step that no longer fits the take is taken afresh, and so
-is one that took a group of an older trainer run than the resuming consumer's (it is stale now).
+is one that took a group of an older trainer run than the resuming consumer's (it is stale now), whether the
+consumer rejects older runs through `stale` (with `max_staleness`) or `older_run` (without).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import replace
 
 import pytest
 from rollstream.consumers import RolloutConsumer, audit, default_filters
+from rollstream.consumers.filters import older_run
 from rollstream.infra import KafkaConfig, LagReader, PolicyAnnouncer
 from rollstream.schemas import PolicyVersion, RollstreamError
 
@@ -156,12 +158,17 @@ def test_seek_to_step_names_the_steps_it_knows(kafka_config, namespace_factory, 
         c.seek_to_step(0)
 
 
-def test_a_new_run_takes_the_dead_runs_recorded_steps_afresh(kafka_config, namespace_factory, group_id) -> None:
+@pytest.mark.parametrize("max_staleness", [2, None], ids=["stale", "older_run-without-max_staleness"])
+def test_a_new_run_takes_the_dead_runs_recorded_steps_afresh(kafka_config, namespace_factory, group_id,
+                                                             max_staleness: int | None) -> None:
+    """One rule for both ways a consumer rejects older runs: `stale` with a `max_staleness`, and `older_run` on its
+    own (slime's, also without one)."""
     names = namespace_factory(partitions=1)
+    filters = default_filters(dynamic_sampling=False) + (() if max_staleness is not None else (older_run,))
 
     def resumable(announcer: PolicyAnnouncer) -> RolloutConsumer:
-        return RolloutConsumer(config=kafka_config, group_id=group_id, namespace=names.namespace, max_staleness=2,
-                               filters=default_filters(dynamic_sampling=False), announcer=announcer)
+        return RolloutConsumer(config=kafka_config, group_id=group_id, namespace=names.namespace,
+                               max_staleness=max_staleness, filters=filters, announcer=announcer)
 
     dead = PolicyAnnouncer(kafka_config, names)
     dead_run = dead.announce(PolicyVersion(1)).run

@@ -10,7 +10,11 @@ Pinned:
 - in the library: a newer `RolloutConsumer` of a group supersedes the older one at its next commit
   (`RunSupersededError` naming the group), and the newer one takes the step the older could not commit; a
   consumer of another group of the namespace is not fenced; a trainer run's consumer (``announcer=``) on the group
-  supersedes a group run too.
+  supersedes a group run too;
+- in either order: a superseded consumer that takes or commits after the newer one already committed (the group's
+  offsets moved under it) gets `RunSupersededError` too, not `GroupConflictError`, and `rollstream take` its
+  one-line superseded exit; a consumer with ``fence=False`` that moves them is a real conflict
+  (`GroupConflictError`), and finding that out commits nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
-from rollstream.consumers import RolloutConsumer, audit
+from rollstream.consumers import GroupConflictError, RolloutConsumer, audit
 from rollstream.infra import KafkaConfig, PolicyAnnouncer, RunSupersededError, TopicNames
 
 from tests.integration._kafka import start_cli, until
@@ -93,7 +97,7 @@ def test_a_restarted_take_supersedes_the_running_one(kafka_config: KafkaConfig, 
             lines = [line for line in stderr.splitlines() if line.strip()]
             assert old.returncode == 3 and len(lines) == 1, (old.returncode, stderr[-3000:])
             assert lines[0].startswith("error: superseded: take of group") and group_id in lines[0], lines[0]
-            assert "a newer run of the group took over" in lines[0] or "another consumer committed" in lines[0]
+            assert "a newer run of the group took over" in lines[0], lines[0]  # also when the newer one committed first
             match = re.search(r"stopped after (\d+) steps? committed", lines[0])
             assert match is not None, lines[0]
             committed_by_old = int(match.group(1))
@@ -132,7 +136,7 @@ def test_the_newest_consumer_of_a_group_wins_and_other_groups_go_on(kafka_config
     groups = [g.group_id for g in publish_many(kafka_config, names, 8)]
 
     def consumer(group: str, **kw: object) -> RolloutConsumer:
-        return RolloutConsumer(config=kafka_config, group_id=group, namespace=names.namespace, filters=(), **kw)
+        return _consumer(kafka_config, names, group, **kw)
 
     with consumer(group_id) as old, consumer(f"{group_id}-replay") as other:
         assert old.take(2, timeout=30).group_ids == groups[:2]
@@ -152,3 +156,69 @@ def test_the_newest_consumer_of_a_group_wins_and_other_groups_go_on(kafka_config
     for group, taken in ((group_id, 6), (f"{group_id}-replay", 4)):
         report = audit(kafka_config, names.namespace, group)
         assert report.ok and report.counts["taken"] == taken, report.summary()
+
+
+def _consumer(config: KafkaConfig, names: TopicNames, group: str, **kw: object) -> RolloutConsumer:
+    """A fenced consumer of `group` (as `rollstream take`'s), unless ``fence=False`` is passed."""
+    return RolloutConsumer(config=config, group_id=group, namespace=names.namespace, filters=(),
+                           **{"fence": True, **kw})
+
+
+def test_a_superseded_consumer_that_commits_after_the_newer_one_is_told_it_was_superseded(
+        kafka_config: KafkaConfig, namespace_factory, group_id: str) -> None:
+    names = namespace_factory(partitions=1)
+    groups = [g.group_id for g in publish_many(kafka_config, names, 10)]
+    with _consumer(kafka_config, names, group_id) as first:
+        assert first.take(2, timeout=30).group_ids == groups[:2]
+        with _consumer(kafka_config, names, group_id) as second, _consumer(kafka_config, names, group_id) as new:
+            second.connect()  # supersedes the first ...
+            assert new.take(2, timeout=30).group_ids == groups[2:4]  # ... this both, and moves the group under them
+            with pytest.raises(RunSupersededError, match=f"committing step 1 of group {group_id} refused: this "
+                                                         "consumer .* superseded by a newer one"):
+                first.take(2, timeout=30)  # its commit of the groups the newer one committed
+            with pytest.raises(RunSupersededError, match=f"recording step 1 of group {group_id} refused"):
+                second.take(2, timeout=30, commit=False)  # its record, before the manifest
+            assert new.take(2, timeout=30).group_ids == groups[4:6]
+    report = audit(kafka_config, names.namespace, group_id)
+    assert report.ok and report.counts["taken"] == 6, report.summary()
+
+
+def test_a_consumer_without_fencing_that_moves_the_group_is_a_real_conflict(
+        kafka_config: KafkaConfig, namespace_factory, group_id: str) -> None:
+    names = namespace_factory(partitions=1)
+    groups = [g.group_id for g in publish_many(kafka_config, names, 8)]
+    with _consumer(kafka_config, names, group_id) as run, _consumer(kafka_config, names, group_id,
+                                                                       fence=False) as unfenced:
+        assert run.take(2, timeout=30).group_ids == groups[:2]
+        unfenced.connect()  # fences nobody: the run still leads
+        assert unfenced.take(2, timeout=30).group_ids == groups[2:4]
+        with pytest.raises(GroupConflictError, match="partition 0 is at 4, expected 2"):
+            run.take(2, timeout=30)  # its run was not superseded: the probe said so and committed nothing
+        assert unfenced.take(2, timeout=30).group_ids == groups[4:6]  # no transaction of the probe left pending
+    with _consumer(kafka_config, names, group_id) as after:
+        assert after.take(2, timeout=30).group_ids == groups[6:8]
+    assert audit(kafka_config, names.namespace, group_id).ok
+
+
+def test_a_superseded_take_exits_with_its_one_line_also_after_the_newer_one_committed(
+        kafka_config: KafkaConfig, bootstrap_servers: str, namespace_factory, group_id: str, tmp_path: Path) -> None:
+    names = namespace_factory(partitions=1)
+    out = tmp_path / "old.jsonl"
+    publish(kafka_config, names, [make_group(f"a{i}") for i in range(N)])
+    old = start_cli(bootstrap_servers, "take", "-n", str(N), "--steps", "2", "--timeout", "60", "--namespace",
+                    names.namespace, "--group", group_id, "--out", str(out))
+    try:
+        until(lambda: len(_steps(out)) == 1 or old.poll() is not None, 30, "the take to take its step 0")
+        # Groups only the newer consumer accepts (all rewards equal: the take skips them) let it commit first.
+        publish(kafka_config, names, [make_group(f"e{i}", rewards=(1.0, 1.0)) for i in range(N)])
+        with _consumer(kafka_config, names, group_id) as new:
+            assert new.take(N, timeout=30).group_ids == [f"e{i}#0" for i in range(N)]
+            publish(kafka_config, names, [make_group(f"b{i}") for i in range(N)])  # the old take's step 1
+            _, stderr = old.communicate(timeout=EXIT_BOUND_S)
+    finally:
+        if old.poll() is None:
+            old.send_signal(signal.SIGTERM)
+            old.communicate(timeout=20)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert old.returncode == 3 and len(lines) == 1, (old.returncode, stderr[-3000:])
+    assert "stopped after 1 step committed: a newer run of the group took over" in lines[0], lines[0]

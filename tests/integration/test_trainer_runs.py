@@ -3,10 +3,11 @@
 Pinned: a trainer resumed from a checkpoint (a new `PolicyAnnouncer`) moves every producer to its lower
 version, a custom generate's samples are stamped with it (and the group with the run) and the HF engine
 loads its (lower) weights; the replaced trainer can neither announce nor commit (`RunSupersededError`,
-from the broker's fencing); an announcement of a superseded run that reaches NS.control anyway (a writer
-that bypassed the fencing) moves nobody and is counted; the groups the dead run generated are stale for
-the resumed trainer and requeued, regenerated under the new run, and the audit is green; `status` says
-what producers follow.
+from the broker's fencing), also when it commits after the newer run already committed on its group (the
+offsets moved under it: still `RunSupersededError`, not `GroupConflictError`); an announcement of a
+superseded run that reaches NS.control anyway (a writer that bypassed the fencing) moves nobody and is
+counted; the groups the dead run generated are stale for the resumed trainer and requeued, regenerated
+under the new run, and the audit is green; `status` says what producers follow.
 """
 
 from __future__ import annotations
@@ -111,6 +112,31 @@ def test_the_newest_run_commits_and_a_replaced_trainer_is_stopped_at_its_next_co
     report = audit(kafka_config, names.namespace, group_id)
     assert report.ok, report.summary()
     assert report.counts["taken"] == 6
+
+
+def test_a_replaced_trainer_that_commits_after_the_newer_run_committed_is_told_it_was_superseded(
+        kafka_config: KafkaConfig, namespace_factory, group_id: str) -> None:
+    from tests.records import publish_many
+
+    names = namespace_factory(partitions=1)
+    groups = [g.group_id for g in publish_many(kafka_config, names, 6)]
+
+    def trainer(run: PolicyAnnouncer) -> RolloutConsumer:
+        return RolloutConsumer(config=kafka_config, group_id=group_id, namespace=names.namespace, filters=(),
+                               announcer=run)
+
+    with PolicyAnnouncer(kafka_config, names) as first, trainer(first) as old:
+        assert old.take(2, timeout=30).group_ids == groups[:2]  # its run begins at this commit
+        with PolicyAnnouncer(kafka_config, names) as second, trainer(second) as new:
+            assert new.take(2, timeout=30).group_ids == groups[2:4]  # begins the newer run, moves the group
+            with pytest.raises(RunSupersededError, match=f"committing step 1 of group {group_id} refused: trainer "
+                                                         f"run {first.run} of namespace {names.namespace} was "
+                                                         "superseded by a newer trainer run"):
+                old.take(2, timeout=30)
+            assert first.superseded
+            assert new.take(2, timeout=30).group_ids == groups[4:6]
+    report = audit(kafka_config, names.namespace, group_id)
+    assert report.ok and report.counts["taken"] == 6, report.summary()
 
 
 def test_the_hf_engine_loads_a_resumed_runs_lower_version(kafka_config: KafkaConfig, namespace_factory,

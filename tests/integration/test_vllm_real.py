@@ -31,7 +31,7 @@ import pytest
 import rollstream.producers._intake_stall as stall_module
 import torch
 from rollstream.consumers import RolloutConsumer
-from rollstream.infra import KafkaConfig, announce_policy_version
+from rollstream.infra import KafkaConfig, PolicyAnnouncer
 from rollstream.producers import RolloutProducer, make_engine
 from rollstream.producers.engines._vllm_format import request_body
 from rollstream.producers.engines.base import EngineError, SamplingParams
@@ -199,7 +199,8 @@ def test_a_pause_longer_than_the_stall_rule_publishes_no_group_twice(
 
 def test_weights_reloaded_mid_generation_continue_samples_on_the_new_weights(
         kafka_config: KafkaConfig, namespace_factory, vllm: RealVLLM, tmp_path: Any) -> None:
-    # long enough (~4 s on 2 cores) that the update lands mid-generation, however late it is announced
+    # ~4 s of generation on 2 cores; the test freezes it part way, so the update lands mid-generation however
+    # busy the machine is
     prompts, samples, tokens = ["s0", "s1"], 2, 1200
     new_weights = build_model(tmp_path / "v1", seed=1)  # the same shape, other weights
     names = namespace_factory(partitions=1)
@@ -209,12 +210,14 @@ def test_weights_reloaded_mid_generation_continue_samples_on_the_new_weights(
                                                 max_new_tokens=tokens, temperature=TEMPERATURE,
                                                 sampling_extra={"ignore_eos": True}), kafka=kafka_config)
     try:
-        with running(producer):
+        # The trainer's run begins before the generation (its transactional producer takes seconds to start on
+        # a fresh broker), as a trainer holds one announcer for its run: the announcement itself is then prompt.
+        with running(producer), PolicyAnnouncer(kafka_config, names) as trainer:
+            trainer.begin()
             generated = vllm.generated_tokens()
             write_prompts(kafka_config, names, prompts)
-            wait_for(lambda: vllm.generated_tokens() >= generated + 10 * len(prompts) * samples,
-                     "a few tokens of each sample on version 0", timeout_s=60)
-            announce_policy_version(kafka_config, names, PolicyVersion(1, weights_path=str(new_weights)))
+            _freeze_mid_generation(vllm, generated, len(prompts) * samples, tokens)
+            trainer.announce(PolicyVersion(1, weights_path=str(new_weights)))  # its update aborts the frozen ones
             wait_for(lambda: count(kafka_config, names.rollouts) >= len(prompts), "both groups", timeout_s=180)
         assert vllm.get("/weight_info").json() == {"weight_version": "1"}
     finally:
@@ -246,6 +249,23 @@ def test_weights_reloaded_mid_generation_continue_samples_on_the_new_weights(
             after = [_recomputed_logprobs(model, prompt, response, TEMPERATURE)[split:] for model in (new, reloaded)]
             assert any(logprobs[split:] == pytest.approx(a, abs=2e-3) for a in after)  # continued on the new ones
     assert across >= 1, f"no sample was generated across the update: {all_spans}"
+
+
+def _freeze_mid_generation(vllm: RealVLLM, generated_before: float, requests: int, tokens: int) -> None:
+    """Freeze the server's running requests (``/pause?mode=keep``) once each generated a few tokens.
+
+    The server's /metrics answers late while it generates on 2 cores, so a count read then says little about
+    now; read while frozen, it is exact. Frozen too early, it resumes and tries again."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        vllm.post("/pause?mode=keep").raise_for_status()
+        generated = vllm.generated_tokens() - generated_before
+        if generated >= 10 * requests:
+            assert generated < requests * tokens, "the generation ended before it could be frozen part way"
+            return
+        vllm.post("/resume").raise_for_status()
+        time.sleep(0.1)
+    pytest.fail(f"the server generated no {10 * requests} tokens in 60 s")
 
 
 def _serve_the_sessions_weights(vllm: RealVLLM) -> None:
