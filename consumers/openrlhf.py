@@ -32,6 +32,12 @@ here stand where those queues stand, with the calls the two actors make on them:
   taken from the newest group published (`published_position`), not from the checkpoint: it generates no
   prompt twice. A resumed trainer is a new trainer run: the dead one's commits are refused.
 
+- Eval results (``("eval", global_step, metrics)``) and the generator's ``"done"`` travel as marker records
+  (`rollstream.consumers._openrlhf_markers`); `get` hands an eval result over as soon as it read it, in no step.
+
+``python -m rollstream.consumers.openrlhf <train_ppo_ray arguments>`` runs OpenRLHF's own launcher with these
+objects in its trainer (`rollstream.consumers._openrlhf_launch`): the one change to a launch script.
+
 Settings (`OpenRLHFSettings`): environment variables ``ROLLSTREAM_BOOTSTRAP_SERVERS``, ``ROLLSTREAM_KAFKA_CONFIG``,
 ``ROLLSTREAM_NAMESPACE``, ``ROLLSTREAM_TRAINER_GROUP``, or the dataclass's fields. Objects are picklable (Ray
 hands them to both actors); each opens its Kafka clients on first use, in the process that uses it.
@@ -39,7 +45,6 @@ hands them to both actors); each opens its Kafka clients on first use, in the pr
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -49,13 +54,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from confluent_kafka import TopicPartition
 from rollstream.consumers._adapters import group_size_filter
 from rollstream.consumers._batch import Batch
 from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
 from rollstream.consumers._openrlhf_codec import decode_group, encode_groups, position_of
-from rollstream.consumers.filters import FilterContext, failed_group
+from rollstream.consumers._openrlhf_markers import MarkerFilter, end_marker, eval_marker
+from rollstream.consumers.filters import GroupFilter, failed_group
 from rollstream.infra import KafkaConfig, PolicyAnnouncer, TopicNames
 from rollstream.infra.clients import open_consumer, open_producer
 from rollstream.infra.config import ConfigError
@@ -65,15 +70,12 @@ from rollstream.schemas import (
     DecodeError,
     PolicyVersion,
     RollstreamError,
-    Samples,
     ScoredGroup,
     decode,
     encode,
-    now_ms,
 )
 
 log = logging.getLogger(__name__)
-END_KEY = "openrlhf.end"
 TAIL = 64  # records read back per partition to find the newest generator position (`published_position`)
 
 
@@ -135,7 +137,7 @@ class RolloutQueue:
         self._consumer: RolloutConsumer | None = None
         self._announcer: PolicyAnnouncer | None = None
         self._handed: tuple[Batch, dict[str, Any]] | None = None
-        self._ended: list[bool] = []
+        self._markers = MarkerFilter()
 
     def __getstate__(self) -> dict[str, Any]:  # Ray hands a fresh copy to each actor: clients are opened there
         return {"settings": self.settings}
@@ -146,19 +148,19 @@ class RolloutQueue:
     # -- the generator's side ---------------------------------------------------------------------------
 
     def put(self, payload: Any, block: bool = True, timeout: float | None = None) -> None:
-        """Publish ``(samples, client_states, filter_pass_rate, generation_time)`` (or ``"done"``); returns
-        once the broker acknowledged every group of it, at most ``kafka_timeout_s``. ``("eval", ...)``
-        payloads are not carried (run OpenRLHF's eval with ``--eval.steps -1`` off; see docs/integrations.md).
+        """Publish ``(samples, client_states, filter_pass_rate, generation_time)``, ``("eval", global_step,
+        metrics)`` or ``"done"`` (`rollstream.consumers._openrlhf_markers`); returns once the broker acknowledged
+        every group of it, at most ``kafka_timeout_s``.
 
         Raises:
             PublishFailed: not all acknowledged in time (retriable: the trainer's dedupe skips a group twice put).
-            OpenRLHFEncodingError: an Experience rollstream cannot carry. ConfigError: an eval payload.
+            OpenRLHFEncodingError: an Experience rollstream cannot carry.
         """
         if payload == "done":
-            groups = [_end_marker(self.producer_id)]
+            groups = [end_marker(self.producer_id)]
         elif isinstance(payload, tuple) and payload and payload[0] == "eval":
-            raise ConfigError("rollstream.consumers.openrlhf does not carry OpenRLHF's async eval results: set "
-                              "--eval.steps -1 and evaluate from a checkpoint")
+            _, global_step, metrics = payload
+            groups = [eval_marker(self.producer_id, global_step, metrics)]
         else:
             samples, client_states, rate, seconds = payload
             followed = self._following()
@@ -199,8 +201,9 @@ class RolloutQueue:
         """Commit the step handed over last (OpenRLHF trained and checkpointed it before asking again) and
         announce its ``global_step``; then block until exactly ``groups_per_step`` groups are there (at most
         ``take_timeout_s``) and return them as OpenRLHF's ``(samples, client_states, filter_pass_rate,
-        generation_time)``, or ``"done"`` once the generator ended and no full step is left. Nothing of the
-        returned step is committed until the next `get`.
+        generation_time)``; or an eval result the generator put, ``("eval", global_step, metrics)``, as soon as
+        it is read (it comes before the steps read after it); or ``"done"`` once the generator ended and no full
+        step is left. Nothing of the returned step is committed until the next `get`.
 
         Raises:
             TakeTimeout: ``take_timeout_s`` passed. RunSupersededError: a newer trainer run began (this one's
@@ -213,9 +216,12 @@ class RolloutQueue:
             self._handed = None
             if "global_step" in states:
                 self.announce(int(states["global_step"]))
+        evaluated = self._markers.pop_eval()
+        if evaluated is not None:
+            return evaluated
         taken = self._take(consumer)
         if taken is None:
-            return "done"
+            return self._markers.pop_eval() or "done"
         batch = taken
         samples = [e for g in batch.groups for e in decode_group(g)]
         newest = max((position_of(g) or {} for g in batch.groups),
@@ -272,13 +278,14 @@ class RolloutQueue:
             s = self.settings
             kafka = s.kafka(f"rollstream-openrlhf-trainer-{s.group}")
             self._announcer = PolicyAnnouncer(kafka, self.names)
-            filters = [end_of_stream(self._ended), failed_group,
-                       group_size_filter(s.group_size, trainer="OpenRLHF", setting="--rollout.n_samples_per_prompt")]
+            sizes = group_size_filter(s.group_size, trainer="OpenRLHF", setting="--rollout.n_samples_per_prompt")
+            filters: list[GroupFilter] = [self._markers, failed_group, sizes]
             self._consumer = RolloutConsumer(config=kafka, group_id=s.group, namespace=s.namespace, filters=filters,
                                              timeout=s.kafka_timeout_s, announcer=self._announcer)
         return self._consumer
 
     def _take(self, consumer: RolloutConsumer) -> Batch | None:
+        """One step, or None once an eval result came or the generator ended without a full step left."""
         s, started = self.settings, time.monotonic()
         while True:
             wait = s.poll_interval_s
@@ -287,7 +294,7 @@ class RolloutQueue:
             batch = consumer.poll_batch(s.groups_per_step, wait, commit=False)
             if batch is not None:
                 return batch
-            if self._ended:
+            if self._markers.ended or self._markers.has_eval:
                 return None
             if s.take_timeout_s is not None and time.monotonic() - started >= s.take_timeout_s:
                 raise consumer.timeout_error(s.groups_per_step, s.take_timeout_s)
@@ -340,18 +347,6 @@ class RolloutSlots:
             self._lag = None
 
 
-def end_of_stream(seen: list[bool]):  # noqa: ANN201 - a GroupFilter
-    """The filter that recognises the generator's end marker (and notes it in `seen`)."""
-
-    def openrlhf_end(group: ScoredGroup, context: FilterContext) -> str | None:
-        if group.metadata.get(END_KEY):
-            seen.append(True)
-            return "end_of_stream: OpenRLHF's generator finished its data"
-        return None
-
-    return openrlhf_end
-
-
 def published_position(settings: OpenRLHFSettings) -> dict[str, Any] | None:
     """The generator's ``client_states`` stamped on the newest OpenRLHF group on NS.rollouts (the highest
     episode, then prompts consumed, among the last `TAIL` records of each partition), or None. Blocks up to
@@ -389,10 +384,9 @@ def _order(position: dict[str, Any]) -> tuple[int, int]:
     return int(position.get("episode", 0)), int(position.get("total_consumed_prompts", 0))
 
 
-def _end_marker(producer_id: str) -> ScoredGroup:
-    at = now_ms()
-    return ScoredGroup(group_id=f"openrlhf-end-{producer_id}-{at}#0", prompt_id=f"openrlhf-end-{producer_id}", epoch=0,
-                       prompt_tokens=np.zeros(0, dtype=np.int32), samples=Samples(), started_at_ms=at,
-                       finished_at_ms=at, producer_id=producer_id, status="failed",
-                       error="OpenRLHF's generator finished its data (end of stream)",
-                       metadata={END_KEY: json.dumps(True)})
+if __name__ == "__main__":  # python -m rollstream.consumers.openrlhf <train_ppo_ray arguments> --train.async_enable
+    import sys
+
+    from rollstream.consumers._openrlhf_launch import main
+
+    main(sys.argv[1:])

@@ -7,7 +7,7 @@
   (`rollout_slots.get`), generate, put ``(samples, client_states, filter_pass_rate, generation_time)``, "done"
   at the end. `train_loop`: ``TrainingActor.fit``'s (:193-237): get, return a slot, train (``train_step``
   stood in by a callback), ``client_states.update(global_step=...)``, checkpoint (``save_logs_and_checkpoints``
-  stood in by a callback that keeps the client_states). The eval branches are left out.
+  stood in by a callback that keeps the client_states), with its eval branch (`on_eval`).
 """
 
 from __future__ import annotations
@@ -72,13 +72,20 @@ def generate_loop(queue: Any, slots: Any, steps: int, *, prompts_per_step: int, 
 
 
 def train_loop(queue: Any, slots: Any, global_step: int, *, train: Callable[[list[Experience], int], None],
-               save: Callable[[int, dict], None], steps: int | None = None) -> int:
-    """``TrainingActor.fit``: up to `steps` steps (None: until "done"); returns the global step reached."""
+               save: Callable[[int, dict], None], steps: int | None = None,
+               on_eval: Callable[[int, dict], None] | None = None) -> int:
+    """``TrainingActor.fit``: up to `steps` steps (None: until "done"); returns the global step reached. An eval
+    result (``("eval", step, metrics)``) returns a slot and goes to `on_eval` (upstream logs it)."""
     done = 0
     while steps is None or done < steps:
         payload = queue.get(block=True)
         if payload == "done":
             break
+        if payload[0] == "eval":
+            slots.put(global_step, block=True)
+            if on_eval is not None:
+                on_eval(payload[1], payload[2])
+            continue
         samples, client_states, _rate, _gen_time = payload
         slots.put(global_step, block=True)
         train(samples, global_step)  # train_step: one PPO update
