@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-vllm test bench chaos fleet install install-verl install-areal install-vllm jars upstream lint docs broker-start broker-stop clean
+.PHONY: demo demo-vllm test bench chaos fleet install install-verl install-openrlhf install-areal install-vllm jars upstream lint docs broker-start broker-stop clean
 
 demo: install jars
 	$(VENV)/bin/rollstream demo
@@ -16,9 +16,10 @@ demo: install jars
 demo-vllm: install install-vllm jars
 	$(VENV)/bin/rollstream demo --engine vllm
 
-test: install install-verl install-areal install-vllm jars upstream
+test: install install-verl install-openrlhf install-areal install-vllm jars upstream
 	ROLLSTREAM_REQUIRE_VLLM=1 $(PY) -m pytest $(PYTEST_ARGS)
 	$(VERL_PY) -m pytest $(PYTEST_ARGS) $(VERL_TESTS)
+	$(OPENRLHF_PY) -m pytest $(PYTEST_ARGS) $(OPENRLHF_TESTS)
 	$(AREAL_PY) -m pytest $(PYTEST_ARGS) $(AREAL_TESTS)
 
 bench: install jars
@@ -54,6 +55,27 @@ $(VERL_STAMP): pyproject.toml Makefile $(STAMP)
 	$(VERL_PY) -m pip install --quiet --upgrade pip
 	$(VERL_PY) -m pip install --quiet -e '.[verl]' $(VERL_OWN)
 	touch $(VERL_STAMP)
+
+# OpenRLHF 0.11.2 declares deepspeed==0.19.6, flash-attn==2.8.3 (built against CUDA), ray==2.55 and
+# transformers==5.15, which cannot install on a CPU machine and would move the main venv's transformers. The
+# modules the adapter imports (openrlhf.trainer.ppo_utils.experience) need only torch and transformers, already in
+# $(VENV), and pylatexenc (openrlhf.utils imports it): so .venv-openrlhf gets the wheel without its dependencies, the
+# main venv's packages visible through a .pth. Ray (OpenRLHF's pin, with its own dependencies) for the launcher's
+# test: it makes OpenRLHF's @ray.remote trainer class over. Its tests run there; in $(VENV) they skip.
+OPENRLHF_VENV  := .venv-openrlhf
+OPENRLHF_PY    := $(OPENRLHF_VENV)/bin/python
+OPENRLHF_STAMP := $(OPENRLHF_VENV)/.installed
+OPENRLHF_TESTS := tests/unit/test_openrlhf_codec.py tests/integration/test_consumer_openrlhf.py \
+                  tests/integration/test_openrlhf_launch.py
+install-openrlhf: $(OPENRLHF_STAMP)
+
+$(OPENRLHF_STAMP): pyproject.toml Makefile $(STAMP)
+	test -x $(OPENRLHF_PY) || $(PYTHON) -m venv $(OPENRLHF_VENV)
+	$(PY) -c "import site; print(site.getsitepackages()[0])" > $$($(OPENRLHF_PY) -c "import site; print(site.getsitepackages()[0])")/main-venv.pth
+	$(OPENRLHF_PY) -m pip install --quiet --upgrade pip
+	$(OPENRLHF_PY) -m pip install --quiet --no-deps -e . openrlhf==0.11.2 pylatexenc==2.11
+	$(OPENRLHF_PY) -m pip install --quiet ray==2.55.0
+	touch $(OPENRLHF_STAMP)
 
 # AReaL 1.0.4 pins torch<2.11 and transformers<=5.3 (the main venv resolves newer ones) and declares ~80 more for
 # its agents, GPU engines and loggers (litellm[proxy], openhands, swanlab, awex, ...), which do not all install on a
@@ -148,4 +170,4 @@ broker-stop: install
 	$(VENV)/bin/rollstream broker stop
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) $(AREAL_VENV) $(VLLM_VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VERL_VENV) $(OPENRLHF_VENV) $(AREAL_VENV) $(VLLM_VENV) build *.egg-info .pytest_cache
