@@ -1,5 +1,6 @@
 """`RolloutConsumer`'s position, checkpoints and lag: where the next take looks, moving it (`seek_to`, a checkpoint's
-offsets; `seek_to_step`, the step a checkpoint was saved after), and the group's committed lag.
+offsets; `seek_to_step`, the step a checkpoint was saved after), the group's committed lag, the estimated lag and
+what of it no step will train (`skipped_waiting`).
 
 A mixin of `rollstream.consumers._consumer.RolloutConsumer`, which owns the state it reads (the progress, the
 fetched records, the committer, the restart) and connects on first use; see that module for the contract.
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from rollstream.consumers._batch import Batch
+from rollstream.consumers._client import TrainerClient
 from rollstream.consumers._commit import StepCommitter
 from rollstream.consumers._fetched import Fetched
 from rollstream.consumers._progress import Progress
@@ -36,6 +38,8 @@ class Checkpoints:
     _committer: StepCommitter
     _restart: Restart
     _replacement: ClientReplacement
+    _client: TrainerClient
+    _skipped_waiting: int
 
     if TYPE_CHECKING:  # RolloutConsumer's
         def connect(self, timeout: float | None = None) -> None: ...
@@ -153,3 +157,16 @@ class Checkpoints:
         """
         with LagReader(self.config) as reader:
             return reader.group_lag(self.group_id, self.names.rollouts, timeout=timeout)
+
+    @property
+    def skipped_waiting(self) -> int:
+        """Records the last `poll_batch` that returned None looked at and would not take (filtered, requeued,
+        duplicate, undecodable): part of the group's lag that no step will train. 0 once a take returned a batch.
+        Does not block. Not thread-safe."""
+        return self._skipped_waiting
+
+    def estimated_lag(self) -> int:
+        """Records on NS.rollouts after this consumer's position (uncommitted batches count as taken),
+        from the end offsets librdkafka saw on its last fetch: no network call, does not block. 0 before
+        the consumer has started. Not thread-safe. For the group's committed lag, see `lag`."""
+        return self._client.records_after(self._progress.position)

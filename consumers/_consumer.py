@@ -406,19 +406,6 @@ class RolloutConsumer(Checkpoints):
         self.metrics.observe_step(batch, seconds, taken_bytes, self.policy_version, self.estimated_lag())
         log.info("%s", batch.summary(seconds))
 
-    @property
-    def skipped_waiting(self) -> int:
-        """Records the last `poll_batch` that returned None looked at and would not take (filtered, requeued,
-        duplicate, undecodable): part of the group's lag that no step will train. 0 once a take returned a batch.
-        Does not block. Not thread-safe."""
-        return self._skipped_waiting
-
-    def estimated_lag(self) -> int:
-        """Records on NS.rollouts after this consumer's position (uncommitted batches count as taken),
-        from the end offsets librdkafka saw on its last fetch: no network call, does not block. 0 before
-        the consumer has started. Not thread-safe. For the group's committed lag, see `lag`."""
-        return self._client.records_after(self._progress.position)
-
     # -- committing ------------------------------------------------------------------------------
 
     def commit(self, batch: Batch) -> None:
