@@ -111,6 +111,12 @@ class VLLMServer:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The API server's pid, which leads the server's process group (the engine core is in it); None when
+        it is not running."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

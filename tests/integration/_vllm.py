@@ -9,6 +9,7 @@ Without vLLM's environment the tests that need the server skip, saying how to in
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,11 +49,38 @@ class RealVLLM:
         return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.text.splitlines()
                    if line.startswith("vllm:generation_tokens_total"))
 
+    def signal_engine_core(self, sig: signal.Signals) -> None:
+        """Send `sig` to the server's engine core process(es) (its process group but the API server).
+
+        SIGSTOP freezes generation at once, whatever the server's load, while its API server answers on; a
+        utility call sent meanwhile (``/pause``) is acted on right after SIGCONT, before many more steps."""
+        leader = self.server.pid
+        assert leader is not None, "the vLLM server is not running"
+        members = [int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) != leader and _pgid(int(d)) == leader]
+        cores = [pid for pid in members if "EngineCore" in _cmdline(pid)]
+        assert cores, f"no engine core process in the vLLM server's process group {leader}: {members}"
+        for pid in cores:
+            os.kill(pid, sig)
+
     def ensure_running(self) -> None:
         """Start the server again if a test killed it, and make sure it is not left paused."""
         if not self.server.running:
             self.server.start()
         self.post("/resume").raise_for_status()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def build_model(out_dir: Path, seed: int = 0) -> Path:
