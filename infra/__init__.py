@@ -18,6 +18,7 @@ from rollstream.infra.topics import (
     alter_topics,
     create_topics,
     describe_topic_configs,
+    existing_topics,
 )
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "BOOTSTRAP_ENV", "DEFAULT_TRAINER_GROUP", "KafkaConfig",
     # topics
     "TopicNames", "TopicPlan", "TopicSpec", "alter_topics", "create_topics", "describe_topic_configs",
+    "existing_topics",
     # policy versions and trainer runs
     "GroupRun", "PolicyAnnouncer", "RunSupersededError", "announce_policy_version",
     # lag

@@ -1,7 +1,9 @@
 """The topic plan of a namespace: names, partitions, replication and every topic config, explicit.
 
 ``NS.prompts`` and ``NS.rollouts`` carry the work; ``NS.steps`` (one partition, ordered) carries the
-trainer's step manifests; ``NS.control`` (compacted) carries policy versions. Retention is by time
+trainer's step manifests; ``NS.control`` (compacted) carries policy versions; ``NS.inflight`` (compacted, as
+many partitions as NS.prompts, small segments so that it stays compact) carries the producers' checkpoints of
+samples being generated (`rollstream.producers._inflight`). Retention is by time
 and long enough to replay (days); ``max.message.bytes`` is the same number the clients are sized
 from (`KafkaConfig.max_message_bytes`), so a group the producer accepts is one the topic and the
 consumer accept too.
@@ -27,6 +29,8 @@ log = logging.getLogger(__name__)
 _TOLERATED = object()  # what `_answer` returns for the error it was told to accept
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 _DAY_MS = 24 * 3600 * 1000
+_INFLIGHT_SEGMENT_MS = 10 * 60 * 1000
+_INFLIGHT_TOMBSTONE_MS = 3600 * 1000
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,11 @@ class TopicNames:
     @property
     def control(self) -> str:
         return f"{self.namespace}.control"
+
+    @property
+    def inflight(self) -> str:
+        """In-flight checkpoints (compacted): the newest state of each sample being generated."""
+        return f"{self.namespace}.inflight"
 
     @property
     def producer_group(self) -> str:
@@ -117,12 +126,17 @@ class TopicPlan:
             "retention.bytes": "-1",
         }
         compacted = {**base, "cleanup.policy": "compact", "retention.ms": "-1"}
+        # checkpoints are rewritten often and read whole when a partition moves: segments roll every 10 min and
+        # are cleaned early, tombstones kept an hour (a reader that started before one still sees it)
+        inflight = {**compacted, "segment.ms": str(_INFLIGHT_SEGMENT_MS), "min.cleanable.dirty.ratio": "0.1",
+                    "delete.retention.ms": str(_INFLIGHT_TOMBSTONE_MS)}
         n, rf = self.names, self.replication_factor
         return [
             TopicSpec(n.prompts, self.partitions, rf, base),
             TopicSpec(n.rollouts, self.partitions, rf, base),
             TopicSpec(n.steps, 1, rf, base),
             TopicSpec(n.control, 1, rf, compacted),
+            TopicSpec(n.inflight, self.partitions, rf, inflight),
         ]
 
     def kafka_config(self, config: KafkaConfig) -> KafkaConfig:
@@ -176,6 +190,15 @@ def _wait_for_leaders(admin: AdminClient, topics: list[str], config: KafkaConfig
             time.sleep(0.05)
 
 
+def existing_topics(config: KafkaConfig, names: list[str], timeout: float = 30.0) -> list[str]:
+    """Those of `names` the cluster has (blocks up to `timeout` s). Raises KafkaIOError when it does not answer."""
+    try:
+        meta = open_admin(config.admin()).list_topics(timeout=timeout).topics
+    except KafkaException as exc:
+        raise _no_answer(f"cannot list the topics {', '.join(names)}", config, timeout) from exc
+    return [n for n in names if n in meta and meta[n].error is None]
+
+
 def describe_topic_configs(names: list[str], config: KafkaConfig, *, timeout: float = 30.0
                            ) -> dict[str, dict[str, str]]:
     """Read topic configs back from the broker (blocks up to `timeout` s).
@@ -197,8 +220,9 @@ def describe_topic_configs(names: list[str], config: KafkaConfig, *, timeout: fl
 def alter_topics(names: TopicNames, config: KafkaConfig, *, max_message_bytes: int | None = None,
                  retention_days: float | None = None, timeout: float = 30.0) -> dict[str, dict[str, tuple[str, str]]]:
     """Change the limits of a namespace's existing topics the way `TopicPlan` sets them at creation:
-    ``max.message.bytes`` on all four, ``retention.ms`` on the time-retained three (NS.control is compacted and
-    keeps its own). Idempotent: a value already set is left alone. Blocks up to about 2 x `timeout` s.
+    ``max.message.bytes`` on all of them, ``retention.ms`` on the time-retained three (NS.control and NS.inflight
+    are compacted and keep their own; a namespace created before NS.inflight existed is altered without it).
+    Idempotent: a value already set is left alone. Blocks up to about 2 x `timeout` s.
 
     Producers and trainers read ``max.message.bytes`` at start (`sized_to_topic`): restart them to use a new one.
 
@@ -216,11 +240,12 @@ def alter_topics(names: TopicNames, config: KafkaConfig, *, max_message_bytes: i
     plan = TopicPlan(names, retention_days=retention_days or 1.0, max_message_bytes=max_message_bytes or 1)
     keys = [k for k, given in (("max.message.bytes", max_message_bytes), ("retention.ms", retention_days))
             if given is not None]
-    current = describe_topic_configs([t.name for t in plan.topics()], config, timeout=timeout)
+    topics = [t for t in plan.topics() if t.name != names.inflight or existing_topics(config, [t.name], timeout)]
+    current = describe_topic_configs([t.name for t in topics], config, timeout=timeout)
     changes = {t.name: {k: (current[t.name].get(k) or "", t.config[k]) for k in keys
                         if current[t.name].get(k) != t.config[k]
                         and not (k == "retention.ms" and t.config["cleanup.policy"] == "compact")}
-               for t in plan.topics()}
+               for t in topics}
     resources = [ConfigResource(ConfigResource.Type.TOPIC, name, incremental_configs=[
         ConfigEntry(k, new, incremental_operation=AlterConfigOpType.SET) for k, (_, new) in changed.items()])
         for name, changed in changes.items() if changed]

@@ -10,7 +10,8 @@ bounds apply) and the startup clock stops while it runs.
 
 `Parts.close` undoes it within the stop's `Deadline`, whatever the broker does: the policy follower and the
 engine first (nothing generates any more), then the publisher is flushed (what it cannot flush in time is
-purged) before intake commits its final watermarks, and the pools close last (never waiting for a hung
+purged) before intake commits its final watermarks, then the checkpoints waiting are written (in what is left),
+and the pools close last (never waiting for a hung
 plug-in: its daemon thread is left). A thread that does not end in time (intake's, inside a commit or a
 close the broker does not answer) is left to finish on its own: it alone calls its client, and closes it
 itself, so no client is ever closed under a call (librdkafka's consumer close has no timeout of its own).
@@ -30,6 +31,7 @@ from rollstream.infra.deadline import Deadline
 from rollstream.infra.kafka_io import require_topics
 from rollstream.infra.threads import in_thread
 from rollstream.infra.topics import sized_to_topic
+from rollstream.producers._inflight import InflightCheckpoints, open_checkpoints
 from rollstream.producers._pipeline import GroupPipeline, GroupSettings
 from rollstream.producers._threads import ProducerThreads
 from rollstream.producers.engines.base import Engine, prepare
@@ -58,6 +60,7 @@ class Parts:
     intake: Intake
     pipeline: GroupPipeline
     threads: ProducerThreads
+    inflight: InflightCheckpoints | None = None
 
     async def close(self, deadline: Deadline) -> None:
         """Stop following the policy, close the engine, flush the publisher (purging what it cannot flush),
@@ -78,6 +81,8 @@ class Parts:
                 log.warning("the prompt consumer did not finish its last commit and close in time (broker not "
                             "answering?): left to finish in its own thread; prompts whose commit did not land are "
                             "generated again by their next owner")
+            if self.inflight is not None:  # after the commits: tombstones left unwritten are found and written later
+                await self.inflight.close(deadline)
             self.gate.stop()
             await _join({"rollstream-intake": self.intake.join, "rollstream-lag": self.gate.join,
                          "rollstream-control": self.policy.join}, deadline)
@@ -114,6 +119,12 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
                               on_queue_full=metrics.count_queue_full)
         publisher.start(loop)
         undo.push_async_callback(publisher.close, 5.0)
+        inflight = None if not s.checkpoint_interval_s else await open_checkpoints(
+            kafka, names.inflight, prompts_topic=names.prompts, intake_group=s.effective_intake_group,
+            producer_id=producer_id, max_staleness=s.checkpoint_max_staleness, interval_s=s.checkpoint_interval_s,
+            metrics=metrics, threads=threads, loop=loop, timeout=startup.seconds(math.inf))
+        if inflight is not None:
+            undo.push_async_callback(inflight.close, Deadline.after(5.0))
         gate = LagGate(kafka, s.trainer_group, names.rollouts, max_lag=s.effective_max_lag,
                        interval_s=s.lag_interval_s, metrics=metrics,
                        fallback_s=s.lag_fallback_s if s.backpressure == "pushed" else None, prompts_topic=names.prompts)
@@ -135,7 +146,7 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
                           backoff_s=s.retry_backoff_s, timeout_s=s.generate_timeout_s, producer_id=producer_id,
                           prompts_topic=names.prompts, max_message_bytes=kafka.max_message_bytes),
             engine=engine, reward=reward, policy=policy, publisher=publisher, gate=gate, metrics=metrics,
-            threads=threads)
+            threads=threads, inflight=inflight)
         intake.start(loop, on_fatal)  # last: nothing can fail after it, so nothing undoes it
         undo.pop_all()  # everything started: from here on `Parts.close` owns it
     if not startup.expired:
@@ -145,7 +156,7 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
              producer_id, names.prompts, names.rollouts, s.effective_intake_group, s.n_samples,
              s.concurrency, s.effective_max_lag, s.trainer_group)
     return Parts(engine=engine, publisher=publisher, gate=gate, policy=policy, intake=intake, pipeline=pipeline,
-                 threads=threads)
+                 threads=threads, inflight=inflight)
 
 
 async def _start_engine(engine: Engine, startup: Deadline) -> Deadline:

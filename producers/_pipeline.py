@@ -29,9 +29,11 @@ from typing import Any
 
 from rollstream.producers._budget import LoopBudget
 from rollstream.producers._groups import SHAPES, Outcome, Shape, encode_within, oversize_error, sampling_of
+from rollstream.producers._inflight import InflightCheckpoints
 from rollstream.producers._threads import ProducerThreads
 from rollstream.producers.engines._retry import Backoff, Deadline, out_of_time
 from rollstream.producers.engines.base import Engine, EngineError, Generation, SamplingParams, capabilities_of
+from rollstream.producers.engines.progress import Progress
 from rollstream.producers.gate import LagGate
 from rollstream.producers.intake import TakenPrompt
 from rollstream.producers.metrics import ProducerMetrics
@@ -79,7 +81,7 @@ class GroupPipeline:
 
     def __init__(self, settings: GroupSettings, *, engine: Engine, reward: Reward | None, policy: PolicyFollower,
                  publisher: Publisher, gate: LagGate, metrics: ProducerMetrics,
-                 threads: ProducerThreads | None = None) -> None:
+                 threads: ProducerThreads | None = None, inflight: InflightCheckpoints | None = None) -> None:
         self.settings = settings
         self.engine, self.reward, self.policy = engine, reward, policy
         self.publisher, self.gate, self.metrics = publisher, gate, metrics
@@ -87,7 +89,9 @@ class GroupPipeline:
         self._budget = LoopBudget()
         self._backoff = Backoff(settings.backoff_s, max(settings.backoff_s, _MAX_BACKOFF_S))
         self._rng = random.Random()
-        self._engine_takes_deadline = capabilities_of(engine).takes_deadline
+        declared = capabilities_of(engine)
+        self._engine_takes_deadline = declared.takes_deadline
+        self.inflight = inflight if declared.saves_progress else None  # checkpoints of the engines that save them
 
     async def run(self, taken: TakenPrompt) -> None:
         """Make the group and publish it; returns once the broker acknowledged it.
@@ -106,20 +110,27 @@ class GroupPipeline:
         except Exception as exc:  # a bug or an unforeseen error: account the prompt as a failed group
             log.exception("group of %s failed unexpectedly; publishing it as failed", self._where(taken))
             await self.publish(taken, Outcome(error=f"internal error: {type(exc).__name__}: {exc}"))
+        if self.inflight is not None:
+            self.inflight.published(taken, self.settings.n_samples)
 
     async def outcome(self, taken: TakenPrompt) -> Outcome:
         """Generate and score under the group's one deadline. Never raises but for cancellation: a failure
         is a failed `Outcome`."""
         if taken.prompt is None:
             return Outcome(error=f"undecodable prompt: {taken.error}")
-        deadline = Deadline.after(self.settings.timeout_s)
         prompt = taken.prompt.plugin_dict()
         run, version_at_start = self.policy.followed  # before generating: see rollstream.producers.policy
+        progress = None if self.inflight is None else await self.inflight.progress_for(
+            taken, policy_run=run, version=version_at_start)
+        deadline = Deadline.after(self.settings.timeout_s)
         try:
-            generation = await self.generate(prompt, deadline)
+            generation = await self.generate(prompt, deadline, progress)
         except Exception as exc:
             log.warning("group %s failed: %s", taken.prompt.group_id, exc)
             return Outcome(error=f"generation failed: {exc}", retriable=getattr(exc, "retriable", False))
+        finally:
+            if progress is not None:
+                progress.count_resumed()
         versions = self.policy.stamp(generation.completions, version_at_start)
         try:
             rewards = await self.score(prompt, generation, deadline)
@@ -133,14 +144,16 @@ class GroupPipeline:
                            error=f"internal error: {type(exc).__name__}: {exc}")
         return Outcome(generation=generation, rewards=rewards, versions=versions, policy_run=run)
 
-    async def generate(self, prompt: dict[str, Any], deadline: Deadline | None = None) -> Generation:
-        """`engine.generate` within `deadline` (None: the settings' from now); a retriable error is tried
-        again (see the module docstring). Raises the last error; a retriable EngineError when time ran out."""
+    async def generate(self, prompt: dict[str, Any], deadline: Deadline | None = None,
+                       progress: Progress | None = None) -> Generation:
+        """`engine.generate` within `deadline` (None: the settings' from now), handing it `progress` (the
+        group's checkpoints, for an engine that saves progress); a retriable error is tried again (see the
+        module docstring). Raises the last error; a retriable EngineError when time ran out."""
         s = self.settings
         deadline = deadline or Deadline.after(s.timeout_s)
         for attempt in range(1, s.attempts + 1):
             try:
-                generation = await self._attempt(prompt, deadline)
+                generation = await self._attempt(prompt, deadline, progress)
                 if len(generation.completions) != s.n_samples:
                     raise EngineError(f"engine returned {len(generation.completions)} completions, expected "
                                       f"{s.n_samples}", retriable=False)
@@ -163,16 +176,16 @@ class GroupPipeline:
             await asyncio.sleep(delay)
         raise EngineError("no generation attempt was made", retriable=False)
 
-    async def _attempt(self, prompt: dict[str, Any], deadline: Deadline) -> Generation:
+    async def _attempt(self, prompt: dict[str, Any], deadline: Deadline, progress: Progress | None) -> Generation:
         """One `engine.generate` call, bounded by what is left of the deadline (a hung engine or generate
         function becomes a retriable EngineError; a sync function's thread cannot be stopped and is left)."""
         s = self.settings
+        declared: dict[str, Any] = {"deadline": deadline} if self._engine_takes_deadline else {}
+        if progress is not None:
+            declared["progress"] = progress
         try:
             async with asyncio.timeout(deadline.timeout()):  # no task of its own, unlike wait_for: ~8 us a group
-                if self._engine_takes_deadline:
-                    return await self.engine.generate(prompt, s.n_samples, s.sampling,
-                                                      deadline=deadline)  # type: ignore[call-arg]
-                return await self.engine.generate(prompt, s.n_samples, s.sampling)
+                return await self.engine.generate(prompt, s.n_samples, s.sampling, **declared)
         except TimeoutError:
             raise out_of_time(deadline, "generation") from None
 

@@ -118,6 +118,21 @@ class ProducerMetrics:
             "moved nothing (a trainer that was replaced and still announces).", registry=r)
         self.policy_run = Gauge(p + "policy_run", "The trainer run whose policy versions the producer follows "
                                 "(0: announced before runs existed, or nothing announced).", registry=r)
+        self.checkpoints = Counter(p + "checkpoints_total", "In-flight checkpoints on NS.inflight, by result: written "
+                                   "(acknowledged), failed (not acknowledged: a newer one follows, or the sample is "
+                                   "generated again), tombstoned (its group published).", ["result"], registry=r)
+        self.checkpoint_bytes = Counter(p + "checkpoint_bytes_total", "Bytes of in-flight checkpoints written.",
+                                        registry=r)
+        self.resumed = Counter(p + "resumed_samples_total", "Samples of a prompt taken over that had a checkpoint, "
+                               "by what became of it: continued, kept (it had finished), restarted (the engine "
+                               "could not resume it), discarded (another trainer run, or older than "
+                               "--checkpoint-max-staleness).", ["how"], registry=r)
+        self.resumed_tokens = Counter(p + "resumed_tokens_total", "Tokens taken from checkpoints rather than "
+                                      "generated again.", registry=r)
+        for result in ("written", "failed", "tombstoned"):
+            self.checkpoints.labels(result)
+        for how in ("continued", "kept", "restarted", "discarded"):
+            self.resumed.labels(how)
         self._groups_by_status = {status: self.groups.labels(status=status) for status in _GROUP_STATUSES}
         for source in _LAG_SOURCES:
             self.lag_updates.labels(source=source)

@@ -47,6 +47,14 @@ turn reports spans: a turn continued on new weights has several); a tool's token
 turn they answer. One version gives ``weight_version``; weights that changed between
 turns give ``weight_versions`` spans (staleness counts from the oldest). When the policy reports no
 version, neither is set and the producer stamps the group as usual.
+
+Checkpoints (`rollstream.producers.engines.progress`): given a `Progress`, each episode is saved at every turn
+boundary (after the environment's reply, before the next policy turn), with the environment's ``snapshot()``
+(bytes) when it has one, and once more when it ends. An episode that `Progress.restored` returns a state for
+continues from it: its tokens, logprobs, loss mask and versions as they were, the environment restored from
+the snapshot (``restore(state)``) and the next policy turn continuing the context; a finished one is kept as it
+is. An environment without ``snapshot``/``restore`` (or a checkpoint without a snapshot) starts its episode
+again (`Progress.restarted` counts it).
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ import numpy as np
 from rollstream.infra.threads import ThreadPool
 from rollstream.producers.engines._samples import gather_or_cancel
 from rollstream.producers.engines.base import Completion, EngineError, SamplingParams
+from rollstream.producers.engines.progress import Progress, SampleState
 
 DEFAULT_MAX_TURNS = 4  # policy turns per episode: `run_episodes`' and ``rollstream produce --max-turns``'s default
 _OWN_THREADS = 4  # threads of a `run_episodes` call that is lent none
@@ -76,6 +85,9 @@ class Environment(Protocol):
         end the episode. May be a coroutine (an environment that waits on I/O must not block the loop); a
         sync one runs in a worker thread."""
         ...
+
+    # Optional, for checkpoints: ``snapshot() -> bytes`` (the environment's state after a reply) and
+    # ``restore(state: bytes)`` (that state back, in a fresh instance on another producer), sync or async.
 
 
 @dataclass
@@ -95,6 +107,33 @@ class Episode:
     policy_turns: int = 0
     finish_reason: str = "stop"
     prompt: Mapping[str, Any] = field(default_factory=dict)
+    resume_points: list[int] = field(default_factory=list)
+    resumed_from: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_state(cls, prompt_tokens: tuple[int, ...], state: SampleState, prompt: Mapping[str, Any]) -> Episode:
+        """The episode a checkpoint's `state` holds, ready to go on (or finished, as it was)."""
+        n = len(state.tokens)
+        return cls(prompt_tokens, tokens=[int(t) for t in state.tokens],
+                   logprobs=None if state.logprobs is None else [float(x) for x in state.logprobs],
+                   loss_mask=[1] * n if state.loss_mask is None else [int(m) for m in state.loss_mask],
+                   versions=list(state.versions) if len(state.versions) == n else [None] * n,
+                   policy_turns=state.policy_turns, finish_reason=state.finish_reason or "stop", prompt=prompt,
+                   resume_points=list(state.resume_points), resumed_from=list(state.resumed_from))
+
+    def state(self, environment_state: bytes | None, *, finished: bool) -> SampleState:
+        """What a checkpoint of this episode holds now (`finished`: it ended; else it goes on)."""
+        return SampleState(tokens=tuple(self.tokens), logprobs=None if self.logprobs is None else tuple(self.logprobs),
+                           loss_mask=tuple(self.loss_mask), versions=tuple(self.versions),
+                           finish_reason=self.finish_reason if finished else None, policy_turns=self.policy_turns,
+                           environment_state=environment_state, resume_points=tuple(self.resume_points),
+                           resumed_from=tuple(self.resumed_from))
+
+    def restart(self) -> None:
+        """Forget the response so far (an episode that cannot resume starts again)."""
+        self.tokens, self.logprobs, self.loss_mask, self.versions = [], [], [], []
+        self.policy_turns, self.finish_reason = 0, "stop"
+        self.resume_points, self.resumed_from = [], []
 
     def context(self) -> list[int]:
         """What the next policy turn continues: prompt + response token ids, concatenated."""
@@ -147,6 +186,8 @@ class Episode:
             out["weight_version"] = spans[-1]["version"]
             if len(spans) > 1:
                 out["weight_versions"] = spans
+        if self.resume_points:
+            out["resume_points"], out["resumed_from"] = list(self.resume_points), list(self.resumed_from)
         return out
 
 
@@ -179,7 +220,8 @@ async def run_episodes(policy: TokenPolicy, new_environment: Callable[[], Enviro
                        prompt_tokens: Sequence[int], n: int, sampling: SamplingParams, *,
                        decode: Callable[[Sequence[int]], str], max_turns: int = DEFAULT_MAX_TURNS,
                        max_tokens: int | None = None, prompt_text: str = "", prompt: Mapping[str, Any] | None = None,
-                       threads: ThreadPool | None = None, label: str = "the environment") -> list[dict[str, Any]]:
+                       threads: ThreadPool | None = None, label: str = "the environment",
+                       progress: Progress | None = None) -> list[dict[str, Any]]:
     """Play `n` episodes of one prompt and return their completion dicts (see `Episode.to_dict`).
 
     The first policy turns of all episodes are one call (`n` samples of the prompt, batched as a single
@@ -191,7 +233,8 @@ async def run_episodes(policy: TokenPolicy, new_environment: Callable[[], Enviro
     dict) is handed to the environments as ``episode.prompt``; `decode` makes each dict's text (in `threads`
     too). `threads`: the producer's ``rollstream-user`` pool; None: a few threads of this call's own. Never
     blocks the loop beyond what `policy` and async environments do; if one episode fails, the others are
-    cancelled.
+    cancelled. `progress`: episodes resume from its restored states and are saved to it (module docstring);
+    a resumed episode's dict carries ``resume_points`` and ``resumed_from``.
 
     Raises:
         EngineError: the policy raised, returned the wrong number of completions, or a reply is malformed
@@ -202,10 +245,15 @@ async def run_episodes(policy: TokenPolicy, new_environment: Callable[[], Enviro
     ids = tuple(int(t) for t in prompt_tokens)
     pool = threads or ThreadPool("rollstream-user", min(n, _OWN_THREADS))
     try:
-        first = await _turns(policy, list(ids), n, _budget(sampling, 0, max_tokens) or sampling)
-        episodes = [Episode(ids, prompt=dict(prompt or {})) for _ in range(n)]
-        play = _Play(policy, new_environment, sampling, max_turns, max_tokens, pool, label)
-        await gather_or_cancel([play(e, turn) for e, turn in zip(episodes, first, strict=True)])
+        restored = [progress.restored(i) if progress is not None else None for i in range(n)]
+        fresh = [i for i, state in enumerate(restored) if state is None]
+        first = iter(await _turns(policy, list(ids), len(fresh), _budget(sampling, 0, max_tokens) or sampling)
+                     if fresh else ())
+        episodes = [Episode(ids, prompt=dict(prompt or {})) if state is None
+                    else Episode.from_state(ids, state, dict(prompt or {})) for state in restored]
+        play = _Play(policy, new_environment, sampling, max_turns, max_tokens, pool, label, progress)
+        await gather_or_cancel([play(i, e, next(first)) if state is None else play.resume(i, e, state)
+                                for i, (e, state) in enumerate(zip(episodes, restored, strict=True))])
         return await pool.run(lambda: [e.to_dict(decode, prompt_text=prompt_text) for e in episodes])
     finally:
         if threads is None:
@@ -223,22 +271,68 @@ class _Play:
     max_tokens: int | None
     threads: ThreadPool
     label: str
+    progress: Progress | None = None
 
-    async def __call__(self, episode: Episode, turn: Completion) -> None:
+    async def __call__(self, index: int, episode: Episode, turn: Completion) -> None:
+        """Play episode `index` from its first policy turn, `turn`."""
         environment = await self._user("making", self.new_environment)
+        await self._play(index, episode, environment, turn)
+
+    async def resume(self, index: int, episode: Episode, state: SampleState) -> None:
+        """Go on with episode `index`, rebuilt from a checkpoint's `state` (kept as it is when it had finished)."""
+        if state.finish_reason is not None:
+            return
+        environment = await self._user("making", self.new_environment)
+        restore = getattr(environment, "restore", None)
+        if state.environment_state is None or not callable(restore):
+            assert self.progress is not None  # a restored state came from it
+            self.progress.restarted(index, "its environment has no snapshot()/restore(state)")
+            episode.restart()
+            [turn] = await _turns(self.policy, episode.context(), 1,
+                                  _budget(self.sampling, 0, self.max_tokens) or self.sampling)
+            return await self._play(index, episode, environment, turn)
+        await self._user("restore() of", restore, state.environment_state)
+        budget = _budget(self.sampling, len(episode.tokens), self.max_tokens)
+        if budget is None:
+            episode.finish_reason = "length"
+            return self._save(index, episode, None, finished=True)
+        [turn] = await _turns(self.policy, episode.context(), 1, budget)
+        await self._play(index, episode, environment, turn)
+
+    async def _play(self, index: int, episode: Episode, environment: Environment, turn: Completion) -> None:
         while True:
             episode.add_policy_turn(turn)
             if turn.finish_reason == "abort" or episode.policy_turns >= self.max_turns:
-                return
+                break
             reply = await self._user("the reply of", environment.reply, turn, episode)
             if reply is None:
-                return
+                break
             episode.add_tool_turn(reply)
             budget = _budget(self.sampling, len(episode.tokens), self.max_tokens)
             if budget is None:
                 episode.finish_reason = "length"
-                return
+                break
+            if self.progress is not None:
+                self._save(index, episode, await self._snapshot(environment), finished=False)
             [turn] = await _turns(self.policy, episode.context(), 1, budget)
+        if episode.finish_reason != "abort":
+            self._save(index, episode, None, finished=True)
+
+    def _save(self, index: int, episode: Episode, environment_state: bytes | None, *, finished: bool) -> None:
+        if self.progress is not None:
+            self.progress.save(index, episode.state(environment_state, finished=finished))
+
+    async def _snapshot(self, environment: Environment) -> bytes | None:
+        """The environment's ``snapshot()`` (bytes), or None when it has none. One that raises or returns
+        something else than bytes fails the episode (retriable), as a reply that raises does."""
+        snapshot = getattr(environment, "snapshot", None)
+        if not callable(snapshot):
+            return None
+        state = await self._user("snapshot() of", snapshot)
+        if not isinstance(state, bytes | bytearray):
+            raise EngineError(f"snapshot() of {self.label} returned a {type(state).__name__}; it must return bytes "
+                              "(e.g. json.dumps(state).encode()), which restore(state) gets back", retriable=False)
+        return bytes(state)
 
     async def _user(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)`: awaited when it is a coroutine function, else in the threads (an awaitable it returns

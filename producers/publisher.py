@@ -31,6 +31,7 @@ from rollstream.infra.threads import ThreadPool, WorkerThread, in_thread
 from rollstream.schemas import LifecycleError
 
 log = logging.getLogger(__name__)
+_Record = tuple[bytes, bytes | None, int]  # key, value (None: a tombstone), partition (-1: by the key)
 
 
 class PublishError(KafkaIOError):
@@ -87,8 +88,9 @@ class Publisher(WorkerThread):
         self._producer = open_producer(self._conf)
         self._launch(self._poll_forever, "rollstream-publish-poll")
 
-    async def publish(self, key: bytes, value: bytes) -> Delivery:
-        """Produce one record and wait for the broker's acknowledgement.
+    async def publish(self, key: bytes, value: bytes | None, *, partition: int | None = None) -> Delivery:
+        """Produce one record (None: a tombstone) and wait for the broker's acknowledgement; to `partition`, or
+        the key's partition (None).
 
         Never blocks the loop: a full local queue waits in a worker thread (until there is room or `close`).
         Returns once the record is durably written (acks=all): the await lasts until librdkafka's delivery
@@ -102,36 +104,38 @@ class Publisher(WorkerThread):
             raise LifecycleError(f"Publisher.publish to {self.topic} before start(): call start(loop) first")
         future: asyncio.Future[Delivery] = self._loop.create_future()
         callback = self._delivery_callback(future)
+        record = (key, value, -1 if partition is None else partition)  # -1: librdkafka's "by the key"
         if self._waiting:
-            await self._produce_off_loop(key, value, callback)
+            await self._produce_off_loop(record, callback)
         else:
             try:
-                self._produce(key, value, callback)
+                self._produce(record, callback)
             except BufferError:
-                await self._produce_off_loop(key, value, callback)
+                await self._produce_off_loop(record, callback)
         return await future
 
-    async def _produce_off_loop(self, key: bytes, value: bytes, callback: Callable[..., None]) -> None:
+    async def _produce_off_loop(self, record: _Record, callback: Callable[..., None]) -> None:
         if self._on_queue_full is not None:
             self._on_queue_full()
         self._waiting += 1
         try:
-            await self._waiter.run(self._produce_waiting, key, value, callback)
+            await self._waiter.run(self._produce_waiting, record, callback)
         finally:
             self._waiting -= 1
 
-    def _produce(self, key: bytes, value: bytes, callback: Callable[..., None]) -> None:
+    def _produce(self, record: _Record, callback: Callable[..., None]) -> None:
         producer = self._producer
         if producer is None:
             raise LifecycleError(f"the publisher to {self.topic} is closed: publish before close(), or build a new one")
+        key, value, partition = record
         try:
-            producer.produce(self.topic, value=value, key=key, on_delivery=callback)
+            producer.produce(self.topic, value=value, key=key, partition=partition, on_delivery=callback)
         except KafkaException as exc:
             err = exc.args[0]
             raise PublishError(f"cannot produce to {self.topic}: {err.str()}", topic=self.topic,
                                code=err.name(), retriable=err.retriable()) from exc
 
-    def _produce_waiting(self, key: bytes, value: bytes, callback: Callable[..., None]) -> None:
+    def _produce_waiting(self, record: _Record, callback: Callable[..., None]) -> None:
         """Worker thread: retry until librdkafka's queue has room (woken by each delivery report) or `close`."""
         while True:
             self._room.clear()
@@ -139,7 +143,7 @@ class Publisher(WorkerThread):
                 raise PublishError(f"publisher to {self.topic} closed while waiting for queue room",
                                    topic=self.topic, code="_DESTROY")
             try:
-                self._produce(key, value, callback)
+                self._produce(record, callback)
                 return
             except BufferError:
                 self._room.wait(0.05)

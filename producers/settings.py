@@ -72,6 +72,14 @@ class ProducerSettings:
         watch_control: follow NS.control for the current policy version.
         producer_overrides, intake_overrides: extra librdkafka properties for the rollout producer
             and the prompt consumer; rollstream's guarantees still win (see `KafkaConfig`).
+        checkpoint_interval_s: in-flight checkpoints on NS.inflight (`rollstream.producers._inflight`), so that
+            the producer that takes a prompt over after a crash continues its samples: an engine that saves
+            progress (``--environment`` episodes) checkpoints each sample at every turn boundary and when it
+            finishes; this interval is for long single generations, which are checkpointed only once finished
+            for now. 0: no checkpoints (and none resumed).
+        checkpoint_max_staleness: a checkpoint whose oldest token is more than this many policy versions behind
+            the one followed is discarded and its sample generated again (None: any age; a checkpoint of
+            another trainer run is always discarded).
     """
 
     namespace: str = "rollstream"
@@ -104,6 +112,8 @@ class ProducerSettings:
     watch_control: bool = True
     producer_overrides: Mapping[str, Any] = field(default_factory=dict)
     intake_overrides: Mapping[str, Any] = field(default_factory=dict)
+    checkpoint_interval_s: float = 30.0
+    checkpoint_max_staleness: int | None = None
 
     def __post_init__(self) -> None:
         TopicNames(self.namespace)  # validates the namespace
@@ -114,7 +124,10 @@ class ProducerSettings:
             raise ConfigError(f"user_threads={self.user_threads} must be >= 1 (or None: concurrency)")
         if self.max_lag is not None and self.max_lag < 0:
             raise ConfigError(f"max_lag={self.max_lag} must be >= 0")
-        for name in ("retry_backoff_s", "drain_timeout_s", "drain_on_revoke_s", "summary_interval_s"):
+        if self.checkpoint_max_staleness is not None and self.checkpoint_max_staleness < 0:
+            raise ConfigError(f"checkpoint_max_staleness={self.checkpoint_max_staleness} must be >= 0 (or None)")
+        for name in ("retry_backoff_s", "drain_timeout_s", "drain_on_revoke_s", "summary_interval_s",
+                     "checkpoint_interval_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
         if self.backpressure not in BACKPRESSURE:

@@ -12,6 +12,7 @@ from rollstream.schemas._errors import (
 from rollstream.schemas._packing import float32_array, int32_array
 from rollstream.schemas._samples import plain_samples
 from rollstream.schemas.codec import Codec, decode, default_codec, encode, fingerprint
+from rollstream.schemas.inflight import InflightCheckpoint, checkpoint_key
 from rollstream.schemas.policy_dir import VERSION_FILE, read_policy_version, write_policy_version
 from rollstream.schemas.records import (
     DISPOSITION_KINDS,
@@ -37,10 +38,10 @@ from rollstream.schemas.records import (
 
 __all__ = [
     "DISPOSITION_KINDS", "FINISH_REASONS", "GREEDY_BELOW", "PLUGIN_KEYS", "VERSION_FILE", "ChatMessage", "Codec",
-    "ConfigError", "DecodeError", "LifecycleError",
+    "ConfigError", "DecodeError", "InflightCheckpoint", "LifecycleError",
     "InvalidRecordError", "OffsetDisposition", "PartitionRange", "PolicyVersion", "Prompt", "RollstreamError",
     "Sample", "Samples", "Sampling", "SchemaError", "ScoredGroup", "StepManifest", "TrainerPosition",
-    "UnknownSchemaError", "VersionSpan", "decode", "default_codec", "encode", "fingerprint", "float32_array",
-    "int32_array", "logprob_temperature", "make_group_id", "now_ms", "plain_samples", "read_policy_version",
-    "write_policy_version",
+    "UnknownSchemaError", "VersionSpan", "checkpoint_key", "decode", "default_codec", "encode", "fingerprint",
+    "float32_array", "int32_array", "logprob_temperature", "make_group_id", "now_ms", "plain_samples",
+    "read_policy_version", "write_policy_version",
 ]

@@ -24,6 +24,7 @@ import numpy as np
 from rollstream.schemas._errors import DecodeError
 from rollstream.schemas._packing import FLOAT32_LE, INT32_LE, UINT8, pack_values, unpack, unpack_values
 from rollstream.schemas._samples import SampleColumns
+from rollstream.schemas.inflight import InflightCheckpoint
 from rollstream.schemas.records import (
     DISPOSITION_KINDS,
     OffsetDisposition,
@@ -277,6 +278,30 @@ def _position_from_datum(d: Mapping[str, Any]) -> TrainerPosition:
                            observed_at_ms=d["observed_at_ms"], created_at_ms=d["created_at_ms"])
 
 
+def _checkpoint_datum(c: InflightCheckpoint) -> dict[str, Any]:
+    return {"group_id": c.group_id, "prompt_id": c.prompt_id, "attempt": c.attempt, "sample_index": c.sample_index,
+            "prompt_partition": c.prompt_partition, "prompt_offset": c.prompt_offset, "producer_id": c.producer_id,
+            "written_at_ms": c.written_at_ms, "policy_run": c.policy_run, "finish_reason": c.finish_reason,
+            "policy_turns": c.policy_turns, "environment_state": c.environment_state,
+            "resume_points": list(c.resume_points), "resumed_from": list(c.resumed_from), "text": c.text,
+            "has_logprobs": c.logprobs is not None, "versions": c.versions.astype("<i8").tobytes(),
+            "loss_mask": b"" if c.loss_mask is None else c.loss_mask.tobytes(),
+            "logprobs": b"" if c.logprobs is None else c.logprobs.tobytes(), "tokens": c.tokens.tobytes()}
+
+
+def _checkpoint_from_datum(d: Mapping[str, Any]) -> InflightCheckpoint:
+    return InflightCheckpoint(
+        group_id=d["group_id"], prompt_id=d["prompt_id"], attempt=d["attempt"], sample_index=d["sample_index"],
+        prompt_partition=d["prompt_partition"], prompt_offset=d["prompt_offset"], producer_id=d["producer_id"],
+        written_at_ms=d["written_at_ms"], policy_run=d["policy_run"], finish_reason=d["finish_reason"],
+        policy_turns=d["policy_turns"], environment_state=d["environment_state"],
+        resume_points=tuple(d["resume_points"]), resumed_from=tuple(d["resumed_from"]), text=d["text"],
+        tokens=unpack(d["tokens"], INT32_LE, "tokens"),
+        logprobs=unpack(d["logprobs"], FLOAT32_LE, "logprobs") if d["has_logprobs"] else None,
+        loss_mask=unpack(d["loss_mask"], UINT8, "loss_mask") if d["loss_mask"] else None,
+        versions=unpack(d["versions"], np.dtype("<i8"), "versions"))
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one record type maps to the datum of its current schema, and back."""
@@ -291,4 +316,5 @@ LAYOUTS: dict[type, Layout] = {
     StepManifest: Layout(_manifest_datum, _manifest_from_datum),
     PolicyVersion: Layout(_policy_version_datum, lambda d: PolicyVersion(**d)),
     TrainerPosition: Layout(_position_datum, _position_from_datum),
+    InflightCheckpoint: Layout(_checkpoint_datum, _checkpoint_from_datum),
 }

@@ -35,6 +35,7 @@ from rollstream.schemas._avro_writer import Writer, compile_writer, write_long
 from rollstream.schemas._errors import DecodeError, InvalidRecordError, SchemaError, UnknownSchemaError
 from rollstream.schemas._layout import LAYOUTS
 from rollstream.schemas._upgrade import UPGRADERS
+from rollstream.schemas.inflight import InflightCheckpoint
 from rollstream.schemas.records import PolicyVersion, Prompt, Record, ScoredGroup, StepManifest, TrainerPosition
 
 MAGIC = b"\xc3\x01"
@@ -42,9 +43,9 @@ HEADER_SIZE = len(MAGIC) + 8
 SCHEMA_DIR = Path(__file__).parent / "avro"
 _FILES = {Prompt: "prompt.avsc", ScoredGroup: "scored_group.avsc",
           StepManifest: "step_manifest.avsc", PolicyVersion: "policy_version.avsc",
-          TrainerPosition: "trainer_position.avsc"}
+          TrainerPosition: "trainer_position.avsc", InflightCheckpoint: "inflight_checkpoint.avsc"}
 Buffer = bytes | bytearray | memoryview | np.ndarray
-R = TypeVar("R", Prompt, ScoredGroup, StepManifest, PolicyVersion, TrainerPosition)
+R = TypeVar("R", Prompt, ScoredGroup, StepManifest, PolicyVersion, TrainerPosition, InflightCheckpoint)
 
 
 def fingerprint(schema: dict[str, Any] | str) -> bytes:

@@ -20,6 +20,7 @@ import numpy as np
 from rollstream.schemas._errors import InvalidRecordError
 from rollstream.schemas._packing import int32_array
 from rollstream.schemas._samples import FINISH_REASONS, Sample, Samples, VersionSpan
+from rollstream.schemas.inflight import InflightCheckpoint
 
 __all__ = ["DISPOSITION_KINDS", "FINISH_REASONS", "GREEDY_BELOW", "PLUGIN_KEYS", "ChatMessage", "OffsetDisposition",
            "PartitionRange", "PolicyVersion", "Prompt", "Record", "Sample", "Samples", "Sampling", "ScoredGroup",
@@ -336,4 +337,4 @@ class TrainerPosition:
         return sum(max(0, self.ends[p] - c) for p, c in self.committed.items())
 
 
-Record = Prompt | ScoredGroup | StepManifest | PolicyVersion | TrainerPosition
+Record = Prompt | ScoredGroup | StepManifest | PolicyVersion | TrainerPosition | InflightCheckpoint

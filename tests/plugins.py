@@ -65,3 +65,28 @@ class EnvironmentWithBadReply:
 
     def reply(self, turn: Any) -> list[int] | None:
         return None
+
+
+class SlowCountingEnvironment:
+    """Answers each policy turn with `` [N]`` (N: its replies so far) after ``ROLLSTREAM_TEST_REPLY_DELAY_S``
+    seconds (default 0.3), for ``ROLLSTREAM_TEST_REPLIES`` replies (default 5); its state (N) survives a crash
+    through ``snapshot``/``restore``. A resumed episode that lost its state would answer ``[1]`` again."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.replies = 0
+
+    def reply(self, turn: Any, episode: Any) -> list[int] | None:
+        import time
+
+        time.sleep(float(os.environ.get("ROLLSTREAM_TEST_REPLY_DELAY_S", "0.3")))
+        if self.replies >= int(os.environ.get("ROLLSTREAM_TEST_REPLIES", "5")):
+            return None
+        self.replies += 1
+        return list(self.tokenizer.encode(f" [{self.replies}]", add_special_tokens=False))
+
+    def snapshot(self) -> bytes:
+        return str(self.replies).encode()
+
+    def restore(self, state: bytes) -> None:
+        self.replies = int(state)

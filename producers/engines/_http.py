@@ -4,9 +4,10 @@ classified (their per-sample loop is `_samples`). Loop-only; never blocks the lo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import httpx
 from rollstream.infra.threads import ThreadPool
@@ -180,11 +181,23 @@ class Answer(NamedTuple):
     reached: bool = True
 
 
+class Stream(Protocol):
+    """Takes the chunks of a streamed answer (server-sent events, ``data: {json}``) and joins them."""
+
+    def add(self, chunk: Any) -> None:
+        """One decoded chunk. Raises EngineError for a chunk not of the engine's shape."""
+
+    def result(self) -> Any:
+        """The answer the chunks make, as a request that was not streamed gets it."""
+
+
 async def post_json(client: httpx.AsyncClient | None, server: str, path: str, body: Mapping[str, Any], *,
-                    timeout: httpx.Timeout | None = None) -> Answer:
+                    timeout: httpx.Timeout | None = None, stream: Stream | None = None) -> Answer:
     """One POST of `body` to `server` + `path` (waiting up to `timeout`; None: the client's): an `Answer` with
     the decoded JSON, or with why another try may work (no connection, timeout, transport error,
-    5xx/408/429, a body that is not JSON).
+    5xx/408/429, a body that is not JSON). With `stream`, the answer is server-sent events (the body asks for
+    them): each ``data:`` chunk goes to `stream` as it comes, and the answer is `Stream.result` once the
+    events end (``data: [DONE]``); a connection that breaks first is a try that may work again.
 
     Raises:
         EngineError (not retriable): the engine is closed, or a 4xx the server will refuse again.
@@ -192,8 +205,15 @@ async def post_json(client: httpx.AsyncClient | None, server: str, path: str, bo
     if client is None:
         raise EngineError("engine closed", retriable=False)
     try:
-        resp = await client.post(f"{server}{path}", json=dict(body),
-                                 timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+        request = client.build_request("POST", f"{server}{path}", json=dict(body),
+                                       timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+        resp = await client.send(request, stream=stream is not None)
+        try:
+            if stream is not None and resp.status_code < 400:
+                return await _events(resp, server, stream)
+            await resp.aread()
+        finally:
+            await resp.aclose()
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         return Answer(None, f"{server}: unreachable ({type(exc).__name__}: {exc})", None, reached=False)
     except httpx.TimeoutException as exc:
@@ -209,3 +229,19 @@ async def post_json(client: httpx.AsyncClient | None, server: str, path: str, bo
         return Answer(resp.json(), None, resp.status_code)
     except ValueError:
         return Answer(None, f"{server}: response is not JSON: {resp.text[:200]}", resp.status_code)
+
+
+async def _events(resp: httpx.Response, server: str, stream: Stream) -> Answer:
+    """The server-sent events of `resp` into `stream`, to their ``[DONE]``."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue  # blank separators, comments, event names
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return Answer(stream.result(), None, resp.status_code)
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return Answer(None, f"{server}: streamed chunk is not JSON: {data[:200]}", resp.status_code)
+        stream.add(chunk)
+    return Answer(None, f"{server}: the stream ended without [DONE]", resp.status_code)

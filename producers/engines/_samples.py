@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, TypeVar
 
-from rollstream.producers.engines._http import HTTPSession, RoundRobin, post_json
+from rollstream.producers.engines._http import HTTPSession, RoundRobin, Stream, post_json
 from rollstream.producers.engines._retry import Deadline, RetryPolicy, out_of_time
 from rollstream.producers.engines.base import Completion, EngineError
 from rollstream.schemas import VersionSpan
@@ -75,6 +75,9 @@ class Endpoint:
     # what it returns gets that server's parsed answer and may amend it (`VLLMSyncEngine` stamps the version
     # that server served)
     ticket: Callable[[str], Awaitable[Callable[[Completion], Completion]]] | None = None
+    # makes the `Stream` each try's answer is read into, for a body that asks for server-sent events (a sample
+    # whose progress is checkpointed as it is generated); None: one JSON answer
+    stream: Callable[[], Stream] | None = None
 
 
 def join_segments(segments: Sequence[Completion]) -> Completion:
@@ -136,6 +139,10 @@ class PartialRollout:
     def payload(self) -> Mapping[str, Any]:
         """The body of the next request: the original one, or its continuation."""
         return self._next
+
+    def so_far(self, partial: Completion) -> Completion:
+        """The sample as far as it is generated: the segments kept, then `partial` (the request running)."""
+        return join_segments([*self._segments, partial])
 
     def add(self, completion: Completion, where: str = "") -> Completion | None:
         """Take one answer: the finished sample, or None when the next `payload` must be sent.
@@ -218,7 +225,8 @@ async def _try(http: HTTPSession, url: str, endpoint: Endpoint, body: Mapping[st
         EngineError (not retriable): a 4xx the server will refuse again, or an answer that never fits.
     """
     seen = await endpoint.ticket(url) if endpoint.ticket is not None else None
-    answer = await post_json(http.client, url, endpoint.path, body, timeout=http.timeout_within(deadline))
+    answer = await post_json(http.client, url, endpoint.path, body, timeout=http.timeout_within(deadline),
+                             stream=endpoint.stream() if endpoint.stream is not None else None)
     if answer.error is not None:
         if not answer.reached:
             return None, "", answer.error, "is unreachable (down or restarting?)"

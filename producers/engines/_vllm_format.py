@@ -49,7 +49,7 @@ response ``kv_transfer_params``, ``ec_transfer_params``, ``metrics``, ``service_
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from rollstream.producers.engines._sampling import vllm_options
@@ -178,6 +178,58 @@ def parse_choice(choice: Mapping[str, Any]) -> Completion:
     version = spans[-1].version if spans else None
     return Completion(text=str(choice.get("text") or ""), tokens=tokens, logprobs=logprobs, finish_reason=finish,
                       policy_version=version, version_spans=spans or ())
+
+
+class StreamedChoice:
+    """The chunks of one streamed ``/v1/completions`` answer (``"stream": true``: each chunk's choice carries
+    the new ``text``, ``token_ids`` and ``logprobs``; the first its ``prompt_token_ids``, the last its
+    ``finish_reason``) joined into the answer a request that was not streamed gets (`result`, for
+    `parse_response`). `on_tokens` gets the output so far (`partial`) after each chunk that brought tokens.
+    A `_http.Stream`."""
+
+    def __init__(self, on_tokens: Callable[[StreamedChoice], None] | None = None) -> None:
+        self._on_tokens = on_tokens
+        self._text: list[str] = []
+        self._ids: list[int] = []
+        self._named: list[str] = []
+        self._values: list[float] = []
+        self._last: dict[str, Any] = {}  # finish_reason, stop_reason, prompt_token_ids, weight_versions as sent
+
+    def add(self, chunk: Any) -> None:
+        """One chunk. Raises EngineError (not retriable) for one not of vLLM's shape."""
+        choices = chunk.get("choices") if isinstance(chunk, Mapping) else None
+        if not isinstance(choices, list) or len(choices) > 1 or (choices and not isinstance(choices[0], Mapping)):
+            raise EngineError(f"not a vLLM /v1/completions stream chunk with one choice: {str(chunk)[:200]}",
+                              retriable=False)
+        if not choices:
+            return  # the usage chunk
+        choice = choices[0]
+        self._text.append(str(choice.get("text") or ""))
+        ids, logprobs = choice.get("token_ids"), choice.get("logprobs")
+        self._ids += list(ids or ())
+        if isinstance(logprobs, Mapping):
+            self._named += list(logprobs.get("tokens") or ())
+            self._values += list(logprobs.get("token_logprobs") or ())
+        self._last.update({k: v for k, v in choice.items() if v is not None and k in _LAST})
+        if (ids or logprobs) and self._on_tokens is not None:
+            self._on_tokens(self)
+
+    def result(self) -> dict[str, Any]:
+        """The answer the chunks so far make."""
+        choice: dict[str, Any] = {"text": "".join(self._text), "token_ids": self._ids or None,
+                                  "logprobs": {"tokens": self._named, "token_logprobs": self._values}, **self._last}
+        if not self._ids and not self._named:
+            choice["token_ids"] = []
+        return {"choices": [choice]}
+
+    def partial(self) -> Completion:
+        """The output so far, as a sample aborted here (finish reason ``abort``). Raises EngineError as
+        `parse_response`."""
+        choice = self.result()["choices"][0]
+        return parse_choice({**choice, "finish_reason": "abort"})
+
+
+_LAST = ("finish_reason", "stop_reason", "prompt_token_ids", "weight_versions")
 
 
 def finish_reason(reason: Any) -> str:

@@ -57,6 +57,8 @@ class Completion:
     policy_version: int | None = None
     loss_mask: Sequence[int] | np.ndarray | None = None
     version_spans: Sequence[VersionSpan] = ()
+    resume_points: Sequence[int] = ()
+    resumed_from: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:
@@ -128,12 +130,16 @@ class EngineCapabilities:
             `Engine.start`, so that code never runs on the event loop (`RunsUserCode`).
         reloads_weights: it owns its weights: ``policy_version`` and ``reload`` (`ReloadableEngine`); the
             producer hands it each announced version that names weights.
+        saves_progress: its ``generate`` takes the keyword ``progress: Progress | None = None``
+            (`rollstream.producers.engines.progress`): it resumes samples from their checkpoints and saves
+            their state as it goes; the producer passes the group's `Progress` when checkpoints are on.
     """
 
     takes_deadline: bool = False
     checks_sampling: bool = False
     runs_user_code: bool = False
     reloads_weights: bool = False
+    saves_progress: bool = False
 
 
 # the members each capability needs, beyond `Engine`'s

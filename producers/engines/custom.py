@@ -233,7 +233,8 @@ def completion_from_dict(item: Any, label: str, index: int) -> Completion:
         return Completion(text=text, tokens=tokens, logprobs=logprobs,
                           finish_reason=item.get("finish_reason", "stop"),
                           policy_version=spans[-1].version if spans else version, loss_mask=mask,
-                          version_spans=spans)
+                          version_spans=spans, resume_points=tuple(item.get("resume_points", ())),
+                          resumed_from=tuple(item.get("resumed_from", ())))
     except EngineError as exc:
         raise EngineError(f"{_where(label, index)}: {exc}", retriable=False) from exc
 

@@ -25,8 +25,12 @@ The contract (docs/engines.md, "Multi-turn on an engine"):
   Making an environment or its reply raised: the attempt fails, retriably (the producer tries the prompt again
   within the deadline, then publishes a failed group); a reply that is not token ids fails the group.
 
-Capabilities: the wrapper runs user code and takes the group's deadline (handed to every policy turn when
-its engine takes one); it checks sampling options and reloads weights exactly when its engine declares so
+Checkpoints: an environment may also define ``snapshot() -> bytes`` and ``restore(state)``; each episode is then
+checkpointed at every turn boundary and resumes on the producer that takes its prompt over after a crash
+(`rollstream.producers.multiturn`); without them a resumed episode starts again.
+
+Capabilities: the wrapper runs user code, saves progress and takes the group's deadline (handed to every policy
+turn when its engine takes one); it checks sampling options and reloads weights exactly when its engine declares so
 (``--engine hf``, ``--sglang-sync-weights``), so the producer loads announced weights as it does without an
 environment.
 """
@@ -52,6 +56,7 @@ from rollstream.producers.engines.base import (
     capabilities_of,
 )
 from rollstream.producers.engines.custom import completion_from_dict
+from rollstream.producers.engines.progress import Progress
 from rollstream.producers.multiturn import DEFAULT_MAX_TURNS, run_episodes
 from rollstream.schemas import ConfigError
 
@@ -141,7 +146,8 @@ class EnvironmentEngine:
         self._label = label or f"environment {environment.__qualname__}"
         self._threads: ThreadPool | None = None  # the producer's user threads, lent by `use_threads`
         self.capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=self._policy.checks_sampling,
-                                               runs_user_code=True, reloads_weights=self._policy.reloads_weights)
+                                               runs_user_code=True, reloads_weights=self._policy.reloads_weights,
+                                               saves_progress=True)
 
     def use_threads(self, threads: ThreadPool) -> None:
         """Make environments and run sync replies in `threads` (the producer's ``rollstream-user``, which it
@@ -162,9 +168,10 @@ class EnvironmentEngine:
         await self.engine.close()
 
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams, *,
-                       deadline: Deadline | None = None) -> Generation:
+                       deadline: Deadline | None = None, progress: Progress | None = None) -> Generation:
         """`n` episodes of `prompt`, each one sample (every policy turn within `deadline`, when the engine
-        takes one; the producer bounds the whole call by it anyway).
+        takes one; the producer bounds the whole call by it anyway). With `progress`, episodes resume from
+        their checkpoints and are saved at every turn boundary (`rollstream.producers.multiturn`).
 
         Raises:
             EngineError: the engine's (encoding the prompt, a turn); making an environment or a reply raised
@@ -179,7 +186,7 @@ class EnvironmentEngine:
         dicts = await run_episodes(policy, functools.partial(self.environment, tokenizer), ids, n, sampling,
                                    decode=functools.partial(tokenizer.decode, skip_special_tokens=True),
                                    max_turns=self.max_turns, prompt_text=text, prompt=prompt, threads=self._threads,
-                                   label=self._label)
+                                   label=self._label, progress=progress)
         completions = [completion_from_dict(d, self._label, i) for i, d in enumerate(dicts)]
         if any(c.finish_reason == "abort" for c in completions):
             raise EngineError(f"a policy turn of an episode with {self._label} was aborted", retriable=True)

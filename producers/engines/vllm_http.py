@@ -49,6 +49,7 @@ from typing import Any
 
 import httpx
 from rollstream.producers.engines._http import HTTPSession, RoundRobin, TokenizedSession, base_urls
+from rollstream.producers.engines._resume import StreamSaver, restore, resumed
 from rollstream.producers.engines._retry import Deadline, RetryPolicy
 from rollstream.producers.engines._samples import (
     PARTIAL_ROLLOUTS,
@@ -62,6 +63,7 @@ from rollstream.producers.engines._vllm_format import (
     LOGPROBS_MODES,
     VLLM_MAX_TOKENS_DEFAULT,
     LogprobsMode,
+    StreamedChoice,
     check_logprobs_contract,
     continue_body,
     is_not_run,
@@ -79,6 +81,7 @@ from rollstream.producers.engines.base import (
     Generation,
     SamplingParams,
 )
+from rollstream.producers.engines.progress import Progress
 from rollstream.schemas import ConfigError
 
 __all__ = ["LOGPROBS_MODES", "LogprobsMode", "VLLMHTTPEngine", "VLLMSyncEngine", "normalize_vllm_url"]
@@ -136,7 +139,7 @@ class VLLMHTTPEngine(TokenizedSession):
     """
 
     name = "vllm"
-    capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=True)
+    capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=True, saves_progress=True)
 
     def __init__(self, urls: Sequence[str], *, model: str | None = None, tokenizer: str | Path | Any | None = None,
                  chat_template: bool = True, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
@@ -186,9 +189,11 @@ class VLLMHTTPEngine(TokenizedSession):
         await self._http.close()
 
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams, *,
-                       deadline: Deadline | None = None) -> Generation:
+                       deadline: Deadline | None = None, progress: Progress | None = None) -> Generation:
         """`n` concurrent requests for `prompt`, all within `deadline` (None: each request's own timeout
-        only); if one gives up, the others are cancelled.
+        only); if one gives up, the others are cancelled. With `progress` (checkpoints), a sample with a
+        checkpoint continues from it, and each request streams, its state saved every `Progress.interval_s`
+        seconds and once finished (`_resume`).
 
         Raises:
             EngineError: sampling whose logprobs vLLM cannot give as rollstream records them, or a chat
@@ -198,7 +203,7 @@ class VLLMHTTPEngine(TokenizedSession):
         """
         deadline = deadline or Deadline.after(None)
         text, ids = await self._http.prompt_input(prompt)
-        completions, served_ids = await self._samples(text, ids, n, sampling, deadline)
+        completions, served_ids = await self._samples(text, ids, n, sampling, deadline, progress)
         prompt_tokens = ids if ids is not None else (served_ids or ())
         return Generation(completions=completions, prompt_text=text, prompt_tokens=prompt_tokens)
 
@@ -210,26 +215,48 @@ class VLLMHTTPEngine(TokenizedSession):
         return (await self._samples("", ids, n, sampling, deadline or Deadline.after(None)))[0]
 
     async def _samples(self, text: str, ids: Sequence[int] | None, n: int, sampling: SamplingParams,
-                       deadline: Deadline) -> tuple[list[Completion], list[int] | None]:
+                       deadline: Deadline, progress: Progress | None = None
+                       ) -> tuple[list[Completion], list[int] | None]:
         """The completions, and the prompt's token ids as vLLM ran them (None when it did not say)."""
         if self._http.client is None:
             raise EngineError("VLLMHTTPEngine used before start()", retriable=False)
         body = request_body(text, ids, sampling.to_dict(), model=self._model)
         check_logprobs_contract(self._logprobs_mode, body)
+        if progress is not None and progress.interval_s > 0:
+            body["stream"] = True  # the state is saved as it streams
         samples = [_Sample(seeded(body, i)) for i in range(n)]
-        completions = await gather_or_cancel([self._sample(s, deadline) for s in samples])
+        completions = await gather_or_cancel([self._sample(s, deadline, i, progress) for i, s in enumerate(samples)])
         return completions, next((s.prompt_ids for s in samples if s.prompt_ids is not None), None)
 
-    async def _sample(self, sample: _Sample, deadline: Deadline) -> Completion:
-        """One sample, retried, waited out, continued or re-issued as the module docstring says."""
+    async def _sample(self, sample: _Sample, deadline: Deadline, index: int = 0,
+                      progress: Progress | None = None) -> Completion:
+        """One sample, retried, waited out, continued or re-issued as the module docstring says; resumed from
+        its checkpoint and saved as it streams, with `progress`."""
         r = self._retry
+
+        def new_rollout() -> PartialRollout:
+            return PartialRollout(sample.body, continued=sample.continued, mode=self._partial,
+                                  max_new=int(sample.body.get("max_tokens", VLLM_MAX_TOKENS_DEFAULT)),
+                                  max_continuations=r.max_continuations, abort_attempts=r.abort_attempts)
+
+        rollout = new_rollout()
+        restored = progress.restored(index) if progress is not None else None
+        if restored is not None and progress is not None:
+            if sample.prompt_ids is None:  # a text prompt: its token ids come with the first answer
+                progress.restarted(index, "continuing needs the prompt's token ids (give --tokenizer)")
+                restored = None
+            elif (kept := restore(rollout, restored)) is not None:
+                return kept
+        saver = StreamSaver(progress, index, rollout, restored) if progress is not None else None
+        streams = saver is not None and bool(sample.body.get("stream"))
         endpoint = Endpoint(label=f"vllm {_COMPLETIONS}", path=_COMPLETIONS, parse=sample.parse,
-                            paused=is_paused_answer, not_run=is_not_run, ticket=self._ticket)
-        rollout = PartialRollout(sample.body, continued=sample.continued, mode=self._partial,
-                                 max_new=int(sample.body.get("max_tokens", VLLM_MAX_TOKENS_DEFAULT)),
-                                 max_continuations=r.max_continuations, abort_attempts=r.abort_attempts)
-        return await run_sample(self._http, self._servers, endpoint, rollout, retry=r, deadline=deadline,
+                            paused=is_paused_answer, not_run=is_not_run, ticket=self._ticket,
+                            stream=(lambda: StreamedChoice(saver)) if streams else None)
+        done = await run_sample(self._http, self._servers, endpoint, rollout, retry=r, deadline=deadline,
                                 rng=self._rng)
+        if saver is not None:
+            saver.finished(done)
+        return done if restored is None else resumed(done, restored, progress.version if progress else None)
 
     async def _served_model(self, url: str) -> str | None:
         if self._http.client is None:
@@ -268,7 +295,8 @@ class VLLMSyncEngine(FleetEngine, VLLMHTTPEngine):
         ConfigError: as `VLLMHTTPEngine`, or (at `start`) a server without the development routes.
     """
 
-    capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=True, reloads_weights=True)
+    capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=True, reloads_weights=True,
+                                      saves_progress=True)
 
     def __init__(self, urls: Sequence[str], *, model: str | None = None, tokenizer: str | Path | Any | None = None,
                  chat_template: bool = True, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,

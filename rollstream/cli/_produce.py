@@ -162,6 +162,17 @@ def produce(
         min=0.0, help="Seconds in-flight groups of prompt partitions a rebalance moves away get to finish and "
                       "commit before the partitions go (so their new owner generates nothing twice).",
         rich_help_panel=_LIFE)] = _D.drain_on_revoke_s,
+    checkpoint_interval: Annotated[float, typer.Option(
+        min=0.0, help="In-flight checkpoints on NS.inflight, so that the producer taking a prompt over after a "
+                      "crash continues its samples rather than generating them again: --environment episodes are "
+                      "checkpointed at every turn boundary and when they finish (with the environment's snapshot() "
+                      "if it has one). The seconds apply to long single generations, which are checkpointed only "
+                      "once finished for now. 0: no checkpoints, none resumed.",
+        rich_help_panel=_LIFE)] = _D.checkpoint_interval_s,
+    checkpoint_max_staleness: Annotated[int | None, typer.Option(
+        min=0, help="Discard a checkpoint whose oldest token is more than this many policy versions behind the "
+                    "one followed, and generate its sample again (omitted: any age; one of another trainer run is "
+                    "always discarded).", rich_help_panel=_LIFE)] = None,
     startup_timeout: Annotated[float, typer.Option(
         min=0.1, help="Seconds to wait for the broker at startup.", rich_help_panel=_LIFE)] = _D.startup_timeout_s,
     session_timeout: Annotated[float, typer.Option(
@@ -185,7 +196,8 @@ def produce(
         startup_timeout_s=startup_timeout, session_timeout_s=session_timeout, metrics_port=metrics_port,
         summary_interval_s=summary_interval,
         generate_timeout_s=group_timeout if group_timeout is not None else 3 * request_timeout,
-        max_attempts=max_attempts, drain_on_revoke_s=drain_on_revoke)
+        max_attempts=max_attempts, drain_on_revoke_s=drain_on_revoke, checkpoint_interval_s=checkpoint_interval,
+        checkpoint_max_staleness=checkpoint_max_staleness)
     built = make_engine(engine.value if engine else None, sglang_urls=sglang_url or (), model=model,
                         tokenizer=tokenizer, generate=generate, request_timeout_s=request_timeout,
                         partial_rollouts=partial_rollouts.value, sglang_sync_weights=sglang_sync_weights,

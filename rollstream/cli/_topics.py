@@ -16,7 +16,7 @@ from rollstream.cli._common import (
     require_reachable,
     topic_names,
 )
-from rollstream.infra import TopicPlan, alter_topics, create_topics, describe_topic_configs
+from rollstream.infra import TopicPlan, alter_topics, create_topics, describe_topic_configs, existing_topics
 
 app = typer.Typer(help="Create, alter and inspect the topics of a namespace.", no_args_is_help=True,
                   epilog=examples("rollstream topics create --namespace demo",
@@ -38,7 +38,8 @@ def create(
     bootstrap_servers: BootstrapOpt = None,
     kafka_config_file: KafkaConfigOpt = None,
 ) -> None:
-    """Create NS.prompts, NS.rollouts, NS.steps and NS.control (idempotent: existing topics are kept)."""
+    """Create NS.prompts, NS.rollouts, NS.steps, NS.control and NS.inflight (idempotent: existing topics are kept;
+    run it again on a namespace made by an older rollstream to add NS.inflight, the producers' checkpoints)."""
     plan = TopicPlan(names=topic_names(namespace), partitions=partitions, replication_factor=replication_factor,
                      min_insync_replicas=min_insync_replicas, retention_days=retention_days,
                      max_message_bytes=max_message_mib * 1024 * 1024)
@@ -85,6 +86,6 @@ def describe(namespace: NamespaceOpt = DEFAULT_NAMESPACE, bootstrap_servers: Boo
     config = kafka_config(bootstrap_servers, kafka_config_file, "rollstream-topics")
     require_reachable(config, [names.prompts, names.rollouts, names.steps, names.control], namespace)
     keys = ("min.insync.replicas", "max.message.bytes", "retention.ms", "cleanup.policy", "compression.type")
-    for topic, conf in describe_topic_configs([names.prompts, names.rollouts, names.steps, names.control],
-                                              config).items():
+    topics = [names.prompts, names.rollouts, names.steps, names.control]
+    for topic, conf in describe_topic_configs(topics + existing_topics(config, [names.inflight]), config).items():
         typer.echo(topic + "  " + "  ".join(f"{k}={conf.get(k)}" for k in keys))

@@ -1,5 +1,6 @@
 """What the HTTP stand-ins of engine servers share: a server on 127.0.0.1 run by its own event loop in a
-daemon thread, minimal HTTP/1.1 (keep-alive, Content-Length bodies: what httpx sends), a request log,
+daemon thread, minimal HTTP/1.1 (keep-alive, Content-Length bodies: what httpx sends; `Events` as server-sent
+events, all at once), a request log,
 and a condition the simulated engine waits on. A stand-in subclasses `StandInServer` and implements
 `_route`."""
 
@@ -14,6 +15,10 @@ from typing import Any, Self
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error",
             503: "Service Unavailable"}
+
+
+class Events(list):
+    """A reply sent as server-sent events: ``data: {json}`` per chunk, then ``data: [DONE]``."""
 
 
 class StandInServer:
@@ -101,8 +106,13 @@ class StandInServer:
                 if answer is None:
                     break  # closed without an answer: httpx sees RemoteProtocolError
                 status, reply = answer
-                data = b"" if reply is None else json.dumps(reply).encode()
-                writer.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: application/json\r\n"
+                kind = "text/event-stream" if isinstance(reply, Events) else "application/json"
+                if isinstance(reply, Events):
+                    data = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in [*reply, "[DONE]"]).replace(
+                        'data: "[DONE]"', "data: [DONE]").encode()
+                else:
+                    data = b"" if reply is None else json.dumps(reply).encode()
+                writer.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {kind}\r\n"
                              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):

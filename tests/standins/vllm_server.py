@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from tests.standins._http_server import StandInServer
+from tests.standins._http_server import Events, StandInServer
 
 _PAUSE_MODES = ("abort", "wait", "keep")
 # (method, path) -> handler, as vLLM 0.33.0 routes them: entrypoints/openai/completion/api_router.py,
@@ -248,7 +248,8 @@ class VLLMStandIn(StandInServer):
             self._running.discard(rid)
             self._aborting.discard(rid)
             await self._notify()
-        return 200, self._response(body, ids, tokens, finish, made)
+        response = self._response(body, ids, tokens, finish, made)
+        return 200, _events(response) if body.get("stream") else response
 
     async def _decode(self, rid: str, prompt_len: int, max_tokens: int, abort_after: int | None
                       ) -> tuple[list[int], str, list[tuple[str | None, int]]]:
@@ -328,13 +329,38 @@ def _logprobs(tokens: list[int], prompt_len: int, weights: list[int], as_ids: bo
             "top_logprobs": [{name: value} for name, value in zip(names, values, strict=True)]}
 
 
+def _events(response: dict[str, Any]) -> Events:
+    """`response` streamed (``"stream": true``; serving.py ``completion_stream_generator``): a chunk per token
+    with its text, ``token_ids`` and ``logprobs``, the first with ``prompt_token_ids``, then one with the
+    finish reason (and ``weight_versions``). Sent at once when the generation ends (the stand-in does not
+    stream as it generates)."""
+    choice = response["choices"][0]
+    tokens, logprobs = choice["token_ids"], choice["logprobs"]
+    made = tokens if tokens is not None else [int(n.removeprefix("token_id:")) for n in logprobs["tokens"]]
+    chunks = []
+    for i, token in enumerate(made):
+        part: dict[str, Any] = {"index": 0, "text": piece(token), "finish_reason": None, "stop_reason": None,
+                                "token_ids": [token] if tokens is not None else None,
+                                "prompt_token_ids": choice["prompt_token_ids"] if i == 0 else None,
+                                "logprobs": None if logprobs is None else {
+                                    "tokens": [logprobs["tokens"][i]],
+                                    "token_logprobs": [logprobs["token_logprobs"][i]]}}
+        chunks.append({"id": response["id"], "object": "text_completion", "model": response["model"],
+                       "choices": [part]})
+    last = {"index": 0, "text": "", "finish_reason": choice["finish_reason"], "stop_reason": None,
+            "token_ids": None, "prompt_token_ids": None if chunks else choice["prompt_token_ids"]}
+    if "weight_versions" in choice:
+        last["weight_versions"] = choice["weight_versions"]
+    chunks.append({"id": response["id"], "object": "text_completion", "model": response["model"],
+                   "choices": [last]})
+    return Events(chunks)
+
+
 def _invalid(body: dict[str, Any]) -> str | None:
     """vLLM's 400s for what the engine could get wrong (`CompletionRequest`'s validators)."""
     prompt = body.get("prompt")
     if not prompt or not (isinstance(prompt, str) or all(isinstance(t, int) and t >= 0 for t in prompt)):
         return "Either prompt or prompt_embeds must be provided and non-empty."
-    if body.get("stream"):
-        return "the stand-in does not stream"
     if body.get("n", 1) != 1:
         return "the stand-in answers n=1 only (the engine sends one request per sample)"
     logprobs = body.get("logprobs")

@@ -70,8 +70,9 @@ def test_client_limits_follow_the_topic_plan() -> None:
 def test_topic_plan_is_explicit() -> None:
     plan = TopicPlan(names=TopicNames("exp"), partitions=6, replication_factor=3, retention_days=2)
     topics = {t.name: t for t in plan.topics()}
-    assert set(topics) == {"exp.prompts", "exp.rollouts", "exp.steps", "exp.control"}
+    assert set(topics) == {"exp.prompts", "exp.rollouts", "exp.steps", "exp.control", "exp.inflight"}
     assert topics["exp.rollouts"].partitions == 6 and topics["exp.steps"].partitions == 1
+    assert topics["exp.inflight"].partitions == 6 and topics["exp.inflight"].config["cleanup.policy"] == "compact"
     assert topics["exp.rollouts"].config["min.insync.replicas"] == "2"
     assert topics["exp.rollouts"].config["retention.ms"] == str(2 * 24 * 3600 * 1000)
     assert topics["exp.control"].config["cleanup.policy"] == "compact"

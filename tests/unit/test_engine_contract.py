@@ -153,9 +153,9 @@ def test_an_engine_that_declares_nothing_is_a_config_error_naming_the_fix() -> N
 
 def test_built_in_engines_and_custom_generate_declare_their_capabilities() -> None:
     http = {"takes_deadline": True, "checks_sampling": True}
-    cases = {make_engine("vllm", vllm_urls=["h:1"]): EngineCapabilities(**http),
-             make_engine("vllm", vllm_urls=["h:1"], vllm_sync_weights=True): EngineCapabilities(**http,
-                                                                                            reloads_weights=True),
+    cases = {make_engine("vllm", vllm_urls=["h:1"]): EngineCapabilities(**http, saves_progress=True),
+             make_engine("vllm", vllm_urls=["h:1"], vllm_sync_weights=True): EngineCapabilities(
+                 **http, reloads_weights=True, saves_progress=True),
              make_engine("sglang", sglang_urls=["h:1"]): EngineCapabilities(**http),
              make_engine("sglang", sglang_urls=["h:1"], sglang_sync_weights=True): EngineCapabilities(
                  **http, reloads_weights=True),

@@ -306,7 +306,8 @@ class _Reloadable(_Policy):
 def test_weights_and_deadline_reach_the_engine() -> None:
     policy = _Reloadable()
     engine = EnvironmentEngine(policy, _Tool, max_turns=2)
-    assert engine.capabilities == EngineCapabilities(takes_deadline=True, runs_user_code=True, reloads_weights=True)
+    assert engine.capabilities == EngineCapabilities(takes_deadline=True, runs_user_code=True, reloads_weights=True,
+                                                     saves_progress=True)
     assert not EnvironmentEngine(_Policy(), _Tool).capabilities.reloads_weights
     deadline = Deadline.after(30.0)
 

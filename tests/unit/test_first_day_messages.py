@@ -79,6 +79,7 @@ def test_alter_without_the_right_to_says_it_takes_an_admin(monkeypatch: pytest.M
     monkeypatch.setattr(topics_module, "describe_topic_configs",
                         lambda names, *_, **__: {n: {"max.message.bytes": "8192"} for n in names})
     monkeypatch.setattr(topics_module, "open_admin", lambda _conf: _RefusingAdmin())
+    monkeypatch.setattr(topics_module, "existing_topics", lambda _config, names, *_: names)
     with pytest.raises(KafkaIOError) as caught:
         alter_topics(TopicNames("ns"), KafkaConfig(bootstrap_servers="b:1"), max_message_bytes=1 << 20)
     assert caught.value.code == "TOPIC_AUTHORIZATION_FAILED" and "\n" not in str(caught.value)

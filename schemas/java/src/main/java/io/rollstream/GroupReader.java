@@ -62,7 +62,8 @@ public final class GroupReader {
 
     /** Every record type's current schema file; older versions are {@code history/NAME.vN.avsc}, N = 1, 2, ... */
     static final List<String> RECORD_FILES =
-            List.of("scored_group", "prompt", "step_manifest", "policy_version", "trainer_position");
+            List.of("scored_group", "prompt", "step_manifest", "policy_version", "trainer_position",
+                    "inflight_checkpoint");
     static final List<String> FINISH_REASONS = List.of("stop", "length", "abort");  // schemas/records.py
     static final String SCORED_GROUP = "rollstream.ScoredGroup";
     static final String CLASSPATH_DIR = "io/rollstream/avro/";

@@ -1,0 +1,94 @@
+"""A single generation across checkpoints (the HTTP engines' samples): the checkpointed output as the first
+segment of a `PartialRollout`, the state saved as tokens stream in, and the resumed sample's resume points.
+
+A restored sample continues exactly as one aborted by a weight update does: its checkpointed tokens become the
+rollout's first segment and the next request continues prompt + those tokens (`PartialRollout`), so what differs
+from an uninterrupted sample is only where the output was cut. While a request streams (`StreamedChoice`), the
+sample's state so far is saved at most every `Progress.interval_s` seconds, and once more when it finishes.
+Tokens of unknown version are stamped with `Progress.version` (the version the producer stamps the group with),
+so a resumed sample's checkpointed tokens keep the version their producer gave them. Pure but for the clock.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from rollstream.producers.engines._samples import PartialRollout
+from rollstream.producers.engines.base import Completion, EngineError
+from rollstream.producers.engines.progress import Progress, SampleState
+from rollstream.producers.multiturn import version_spans
+from rollstream.schemas import VersionSpan
+
+
+def restore(rollout: PartialRollout, state: SampleState) -> Completion | None:
+    """Seed `rollout` with the checkpointed output of `state`: the finished sample when it had finished (or its
+    tokens fill the budget), else None and `rollout.payload()` continues it."""
+    spans = tuple(VersionSpan(**s) for s in version_spans(state.versions))
+    seed = Completion(text=state.text, tokens=list(state.tokens), logprobs=state.logprobs,
+                      finish_reason=state.finish_reason or "abort", version_spans=spans,
+                      policy_version=spans[-1].version if spans else None)
+    if state.finish_reason is not None:
+        return resumed(seed, state, None)
+    done = rollout.add(seed)
+    return None if done is None else resumed(done, state, None)
+
+
+def state_of(completion: Completion, restored: SampleState | None, *, finished: bool) -> SampleState:
+    """What a checkpoint of the sample holds now (`completion`: its output so far, joined)."""
+    versions: list[int | None] = [None] * len(completion.tokens)
+    for span in completion.version_spans:
+        versions[span.start:span.end] = [span.version] * (span.end - span.start)
+    return SampleState(tokens=[int(t) for t in completion.tokens],
+                       logprobs=None if completion.logprobs is None else [float(x) for x in completion.logprobs],
+                       versions=versions, finish_reason=completion.finish_reason if finished else None,
+                       resume_points=restored.resume_points if restored else (),
+                       resumed_from=restored.resumed_from if restored else (), text=completion.text)
+
+
+def resumed(completion: Completion, restored: SampleState, version: int | None) -> Completion:
+    """`completion` (restored output + what followed) saying where it resumed; when the new tokens carry no
+    version, the restored ones keep theirs and the new ones take `version` (None: left to the producer)."""
+    out = replace(completion, resume_points=restored.resume_points, resumed_from=restored.resumed_from)
+    n = len(restored.tokens)
+    known = version_spans(restored.versions)
+    if completion.version_spans or version is None or not known:
+        return out
+    spans = [VersionSpan(**s) for s in known]
+    if len(completion.tokens) > n:
+        spans.append(VersionSpan(version, n, len(completion.tokens)))
+    return replace(out, version_spans=tuple(_merged(spans)), policy_version=spans[-1].version)
+
+
+def _merged(spans: list[VersionSpan]) -> list[VersionSpan]:
+    out: list[VersionSpan] = []
+    for span in spans:
+        if out and out[-1].version == span.version and out[-1].end == span.start:
+            out[-1] = replace(out[-1], end=span.end)
+        else:
+            out.append(span)
+    return out
+
+
+class StreamSaver:
+    """Saves a streaming sample's state at most every `Progress.interval_s` seconds (a `StreamedChoice`'s
+    ``on_tokens``): the rollout's segments so far, then the output of the request streaming."""
+
+    def __init__(self, progress: Progress, index: int, rollout: PartialRollout, restored: SampleState | None) -> None:
+        self._progress, self._index, self._rollout, self._restored = progress, index, rollout, restored
+        self._last = time.monotonic()
+
+    def __call__(self, streamed: object) -> None:
+        now = time.monotonic()
+        if now - self._last < self._progress.interval_s:
+            return
+        self._last = now
+        try:
+            partial = getattr(streamed, "partial")()  # noqa: B009 - any engine's streamed answer
+        except EngineError:
+            return  # a chunk that does not add up yet: the next one may
+        self._progress.save(self._index, state_of(self._rollout.so_far(partial), self._restored, finished=False))
+
+    def finished(self, completion: Completion) -> None:
+        """Save the finished sample (kept as it is if the group is taken over before it is published)."""
+        self._progress.save(self._index, state_of(completion, self._restored, finished=True))

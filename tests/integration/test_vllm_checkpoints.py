@@ -1,0 +1,89 @@
+"""In-flight checkpoints of long generations on a REAL vLLM server (its CPU build, `tests.integration._vllm`).
+
+A vLLM producer process (`tests.integration._vllm_producer`: ``--checkpoint-interval 0.3``, EOS ignored so that
+every sample is long) P1 streams each sample (``"stream": true``) and
+checkpoints it on NS.inflight as its tokens come. Once a checkpoint holds a good part of a sample, P1 is
+SIGKILLed; P2 takes the prompts over and continues every checkpointed sample from its checkpoint (prompt +
+tokens so far, as a weight update's partial rollout is continued). We check:
+
+- every prompt ends as one ok group of full-length samples (0 lost); each checkpointed sample P2 published
+  starts with exactly the checkpoint's tokens and logprobs, and says where it resumed and from whose
+  checkpoint (``resume_points``, ``resumed_from``);
+- the generation lost to the kill is at most what P1 generated after its last checkpoints: the tokens
+  checkpointed were not generated again (P2's server counted only the rest);
+- NS.inflight holds no live checkpoint once P2 is done.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rollstream.infra import KafkaConfig, TopicNames
+
+from tests.integration._inflight import newest_checkpoints, watch_checkpoints
+from tests.integration._kafka import REPO_ROOT, cli_env, read_all, write_prompts
+from tests.integration._vllm import RealVLLM
+
+PROMPTS, SAMPLES, TOKENS = ["long0", "long1"], 2, 1800
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture
+def vllm(real_vllm: RealVLLM) -> RealVLLM:
+    real_vllm.ensure_running()
+    return real_vllm
+
+
+def produce(bootstrap: str, names: TopicNames, vllm: RealVLLM, producer_id: str, log: Path,
+            *idle_s: str) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.integration._vllm_producer", names.namespace, vllm.url, str(vllm.model_dir),
+             producer_id, str(TOKENS), str(SAMPLES), str(len(PROMPTS)), *idle_s],
+            cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=cli_env(bootstrap))
+
+
+def test_a_producer_killed_mid_generation_leaves_checkpoints_its_successor_continues(
+        kafka_config: KafkaConfig, bootstrap_servers: str, namespace_factory, vllm: RealVLLM, tmp_path: Path) -> None:
+    names = namespace_factory(partitions=1)
+    write_prompts(kafka_config, names, PROMPTS)
+    victim = produce(bootstrap_servers, names, vllm, "P1", tmp_path / "p1.log")
+    try:
+        watch_checkpoints(kafka_config, names.inflight, lambda newest: sum(
+            c is not None and c.finish_reason is None and len(c.tokens) >= 100 for c in newest.values()) >= SAMPLES,
+            timeout_s=180)
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(30)
+    left = {k: c for k, c in newest_checkpoints(kafka_config, names.inflight).items() if c is not None}
+    generated_before = vllm.generated_tokens()
+
+    survivor = produce(bootstrap_servers, names, vllm, "P2", tmp_path / "p2.log", "3")
+    assert survivor.wait(300) == 0, (tmp_path / "p2.log").read_text()[-3000:]
+
+    groups = {g.group_id: g for g in read_all(kafka_config, names.rollouts)}
+    assert sorted(g.prompt_id for g in groups.values()) == sorted(PROMPTS)
+    assert all(g.status == "ok" for g in groups.values()), [g.error for g in groups.values()]
+    resumed = saved = 0
+    for checkpoint in left.values():
+        group = groups[checkpoint.group_id]
+        if group.producer_id != "P2":
+            continue
+        sample = group.samples[checkpoint.sample_index]
+        n = len(checkpoint.tokens)
+        assert len(sample.tokens) == TOKENS and sample.finish_reason == "length"
+        assert sample.tokens[:n].tolist() == checkpoint.tokens.tolist()
+        assert sample.logprobs is not None and checkpoint.logprobs is not None
+        assert sample.logprobs[:n].tolist() == pytest.approx(checkpoint.logprobs.tolist())
+        assert list(sample.resume_points) == [n] and list(sample.resumed_from) == ["P1"]
+        resumed += checkpoint.finish_reason is None
+        saved += n
+    assert resumed >= SAMPLES, f"checkpoints at the kill: {[(c.key, len(c.tokens)) for c in left.values()]}"
+    generated = vllm.generated_tokens() - generated_before
+    needed = sum(len(s.tokens) for g in groups.values() if g.producer_id == "P2" for s in g.samples)
+    assert generated <= needed - saved + 16, (generated, needed, saved)  # the checkpointed tokens were not redone
+    assert not [k for k, c in newest_checkpoints(kafka_config, names.inflight).items() if c is not None]

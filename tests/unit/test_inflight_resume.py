@@ -1,0 +1,152 @@
+"""In-flight checkpoints on the engine side (`rollstream.producers.multiturn` with a `Progress`), no broker.
+
+Pinned here:
+
+1. an episode is saved at every turn boundary (after the environment's reply, with its ``snapshot()``) and
+   once when it ends, finished;
+2. an episode restored from a checkpoint goes on from it: its tokens, logprobs, loss mask and versions kept
+   as they were, the environment restored from the snapshot, the next policy turn continuing the context, and
+   the result carries the resume point and whose checkpoint it continued; the result equals what the
+   uninterrupted episode gives (a deterministic policy);
+3. a finished sample's checkpoint is kept as it is (no policy call), and an environment without
+   ``snapshot``/``restore`` starts its episode again, said through `Progress.restarted`;
+4. a checkpoint round-trips through the wire format, and its invariants are checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from rollstream.producers.engines.base import Completion, SamplingParams
+from rollstream.producers.engines.progress import SampleState
+from rollstream.producers.multiturn import Episode, run_episodes
+from rollstream.schemas import InflightCheckpoint, InvalidRecordError, decode, encode
+
+SAMPLING = SamplingParams(max_new_tokens=2)
+
+
+class Policy:
+    """Deterministic: each turn answers two tokens derived from the context's length; counts its calls."""
+
+    def __init__(self) -> None:
+        self.contexts: list[list[int]] = []
+
+    async def __call__(self, ids: Sequence[int], n: int, sampling: SamplingParams) -> list[Completion]:
+        self.contexts.append(list(ids))
+        base = 100 + len(ids)
+        return [Completion(text="", tokens=[base, base + 1], logprobs=[-0.5, -0.25], policy_version=7)
+                for _ in range(n)]
+
+
+class CountingEnv:
+    """Replies [turn number] three times, then ends; its state is the turn count (snapshot/restore)."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def reply(self, turn: Completion, episode: Episode) -> list[int] | None:
+        self.turns += 1
+        return [self.turns] if self.turns <= 3 else None
+
+    def snapshot(self) -> bytes:
+        return json.dumps({"turns": self.turns}).encode()
+
+    def restore(self, state: bytes) -> None:
+        self.turns = json.loads(state)["turns"]
+
+
+class StatelessEnv:
+    """Like CountingEnv, reading its count from the episode: no snapshot/restore."""
+
+    def reply(self, turn: Completion, episode: Episode) -> list[int] | None:
+        return [episode.policy_turns] if episode.policy_turns <= 3 else None
+
+
+class Recorder:
+    """A `Progress` that hands out given states and records what is saved."""
+
+    def __init__(self, restored: dict[int, SampleState] | None = None) -> None:
+        self._restored = restored or {}
+        self.saved: list[tuple[int, SampleState]] = []
+        self.restarts: list[int] = []
+
+    def restored(self, index: int) -> SampleState | None:
+        return self._restored.get(index)
+
+    def save(self, index: int, state: SampleState) -> None:
+        self.saved.append((index, state))
+
+    def restarted(self, index: int, why: str) -> None:
+        assert "snapshot" in why
+        self.restarts.append(index)
+
+
+def _play(env: type, progress: Recorder | None, n: int = 1, policy: Policy | None = None) -> list[dict[str, Any]]:
+    return asyncio.run(run_episodes(policy or Policy(), env, [1, 2, 3], n, SAMPLING, decode=str, max_turns=8,
+                                    progress=progress))
+
+
+def test_episodes_are_saved_at_every_turn_boundary_and_when_they_end() -> None:
+    progress = Recorder()
+    [out] = _play(CountingEnv, progress)
+    states = [s for _, s in progress.saved]
+    assert [s.policy_turns for s in states] == [1, 2, 3, 4]  # after each of 3 replies, then finished
+    assert [s.finish_reason for s in states] == [None, None, None, "stop"]
+    assert [json.loads(s.environment_state or b"null") for s in states] == [{"turns": t} for t in (1, 2, 3)] + [None]
+    assert list(states[-1].tokens) == out["tokens"] and list(states[-1].loss_mask or ()) == out["loss_mask"]
+    assert "resume_points" not in out
+
+
+def test_a_restored_episode_goes_on_where_its_checkpoint_was_and_says_so() -> None:
+    whole = Recorder()
+    [uninterrupted] = _play(CountingEnv, whole)
+    checkpoint = whole.saved[1][1]  # after the second reply
+    restored = SampleState(**{**vars(checkpoint), "resume_points": (len(checkpoint.tokens),),
+                              "resumed_from": ("producer-a",)})
+    policy, progress = Policy(), Recorder({0: restored})
+    [resumed] = _play(CountingEnv, progress, policy=policy)
+    assert resumed["tokens"] == uninterrupted["tokens"] and resumed["loss_mask"] == uninterrupted["loss_mask"]
+    assert resumed["logprobs"] == uninterrupted["logprobs"]
+    assert resumed["tokens"][:len(checkpoint.tokens)] == list(checkpoint.tokens)
+    assert resumed["resume_points"] == [len(checkpoint.tokens)] and resumed["resumed_from"] == ["producer-a"]
+    assert policy.contexts[0] == [1, 2, 3, *checkpoint.tokens]  # the first call continues the checkpoint
+    assert len(policy.contexts) == 2  # turns 3 and 4 only
+    assert all(s.resume_points == (len(checkpoint.tokens),) for _, s in progress.saved)
+
+
+def test_finished_samples_are_kept_and_episodes_without_snapshots_start_again() -> None:
+    whole = Recorder()
+    _play(CountingEnv, whole, n=2)
+    finished = next(s for i, s in whole.saved if i == 1 and s.finish_reason)
+    policy = Policy()
+    out = _play(CountingEnv, Recorder({1: finished}), n=2, policy=policy)
+    assert out[1]["tokens"] == list(finished.tokens)
+    assert all(len(c) != 3 or c == [1, 2, 3] for c in policy.contexts) and len(policy.contexts) == 4  # sample 0 only
+
+    midway = SampleState(tokens=(9, 9, 1), logprobs=(-1.0, -1.0, 0.0), loss_mask=(1, 1, 0), versions=(7, 7, 7),
+                         policy_turns=1, environment_state=None, resume_points=(3,), resumed_from=("a",))
+    progress = Recorder({0: midway})
+    [restarted] = _play(StatelessEnv, progress)
+    assert progress.restarts == [0] and "resume_points" not in restarted
+    assert restarted["tokens"][:2] != [9, 9]
+
+
+def test_checkpoints_round_trip_and_are_checked() -> None:
+    c = InflightCheckpoint(group_id="p#0", prompt_id="p", attempt=1, sample_index=2, prompt_partition=0,
+                           prompt_offset=5, producer_id="a", written_at_ms=1, policy_run=3, tokens=[4, 5, 6],
+                           logprobs=[-0.5, 0.0, -1.0], loss_mask=[1, 0, 1], versions=[2, 2, -1], policy_turns=2,
+                           environment_state=b"{}", resume_points=(1,), resumed_from=("b",))
+    back = decode(encode(c), InflightCheckpoint)
+    assert back.key == "p#0/2" and back.token_versions() == [2, 2, None]
+    assert back.tokens.tolist() == [4, 5, 6] and np.allclose(back.logprobs, [-0.5, 0.0, -1.0])  # type: ignore[arg-type]
+    assert back.loss_mask.tolist() == [1, 0, 1] and back.environment_state == b"{}"  # type: ignore[union-attr]
+    assert (back.resume_points, back.resumed_from, back.finish_reason) == ((1,), ("b",), None)
+    with pytest.raises(InvalidRecordError, match="logprobs has 1 entries for 3 tokens"):
+        InflightCheckpoint("p#0", "p", 0, 0, 0, 0, "a", 1, 0, tokens=[1, 2, 3], logprobs=[0.0])
+    with pytest.raises(InvalidRecordError, match="resume points"):
+        InflightCheckpoint("p#0", "p", 0, 0, 0, 0, "a", 1, 0, tokens=[1], resume_points=(2,), resumed_from=("b",))
