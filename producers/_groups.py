@@ -15,7 +15,8 @@ the topic's limit, so every prompt is accounted by exactly one record:
 
 Every record of a decoded prompt carries the producer's sampling parameters (`sampling_of`): the trainer
 recomputes logprobs at that temperature. A sample carries its completion's loss mask (tool and
-environment tokens 0) and version spans; without spans, the one version `rollstream.producers.policy` stamped.
+environment tokens 0), version spans and resume points (where generation resumed from another producer's
+in-flight checkpoint, and whose); without spans, the one version `rollstream.producers.policy` stamped.
 """
 
 from __future__ import annotations
@@ -160,12 +161,12 @@ def oversize_error(size: int, limit: int, namespace: str) -> str:
 
 def _samples(generation: Generation, outcome: Outcome) -> Samples:
     """The samples of `generation`: plain responses as columns at once (`rollstream.schemas.plain_samples`: no
-    `Sample` object per response), else a `Sample` each (loss masks, version spans, or a value that only
-    the per-sample checks can name)."""
+    `Sample` object per response), else a `Sample` each (loss masks, version spans, resume points, or a value
+    that only the per-sample checks can name)."""
     completions = generation.completions
     rewards = outcome.rewards if outcome.rewards is not None else [None] * len(completions)
     versions = outcome.versions or [0] * len(completions)
-    if all(c.loss_mask is None and not c.version_spans for c in completions):
+    if all(c.loss_mask is None and not c.version_spans and not len(c.resume_points) for c in completions):
         plain = plain_samples([c.tokens for c in completions], [c.logprobs for c in completions],
                               [c.text for c in completions], rewards, [c.finish_reason for c in completions],
                               versions)
@@ -175,11 +176,13 @@ def _samples(generation: Generation, outcome: Outcome) -> Samples:
 
 
 def _sample(c: Completion, reward: float | None, version: int) -> Sample:
-    """`c` as a sample: its version spans when the engine gave them (they name every version), else `version`."""
+    """`c` as a sample: its version spans when the engine gave them (they name every version), else `version`,
+    and its resume points with the producers they resumed from."""
     return Sample(tokens=int32_array(c.tokens, "tokens"), text=c.text, logprobs=float32_array(c.logprobs, "logprobs"),
                   reward=reward, finish_reason=c.finish_reason, weight_versions=() if c.version_spans else (version,),
                   loss_mask=None if c.loss_mask is None else np.asarray(c.loss_mask),
-                  version_spans=tuple(c.version_spans))
+                  version_spans=tuple(c.version_spans), resume_points=tuple(c.resume_points),
+                  resumed_from=tuple(c.resumed_from))
 
 
 def _undecodable(taken: TakenPrompt, prompts_topic: str, producer_id: str) -> ScoredGroup:

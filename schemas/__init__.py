@@ -10,7 +10,7 @@ from rollstream.schemas._errors import (
     UnknownSchemaError,
 )
 from rollstream.schemas._packing import float32_array, int32_array
-from rollstream.schemas._samples import plain_samples
+from rollstream.schemas._plain import plain_samples
 from rollstream.schemas.codec import Codec, decode, default_codec, encode, fingerprint
 from rollstream.schemas.inflight import InflightCheckpoint, checkpoint_key
 from rollstream.schemas.policy_dir import VERSION_FILE, read_policy_version, write_policy_version

@@ -2,7 +2,7 @@
 ``avro/`` and reads back. Only this module knows it; records know nothing of the wire, and `_upgrade`
 turns data of older schemas into this layout, so nothing here knows an older one.
 
-A ScoredGroup (schema v5) stores its samples column by column (`SampleColumns`, packed), a StepManifest
+A ScoredGroup (schema v7) stores its samples column by column (`SampleColumns`, packed), a StepManifest
 (v3) its dispositions: each column holds one entry per row, packed little-endian (the ``doc`` of each
 field says how). Strings of many rows are stored back to back with their lengths (`join_strings`).
 
@@ -72,8 +72,13 @@ def unmasked_columns(n: int) -> dict[str, bytes]:
     return {"has_loss_mask": bytes(n), "loss_masks": b"", "version_span_counts": bytes(4 * n), "version_spans": b""}
 
 
+NOT_RESUMED: Mapping[str, Any] = {"resume_point_counts": b"", "resume_points": b"", "resumed_from_lengths": b"",
+                                  "resumed_from": ""}
+"""The resume columns of a group none of whose samples resumed (what schemas before v7 lacked)."""
+
+
 def columns_datum(c: SampleColumns) -> dict[str, Any]:
-    """The sample fields of a ScoredGroup datum (v4 and v5 store them alike)."""
+    """The sample fields of a ScoredGroup datum (v4 to v7 store the columns they share alike)."""
     return {
         "response_lengths": pack_values(c.lengths, "i"),
         "rewards": pack_values([math.nan if r is None else r for r in c.rewards], "d"),
@@ -84,12 +89,20 @@ def columns_datum(c: SampleColumns) -> dict[str, Any]:
         "has_loss_mask": c.has_loss_mask,
         "version_span_counts": pack_values(c.span_counts, "i"),
         "version_spans": pack_values(c.spans, "q"),
+        **(_resumes_datum(c) if c.resume_counts else NOT_RESUMED),
         "text_lengths": pack_values(c.text_lengths, "i"),
         "texts": c.text,
         "tokens": c.token_parts,  # contiguous arrays: the codec writes their bytes back to back
         "logprobs": c.logprob_parts,
         "loss_masks": c.mask_parts,
     }
+
+
+def _resumes_datum(c: SampleColumns) -> dict[str, Any]:
+    ids, lengths = join_strings(c.resumed_from)
+    return {"resume_point_counts": pack_values(c.resume_counts, "i"),
+            "resume_points": pack_values(c.resume_points, "i"),
+            "resumed_from_lengths": pack_values(lengths, "i"), "resumed_from": ids}
 
 
 def samples_of_datum(d: Mapping[str, Any]) -> Samples:
@@ -103,6 +116,8 @@ def samples_of_datum(d: Mapping[str, Any]) -> Samples:
     lengths = unpack_values(d["response_lengths"], "i", "response_lengths")
     n = len(lengths)
     span_counts, spans = _spans_of(d, n)
+    resumes = _resumes_of(d) if (d["resume_point_counts"] or d["resume_points"] or d["resumed_from_lengths"]
+                                 or d["resumed_from"]) else {}  # most groups: four empty columns
     return Samples.from_columns(SampleColumns(
         lengths=lengths,
         rewards=[None if r != r else r for r in unpack_values(d["rewards"], "d", "rewards")],  # NaN: no score
@@ -113,7 +128,8 @@ def samples_of_datum(d: Mapping[str, Any]) -> Samples:
         text_lengths=unpack_values(d["text_lengths"], "i", "text_lengths"), text=d["texts"],
         token_parts=(unpack(d["tokens"], INT32_LE, "tokens"),),
         logprob_parts=(unpack(d["logprobs"], FLOAT32_LE, "logprobs"),),
-        mask_parts=(unpack(d["loss_masks"], UINT8, "loss_masks"),) if d["loss_masks"] else ()), values=False)
+        mask_parts=(unpack(d["loss_masks"], UINT8, "loss_masks"),) if d["loss_masks"] else (), **resumes),
+        values=False)
 
 
 def _spans_of(d: Mapping[str, Any], n: int) -> tuple[Sequence[int], Sequence[int]]:
@@ -126,6 +142,18 @@ def _spans_of(d: Mapping[str, Any], n: int) -> tuple[Sequence[int], Sequence[int
     if not packed and not any(packed_counts):
         return (0,) * n, ()
     return unpack_values(packed_counts, "i", "version_span_counts"), unpack_values(packed, "q", "version_spans")
+
+
+def _resumes_of(d: Mapping[str, Any]) -> dict[str, Any]:
+    """The resume columns of a decoded datum whose samples resumed (`check_columns` checks them against
+    the samples); DecodeError when the producer ids do not split by their lengths."""
+    lengths = unpack_values(d["resumed_from_lengths"], "i", "resumed_from_lengths")
+    ids = d["resumed_from"]
+    if min(lengths, default=0) < 0 or sum(lengths) != len(ids):
+        raise DecodeError(f"resumed_from is {len(ids)} characters, its lengths {list(lengths)} say otherwise")
+    return {"resume_counts": unpack_values(d["resume_point_counts"], "i", "resume_point_counts"),
+            "resume_points": unpack_values(d["resume_points"], "i", "resume_points"),
+            "resumed_from": split_strings(ids, lengths)}
 
 
 def samples_datum(samples: Sequence[Sample]) -> dict[str, Any]:
@@ -157,7 +185,7 @@ def _group_datum(group: ScoredGroup) -> dict[str, Any]:
 
 
 def _group_from_datum(d: Mapping[str, Any]) -> ScoredGroup:
-    """A group from a decoded v6 datum, checked by its constructors (what they refuse raises
+    """A group from a decoded v7 datum, checked by its constructors (what they refuse raises
     InvalidRecordError, which the codec reports as a DecodeError)."""
     return ScoredGroup(
         group_id=d["group_id"],

@@ -1,7 +1,7 @@
 """The samples of a group: one representation (columns), built only through the one check of what a sample must be.
 
 `SampleColumns` holds a group's samples column by column, whoever built them: `Sample` objects (a
-producer's multi-turn responses), `plain_samples` (a producer's plain responses, no object per response)
+producer's multi-turn responses), `plain_samples` (`_plain`: a producer's plain responses, no object per response)
 or a decoded record (`_layout` turns the wire's packed columns into these). `check_columns`
 (`_sample_checks`) states every sample invariant once, and every builder runs it: `Sample` on its one
 row, `Samples.from_columns` (what `plain_samples` and decoding call) on a whole group. `Samples` is the
@@ -14,6 +14,7 @@ Nothing here knows the wire: packing is `_layout`'s business.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, overload
@@ -48,7 +49,10 @@ class SampleColumns(NamedTuple):
     version span as a flat (version, start, end, ...) sequence (`span_counts` each), `text` every text
     back to back (`text_lengths` each). Tokens, logprobs and loss masks are held in parts: one array in
     all (decoded: a view of the record's bytes), or one per sample that has the field (built from
-    responses: encoding writes them back to back without joining them first).
+    responses: encoding writes them back to back without joining them first). `resume_counts` holds how
+    many resume points each sample has, or nothing at all when no sample has any (most groups: then no
+    builder fills the resume columns), `resume_points` every resume point back to back and `resumed_from`
+    the producer id of each.
     """
 
     lengths: Sequence[int]
@@ -65,11 +69,15 @@ class SampleColumns(NamedTuple):
     token_parts: tuple[np.ndarray, ...]
     logprob_parts: tuple[np.ndarray, ...]
     mask_parts: tuple[np.ndarray, ...]
+    resume_counts: Sequence[int] = ()
+    resume_points: Sequence[int] = ()
+    resumed_from: Sequence[str] = ()
 
     @classmethod
     def of(cls, samples: Sequence[Sample]) -> SampleColumns:
         """The columns of `samples` (each checked when it was built); their arrays are not copied."""
         texts = [s.text for s in samples]
+        resumed = any(s.resume_points or s.resumed_from for s in samples)
         return cls(lengths=[len(s.tokens) for s in samples], rewards=[s.reward for s in samples],
                    finish_codes=bytes(FINISH_CODES[s.finish_reason] for s in samples),
                    has_logprobs=bytes(s.logprobs is not None for s in samples),
@@ -81,7 +89,10 @@ class SampleColumns(NamedTuple):
                    text_lengths=[len(t) for t in texts], text="".join(texts),
                    token_parts=tuple(s.tokens for s in samples),
                    logprob_parts=tuple(s.logprobs for s in samples if s.logprobs is not None),
-                   mask_parts=tuple(s.loss_mask for s in samples if s.loss_mask is not None))
+                   mask_parts=tuple(s.loss_mask for s in samples if s.loss_mask is not None),
+                   resume_counts=[len(s.resume_points) for s in samples] if resumed else (),
+                   resume_points=[p for s in samples for p in s.resume_points] if resumed else (),
+                   resumed_from=[r for s in samples for r in s.resumed_from] if resumed else ())
 
     @property
     def tokens(self) -> np.ndarray:
@@ -107,7 +118,7 @@ class SampleColumns(NamedTuple):
         for length in self.text_lengths:
             texts.append(self.text[at:at + length])
             at += length
-        spans = self._row_spans()
+        spans, resumes = self._row_spans(), self._row_resumes()
         row = Sample._checked  # bound once: one call per sample
         out = []
         token_at = logprob_at = mask_at = version_at = 0
@@ -124,6 +135,9 @@ class SampleColumns(NamedTuple):
                            FINISH_REASONS[self.finish_codes[i]], tuple(self.versions[version_at:version_at + count]),
                            mask, spans[i] if spans else ()))
             token_at, version_at = token_at + n, version_at + count
+        if resumes:  # most groups have none
+            for sample, (points, producers) in zip(out, resumes, strict=True):
+                sample.__dict__.update(resume_points=points, resumed_from=producers)
         return tuple(out)
 
     def _row_spans(self) -> list[tuple[VersionSpan, ...]]:
@@ -135,6 +149,17 @@ class SampleColumns(NamedTuple):
         out, at = [], 0
         for count in self.span_counts:
             out.append(tuple(every[at:at + count]))
+            at += count
+        return out
+
+    def _row_resumes(self) -> list[tuple[tuple[int, ...], tuple[str, ...]]]:
+        """The resume points of each sample and whose checkpoints they continued, or [] when no sample
+        resumed (most groups)."""
+        if not self.resume_counts:
+            return []
+        out, at = [], 0
+        for count in self.resume_counts:
+            out.append((tuple(self.resume_points[at:at + count]), tuple(self.resumed_from[at:at + count])))
             at += count
         return out
 
@@ -153,8 +178,10 @@ class Sample:
     `loss_mask` (uint8, one 0/1 per response token; None: every token is the policy's) marks the tokens
     to train: 0 for tool or environment tokens of a multi-turn rollout. `version_spans` say which policy
     version generated which tokens, oldest first, covering the response back to back; `weight_versions`
-    (the distinct versions, oldest first) is derived from them when they are given. The constructor
-    converts the fields and checks the sample with `check_columns`, as a group of one.
+    (the distinct versions, oldest first) is derived from them when they are given. `resume_points` are
+    the response token indices where its generation resumed from an in-flight checkpoint (ascending, each
+    in 0..len(tokens)), `resumed_from` the id of the producer whose checkpoint each one continued. The
+    constructor converts the fields and checks the sample with `check_columns`, as a group of one.
     """
 
     tokens: np.ndarray
@@ -165,6 +192,8 @@ class Sample:
     weight_versions: tuple[int, ...] = ()
     loss_mask: np.ndarray | None = None
     version_spans: tuple[VersionSpan, ...] = ()
+    resume_points: tuple[int, ...] = ()
+    resumed_from: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         finish_code(self.finish_reason)
@@ -181,7 +210,8 @@ class Sample:
             versions = named
         fields = {"tokens": int32_array(self.tokens, "tokens"), "logprobs": float32_array(self.logprobs, "logprobs"),
                   "reward": None if reward is None or math.isnan(reward) else reward, "weight_versions": versions,
-                  "loss_mask": _mask(self.loss_mask), "version_spans": spans}
+                  "loss_mask": _mask(self.loss_mask), "version_spans": spans,
+                  "resume_points": _indices(self.resume_points), "resumed_from": _ids(self.resumed_from)}
         for name, value in fields.items():
             object.__setattr__(self, name, value)
         check_columns(SampleColumns.of((self,)))
@@ -191,11 +221,13 @@ class Sample:
                  finish_reason: str, weight_versions: tuple[int, ...], loss_mask: np.ndarray | None,
                  version_spans: tuple[VersionSpan, ...]) -> Sample:
         """A row of columns `check_columns` accepted (`SampleColumns.rows`): the same checks ran once for
-        the group, so they are not run again per row (reading a group's samples is the trainer's hot path)."""
+        the group, so they are not run again per row (reading a group's samples is the trainer's hot path).
+        Its resume points are empty: `SampleColumns.rows` sets those of the samples that resumed."""
         sample = cls.__new__(cls)
         sample.__dict__.update({"tokens": tokens, "text": text, "logprobs": logprobs, "reward": reward,
                                 "finish_reason": finish_reason, "weight_versions": weight_versions,
-                                "loss_mask": loss_mask, "version_spans": version_spans})
+                                "loss_mask": loss_mask, "version_spans": version_spans,
+                                "resume_points": (), "resumed_from": ()})
         return sample
 
     def token_versions(self) -> np.ndarray:
@@ -216,8 +248,10 @@ class Sample:
         return (self.tokens.tobytes() == other.tokens.tobytes()
                 and _packed(self.logprobs) == _packed(other.logprobs)
                 and _packed(self.loss_mask) == _packed(other.loss_mask)
-                and (self.text, self.reward, self.finish_reason, self.weight_versions, self.version_spans)
-                == (other.text, other.reward, other.finish_reason, other.weight_versions, other.version_spans))
+                and (self.text, self.reward, self.finish_reason, self.weight_versions, self.version_spans,
+                     self.resume_points, self.resumed_from)
+                == (other.text, other.reward, other.finish_reason, other.weight_versions, other.version_spans,
+                    other.resume_points, other.resumed_from))
 
     @property
     def weight_version(self) -> int | None:
@@ -237,6 +271,22 @@ def _mask(mask: Any) -> np.ndarray | None:
         raise InvalidRecordError("loss_mask entries must be 0 or 1; give one 0 or 1 per response token "
                                  "(0: a tool or environment token)")
     return converted
+
+
+def _indices(points: Any) -> tuple[int, ...]:
+    """Resume points as a tuple of ints, refusing what is no integer (1.5, "3")."""
+    try:
+        return tuple(operator.index(p) for p in points)
+    except TypeError:
+        raise InvalidRecordError(f"resume_points must be integer token indices, got {list(points)!r}") from None
+
+
+def _ids(ids: Any) -> tuple[str, ...]:
+    """The producer ids of resume points as a tuple of strings, refusing anything else."""
+    out = tuple(ids)
+    if not all(isinstance(i, str) for i in out):
+        raise InvalidRecordError(f"resumed_from must be producer ids (strings), got {list(out)!r}")
+    return out
 
 
 def _packed(array: np.ndarray | None) -> bytes | None:
@@ -340,36 +390,3 @@ class Samples(Sequence[Sample]):
     def nbytes(self) -> int:
         """Bytes of packed token and logprob payload."""
         return self._columns.nbytes
-
-
-def plain_samples(tokens: Sequence[Sequence[int] | np.ndarray], logprobs: Sequence[Sequence[float] | np.ndarray | None],
-                  texts: Sequence[str], rewards: Sequence[float | None], finish_reasons: Sequence[str],
-                  versions: Sequence[int]) -> Samples | None:
-    """The samples of plain responses (no loss mask, no version spans, one weight version each) held as
-    columns, without a `Sample` object per response: what a producer publishes most, checked as every
-    group is (`check_columns`), once per group. None when a response breaks an invariant (a logprob
-    count that differs from its tokens, a non-finite logprob or reward, an unknown finish reason):
-    building `Sample` objects then names the response at fault.
-
-    Raises:
-        InvalidRecordError: a token id or logprob does not fit int32 / float32 (as `Sample` would).
-    """
-    token_parts = tuple(int32_array(t, "tokens") for t in tokens)
-    logprob_parts = tuple(float32_array(lp, "logprobs") for lp in logprobs)
-    codes = [FINISH_CODES.get(reason) for reason in finish_reasons]
-    if None in codes:
-        return None
-    n = len(token_parts)
-    scored = [None if r is None else float(r) for r in rewards]
-    columns = SampleColumns(
-        lengths=[len(t) for t in token_parts], rewards=[None if r is None or math.isnan(r) else r for r in scored],
-        finish_codes=bytes(codes),  # type: ignore[arg-type]  # no None left: checked above
-        has_logprobs=bytes(lp is not None for lp in logprob_parts), version_counts=[1] * n,
-        versions=[int(v) for v in versions], has_loss_mask=bytes(n), span_counts=[0] * n, spans=(),
-        text_lengths=[len(t) for t in texts], text="".join(texts), token_parts=token_parts,
-        logprob_parts=tuple(lp for lp in logprob_parts if lp is not None), mask_parts=())
-    try:
-        return Samples.from_columns(columns)
-    except InvalidRecordError:
-        return None
-

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rollstream.schemas._layout import dispositions_datum, samples_datum, unmasked_columns
+from rollstream.schemas._layout import NOT_RESUMED, dispositions_datum, samples_datum, unmasked_columns
 from rollstream.schemas._packing import FLOAT32_LE, INT32_LE, unpack
 from rollstream.schemas.records import OffsetDisposition, Sample
 
@@ -54,7 +54,12 @@ def scored_group_v4(d: Mapping[str, Any]) -> Datum:
 
 def scored_group_v5(d: Mapping[str, Any]) -> Datum:
     """Version 5 knew no trainer runs: run 0 (none known), which no staleness rule of runs applies to."""
-    return {**d, "policy_run": 0}
+    return scored_group_v6({**d, "policy_run": 0})
+
+
+def scored_group_v6(d: Mapping[str, Any]) -> Datum:
+    """Version 6 knew no in-flight checkpoints: no sample resumed from one (the resume columns empty)."""
+    return {**d, **NOT_RESUMED}
 
 
 def _sample_v2(s: Mapping[str, Any]) -> Sample:
@@ -92,6 +97,7 @@ UPGRADERS: dict[str, Callable[[Mapping[str, Any]], Datum]] = {
     "scored_group.v3.avsc": scored_group_v3,
     "scored_group.v4.avsc": scored_group_v4,
     "scored_group.v5.avsc": scored_group_v5,
+    "scored_group.v6.avsc": scored_group_v6,
     "step_manifest.v1.avsc": step_manifest_v1,
     "step_manifest.v2.avsc": step_manifest_v2,
     "prompt.v1.avsc": prompt_v1,

@@ -45,6 +45,22 @@ def make_multi_turn_group(prompt_id: str = "m", epoch: int = 0, *,
                        prompt="use the tool", producer_id="test", sampling=sampling)
 
 
+def make_resumed_group(prompt_id: str = "r", epoch: int = 0) -> ScoredGroup:
+    """A group with what schema v7 added: sample 0 resumed twice, at token 2 from gpu-a's in-flight checkpoint
+    and at token 4 from a producer with a non-ASCII id beyond the BMP; sample 1 never resumed; sample 2
+    resumed at token 0 (gpu-b was killed before its first token)."""
+    samples = [
+        Sample(tokens=[31, 32, 33, 34, 35], logprobs=[-0.5] * 5, text="abcde", reward=1.0, weight_versions=(2,),
+               resume_points=(2, 4), resumed_from=("gpu-a", "节点-🛰")),
+        Sample(tokens=[41, 42], logprobs=[-1.0, -2.0], text="fg", reward=0.0, weight_versions=(2,)),
+        Sample(tokens=[51, 52, 53], logprobs=[-0.25] * 3, text="hij", reward=0.5, weight_versions=(2,),
+               resume_points=(0,), resumed_from=("gpu-b",)),
+    ]
+    return ScoredGroup(group_id=make_group_id(prompt_id, epoch), prompt_id=prompt_id, epoch=epoch,
+                       prompt_tokens=[1, 2, 3], samples=samples, started_at_ms=1, finished_at_ms=2,
+                       prompt=f"prompt {prompt_id}", producer_id="gpu-c")
+
+
 def publish(config: KafkaConfig, names: TopicNames, groups: Iterable[ScoredGroup | bytes], *,
             partition: int | None = None) -> list[tuple[int, int]]:
     """Publish groups (or raw bytes) keyed by group id; return each one's (partition, offset), in order."""

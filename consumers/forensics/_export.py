@@ -6,9 +6,11 @@ The columns (`COLUMNS`; the names are the public contract) say, for each sample:
 (`step`, `disposition`: taken / filtered / duplicate / undecodable / requeued, `reason`), the group
 (`group_id`, `prompt_id`, `epoch`, `attempt`, `producer_id`, `policy_run`, `prompt`, `status`, `error`), the
 sample (`sample_index`, `text`, `reward`, `advantage`, `finish_reason`, `weight_version`: its oldest policy
-version, `trainer_version`: the trainer's at the step, `staleness`: their difference) and its response tokens
-as list columns (`tokens`, `logprobs`, `loss_mask`, `token_versions`). A record without samples (undecodable,
-or a failed group) is one row with `sample_index` null, so every offset is accounted for.
+version, `trainer_version`: the trainer's at the step, `staleness`: their difference, `resumed`: whether its
+generation resumed from another producer's in-flight checkpoint) and its response tokens as list columns
+(`tokens`, `logprobs`, `loss_mask`, `token_versions`, `resume_points`: the token indices where it resumed,
+`resumed_from`: whose checkpoint each continued). A record without samples (undecodable, or a failed group)
+is one row with `sample_index` null, so every offset is accounted for.
 
 `advantage` is the group-normalised advantage `Batch.to_tensors` trains on (`grpo_advantages`, eps 1e-6), for
 every group whose samples all have a reward (what it would have been, for a filtered one); null otherwise.
@@ -45,21 +47,25 @@ _SCALARS: tuple[tuple[str, str], ...] = (
     ("prompt_id", "string"), ("epoch", "int64"), ("attempt", "int64"), ("producer_id", "string"),
     ("policy_run", "int64"), ("sample_index", "int32"), ("prompt", "string"), ("text", "string"),
     ("reward", "float64"), ("advantage", "float64"), ("finish_reason", "string"), ("weight_version", "int64"),
-    ("trainer_version", "int64"), ("staleness", "int64"),
+    ("trainer_version", "int64"), ("staleness", "int64"), ("resumed", "bool_"),
 )
 _LISTS: tuple[tuple[str, str], ...] = (
     ("tokens", "int32"), ("logprobs", "float32"), ("loss_mask", "int8"), ("token_versions", "int64"),
+    ("resume_points", "int32"),
 )
+_TEXT_LISTS: tuple[tuple[str, str], ...] = (("resumed_from", "string"),)
 _CONTEXT: tuple[tuple[str, str], ...] = (
     ("partition", "int32"), ("offset", "int64"), ("timestamp_ms", "int64"), ("status", "string"),
     ("error", "string"), ("started_at_ms", "int64"), ("finished_at_ms", "int64"), ("step_created_at_ms", "int64"),
     ("metadata", "string"),
 )
-COLUMNS: tuple[str, ...] = tuple(name for name, _ in (*_SCALARS, *_LISTS, *_CONTEXT))
+COLUMNS: tuple[str, ...] = tuple(name for name, _ in (*_SCALARS, *_LISTS, *_TEXT_LISTS, *_CONTEXT))
 """The exported columns, in file order."""
-_PER_SAMPLE = ("sample_index", "text", "reward", "advantage", "finish_reason", "weight_version", "staleness")
+_PER_SAMPLE = ("sample_index", "text", "reward", "advantage", "finish_reason", "weight_version", "staleness",
+               "resumed", "resumed_from")
 _SHARED = tuple(name for name, _ in (*_SCALARS, *_CONTEXT) if name not in _PER_SAMPLE)
 _ONES = np.ones(1 << 16, np.int8)  # sliced (never written): the loss mask of a sample without one
+_NOT_RESUMED = np.empty(0, np.int32)  # the resume points of a sample that never resumed (most)
 
 
 @dataclass(frozen=True)
@@ -89,7 +95,7 @@ def schema() -> pa.Schema:
     """The Arrow schema of an export (`COLUMNS`, typed)."""
     pa = require_pyarrow()
     fields = [pa.field(n, getattr(pa, t)()) for n, t in (*_SCALARS, *_CONTEXT)]
-    fields += [pa.field(n, pa.list_(getattr(pa, t)())) for n, t in _LISTS]
+    fields += [pa.field(n, pa.list_(getattr(pa, t)())) for n, t in (*_LISTS, *_TEXT_LISTS)]
     by_name = {f.name: f for f in fields}
     return pa.schema([by_name[n] for n in COLUMNS])
 
@@ -146,7 +152,7 @@ class _Rows:
     """Rows buffered for one row group: scalar columns as lists, list columns as arrays (joined once)."""
 
     def __init__(self) -> None:
-        self.columns: dict[str, list[Any]] = {name: [] for name, _ in (*_SCALARS, *_CONTEXT)}
+        self.columns: dict[str, list[Any]] = {name: [] for name, _ in (*_SCALARS, *_TEXT_LISTS, *_CONTEXT)}
         self.lists: dict[str, list[np.ndarray | None]] = {name: [] for name, _ in _LISTS}
         self.rows = 0
         self.tokens = 0
@@ -193,10 +199,14 @@ class _Rows:
             c["finish_reason"].append(sample.finish_reason)
             c["weight_version"].append(version)
             c["staleness"].append(None if version is None or trainer is None else trainer - version)
+            c["resumed"].append(bool(sample.resume_points))
+            c["resumed_from"].append(list(sample.resumed_from))
             self.lists["tokens"].append(sample.tokens)
             self.lists["logprobs"].append(sample.logprobs)
             self.lists["loss_mask"].append(_mask_of(sample.loss_mask, len(sample.tokens)))
             self.lists["token_versions"].append(sample.token_versions())
+            self.lists["resume_points"].append(np.asarray(sample.resume_points, np.int32) if sample.resume_points
+                                               else _NOT_RESUMED)
             self.tokens += len(sample.tokens)
         self.rows += len(samples)
 

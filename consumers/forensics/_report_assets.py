@@ -22,6 +22,7 @@ tr.chosen{background:#e3efff}.taken{color:#1a7f37}.filtered,.requeued{color:#b35
 #tokens{font-family:ui-monospace,monospace;line-height:1.9;max-width:1100px;white-space:pre-wrap}
 #tokens span{padding:1px 2px;margin:0 1px;border-radius:3px}
 #tokens span.masked{text-decoration:line-through;text-decoration-color:#888}
+#tokens span.resume,.legendbar span.resume{background:#ffd54f;color:#5d4037;font-weight:600}
 .legendbar span{display:inline-block;padding:1px 6px;margin-right:4px;border-radius:3px;font-size:12px}
 #errors{color:#b00020;white-space:pre-wrap}
 """
@@ -40,6 +41,7 @@ JS = r"""
   var data = JSON.parse(document.getElementById("report-data").textContent);
   var PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"];
   var chosen = {step: null, row: null, mode: "logprob"};
+  var RESUMED = "\u21bb";  // the marker between the tokens where generation resumed from a checkpoint
 
   function el(tag, attrs, text) {
     var node = document.createElement(tag);
@@ -120,6 +122,18 @@ JS = r"""
       box.appendChild(el("span", {"style": "background:#cfe3ff"}, "trained (mask 1)"));
       box.appendChild(el("span", {"style": "background:#ddd"}, "masked out (tool / environment, mask 0)"));
     }
+    if (s.resumes && s.resumes.length) {
+      box.appendChild(el("span", {"class": "resume"}, RESUMED + " generation resumed from a checkpoint here"));
+    }
+  }
+
+  function resumeMarkers(s, i, box) {
+    (s.resumes || []).forEach(function (r) {
+      if (r[0] === i) {
+        box.appendChild(el("span", {"class": "resume", "title": "resumed here from " + r[1] + "'s checkpoint"},
+                           RESUMED));
+      }
+    });
   }
 
   function showSample(g, s, row) {
@@ -129,10 +143,12 @@ JS = r"""
     document.getElementById("sample-head").textContent = "step " + chosen.step + " · " + (g.group_id || "") +
       " · reward " + fmt(s.reward) + " · advantage " + fmt(s.advantage) + " · finish " + s.finish +
       " · oldest version " + fmt(s.version, 0) + " · " + s.length + " tokens" +
+      (s.resumes && s.resumes.length ? " · resumed " + s.resumes.length + "\u00d7" : "") +
       (s.cut ? " (the first " + s.tokens.length + " shown; rollstream export has them all)" : "");
     var box = document.getElementById("tokens");
     box.textContent = "";
     s.tokens.forEach(function (t, i) {
+      resumeMarkers(s, i, box);
       var piece = s.pieces ? s.pieces[i] : String(t);
       var masked = s.mask && s.mask[i] === 0;
       var tip = "token " + t + " · logprob " + (s.logprobs ? s.logprobs[i].toFixed(3) : "-") + " · version " +
@@ -142,6 +158,7 @@ JS = r"""
       box.appendChild(span);
       box.appendChild(document.createTextNode(s.pieces ? "" : " "));
     });
+    if (!s.cut) { resumeMarkers(s, s.tokens.length, box); }  // resumed after its last token
     legend(s);
   }
 

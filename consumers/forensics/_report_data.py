@@ -121,7 +121,8 @@ def _mean(values: Sequence[float]) -> float | None:
 def _group_view(covered: Covered, manifest: StepManifest, token_text: TokenText | None, budget: list[int]
                 ) -> dict[str, Any]:
     """A JSON-ready view of one record of a detail step: the group and its samples with their tokens, as
-    many as `budget[0]` (the step's tokens left to show) allows; `cut` marks a response shown in part."""
+    many as `budget[0]` (the step's tokens left to show) allows; `cut` marks a response shown in part, and
+    `resumes` lists where its generation resumed from an in-flight checkpoint: [token index, producer id]."""
     d, g = covered.disposition, covered.record.group
     view: dict[str, Any] = {"offset": f"{covered.record.partition}:{covered.record.offset}",
                             "disposition": d.kind if d else None, "reason": d.reason if d else covered.record.error}
@@ -143,6 +144,7 @@ def _group_view(covered: Covered, manifest: StepManifest, token_text: TokenText 
             "logprobs": None if s.logprobs is None else [round(float(x), 4) for x in s.logprobs[:shown]],
             "mask": None if s.loss_mask is None else s.loss_mask[:shown].tolist(),
             "versions": s.token_versions()[:shown].tolist(),
+            "resumes": [[point, producer] for point, producer in zip(s.resume_points, s.resumed_from, strict=True)],
             "pieces": token_text(tokens) if token_text is not None else None})
     return view
 

@@ -48,6 +48,9 @@ class Completion:
         loss_mask: one 0/1 per response token (0: a tool or environment token, not trained), or None (all 1).
         version_spans: which policy version generated which response tokens, oldest first, back to back
             (SGLang's ``meta_info.weight_versions``; a continued partial rollout has several), or empty.
+        resume_points: the response token indices where generation resumed from an in-flight checkpoint
+            (another producer's, killed mid-generation), ascending, each in 0..len(tokens); empty when none.
+        resumed_from: for each resume point, the id of the producer whose checkpoint was continued.
     """
 
     text: str
@@ -65,17 +68,34 @@ class Completion:
             raise EngineError(f"finish_reason {self.finish_reason!r} is not one of {', '.join(FINISH_REASONS)}")
         if self.logprobs is not None and len(self.logprobs) != len(self.tokens):
             raise EngineError(f"completion has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs")
+        if len(self.resume_points) or len(self.resumed_from):  # most completions never resumed
+            self._check_resumes()
+
+    def _check_resumes(self) -> None:
+        points, n = list(self.resume_points), len(self.tokens)
+        if len(points) != len(self.resumed_from):
+            raise EngineError(f"completion has {len(points)} resume points but {len(self.resumed_from)} producer "
+                              "ids they resumed from: give one per resume point")
+        if not all(isinstance(p, int | np.integer) and not isinstance(p, bool) for p in points):
+            raise EngineError(f"resume points {points} must be integer token indices")
+        if points[0] < 0 or points[-1] > n or points != sorted(points):
+            raise EngineError(f"resume points {points} must be ascending token indices in 0..{n} (the completion "
+                              f"has {n} tokens)")
+        if not all(isinstance(r, str) for r in self.resumed_from):
+            raise EngineError(f"resumed_from {list(self.resumed_from)!r} must be producer ids (strings)")
 
     def to_dict(self) -> dict[str, Any]:
         """The dict a reward function receives, in the completion-dict contract's names: text, tokens,
         logprobs (lists), finish_reason, weight_version (the policy version), loss_mask (0/1 per token, or
-        None) and weight_versions (the version spans as ``{"version", "start", "end"}`` dicts; [] when none)."""
+        None), weight_versions (the version spans as ``{"version", "start", "end"}`` dicts; [] when none),
+        resume_points and resumed_from (lists; [] when generation never resumed from a checkpoint)."""
         return {"text": self.text, "tokens": np.asarray(self.tokens).tolist(),
                 "logprobs": None if self.logprobs is None else np.asarray(self.logprobs, dtype=float).tolist(),
                 "finish_reason": self.finish_reason, "weight_version": self.policy_version,
                 "loss_mask": None if self.loss_mask is None else np.asarray(self.loss_mask).astype(int).tolist(),
                 "weight_versions": [{"version": s.version, "start": s.start, "end": s.end}
-                                    for s in self.version_spans]}
+                                    for s in self.version_spans],
+                "resume_points": [int(p) for p in self.resume_points], "resumed_from": list(self.resumed_from)}
 
 
 @dataclass(frozen=True)

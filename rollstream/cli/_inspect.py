@@ -69,8 +69,9 @@ def export(
     Columns: step, disposition (taken / filtered / duplicate / undecodable / requeued; null: no step of
     --group covered the record yet), reason, group_id, prompt_id, epoch, attempt, producer_id, policy_run,
     sample_index, prompt, text, reward, advantage (group-normalised, as Batch.to_tensors), finish_reason,
-    weight_version (the sample's oldest), trainer_version (at the step), staleness, the list columns tokens,
-    logprobs, loss_mask, token_versions, and partition, offset, timestamp_ms, status, error, started_at_ms,
+    weight_version (the sample's oldest), trainer_version (at the step), staleness, resumed (from another
+    producer's in-flight checkpoint), the list columns tokens, logprobs, loss_mask, token_versions,
+    resume_points, resumed_from, and partition, offset, timestamp_ms, status, error, started_at_ms,
     finished_at_ms, step_created_at_ms, metadata. A record without samples (undecodable, failed) is one row.
 
     Reads as replay does, a chunk of steps at a time, and writes a row group at a time: memory stays

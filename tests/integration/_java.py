@@ -110,6 +110,7 @@ def python_view(group: ScoredGroup) -> dict[str, Any]:
         "samples": [{
             "n_tokens": len(s.tokens), "reward": s.reward, "finish_reason": s.finish_reason, "text": s.text,
             "weight_versions": list(s.weight_versions), "has_logprobs": s.logprobs is not None,
+            "resume_points": list(s.resume_points), "resumed_from": list(s.resumed_from),
             "tokens": s.tokens.tolist(), "logprobs": None if s.logprobs is None else s.logprobs.tolist(),
             "loss_mask": None if s.loss_mask is None else s.loss_mask.tolist(),
             "version_spans": [[v.version, v.start, v.end] for v in s.version_spans],

@@ -4,8 +4,8 @@
 Three behaviours are pinned here:
 1. Field for field, the Java reader's view of every group on NS.rollouts equals Python's (multi-sample groups of
    different lengths, a failed group, rewards that are None, non-ASCII text beyond the BMP, attempts, loss masks
-   and version spans, trainer runs), including records of the previous schemas (v4, v5), which Avro resolution
-   brings to v6 with the values Python's upgraders give.
+   and version spans, trainer runs, resume points), including records of the previous schemas (v4, v5, v6), which
+   Avro resolution brings to v7 with the values Python's upgraders give.
 2. Avro Java's fingerprints (`SchemaNormalization.parsingFingerprint64`) are Python's, for every schema file.
 3. An unknown fingerprint, and a version Avro resolution cannot bring to the current schema (v3), are refused
    with a non-zero exit and a message naming them.
@@ -38,7 +38,7 @@ from rollstream.schemas.codec import MAGIC, SCHEMA_DIR
 from tests.conftest import NamespaceFactory
 from tests.integration._java import JavaReader, java_view, missing_tools, python_view, reader_jars
 from tests.integration._kafka import read_records
-from tests.records import make_group, make_multi_turn_group, publish
+from tests.records import make_group, make_multi_turn_group, make_resumed_group, publish
 
 _MISSING = missing_tools()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"the Java reader cannot run here: {_MISSING}")
@@ -63,7 +63,8 @@ def _old_record(history_file: str, group: ScoredGroup, dropped: tuple[str, ...])
     return MAGIC + fingerprint(schema) + body.getvalue()
 
 
-_V6_FIELDS = ("policy_run",)
+_V7_FIELDS = ("resume_point_counts", "resume_points", "resumed_from_lengths", "resumed_from")
+_V6_FIELDS = ("policy_run", *_V7_FIELDS)
 _V5_FIELDS = ("attempt", "max_attempts", "retriable", "source_prompt", *_V6_FIELDS)
 
 
@@ -83,6 +84,7 @@ def _groups() -> list[ScoredGroup]:
         unicode,
         make_multi_turn_group(),
         replace(make_group("retry", 2, rewards=(1.0,)), attempt=1, max_attempts=3, retriable=True, policy_run=3),
+        make_resumed_group(),
     ]
 
 
@@ -91,13 +93,15 @@ def test_java_reader_prints_what_python_decodes(kafka_config: KafkaConfig, names
     names = namespace_factory(partitions=2)
     groups = _groups()
     v4_group, v5_group = make_multi_turn_group("old"), replace(make_group("v5", rewards=(1.0,)), attempt=1)
+    v6_group = replace(make_group("v6", rewards=(1.0,)), policy_run=2)
     publish(kafka_config, names, [*groups, _old_record("scored_group.v4.avsc", v4_group, _V5_FIELDS),
-                                  _old_record("scored_group.v5.avsc", v5_group, _V6_FIELDS)])
+                                  _old_record("scored_group.v5.avsc", v5_group, _V6_FIELDS),
+                                  _old_record("scored_group.v6.avsc", v6_group, _V7_FIELDS)])
     lines = java_reader.lines("--bootstrap-servers", kafka_config.bootstrap_servers, "--topic", names.rollouts,
                               "--tokens", "--timeout-s", "30")
     python = {(p, o): python_view(g) for p, o, g in read_records(kafka_config, names.rollouts, ScoredGroup)}
     java = {(line["partition"], line["offset"]): java_view(line) for line in lines}
-    assert len(lines) == len(groups) + 2
+    assert len(lines) == len(groups) + 3
     assert java == python
     by_id = {line["group_id"]: line for line in lines}
     assert {g.group_id: by_id[g.group_id]["key"] for g in groups} == {g.group_id: g.group_id for g in groups}
@@ -106,7 +110,13 @@ def test_java_reader_prints_what_python_decodes(kafka_config: KafkaConfig, names
     assert (old["attempt"], old["max_attempts"], old["retriable"], old["policy_run"]) == (0, 1, False, 0)
     v5 = by_id[v5_group.group_id]
     assert (v5["schema"], v5["attempt"], v5["policy_run"]) == ("history/scored_group.v5.avsc", 1, 0)
+    v6 = by_id[v6_group.group_id]
+    assert (v6["schema"], v6["policy_run"]) == ("history/scored_group.v6.avsc", 2)
+    assert v6["samples"][0]["resume_points"] == v6["samples"][0]["resumed_from"] == []
     assert by_id["retry#2"]["policy_run"] == 3
+    resumed = by_id["r#0"]["samples"]
+    assert [(s["resume_points"], s["resumed_from"]) for s in resumed] == [([2, 4], ["gpu-a", "节点-🛰"]), ([], []),
+                                                                         ([0], ["gpu-b"])]
     assert by_id["multi#1"]["rewards"] == [0.5, None, -1.25, 1e-7]
     assert by_id["multi#1"]["token_counts"] == [4, 5, 6, 7]
 

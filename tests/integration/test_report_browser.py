@@ -16,8 +16,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from rollstream.consumers.forensics._report_data import ReportData, collect
+from rollstream.consumers.forensics._report_page import render
 
-from tests.unit.test_export import report_page
+from tests.records import make_resumed_group
+from tests.unit.test_export import _step, report_page
 
 REQUIRE_ENV = "ROLLSTREAM_REQUIRE_BROWSER"  # .ci/run sets it: there a missing browser fails the check
 _FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--enable-logging=stderr", "--v=0",
@@ -71,3 +74,18 @@ def test_report_renders_without_errors_and_shows_plots(tmp_path: Path) -> None:
     # the reward line (#4e79a7) and the staleness max line (#e15759), anti-aliased: near those colours
     for target in ((0x4E, 0x79, 0xA7), (0xE1, 0x57, 0x59)):
         assert any(sum(abs(a - b) for a, b in zip(c, target, strict=True)) < 30 for c in colours), target
+
+
+def test_the_token_view_marks_where_a_response_resumed_from_a_checkpoint(tmp_path: Path) -> None:
+    browser = _chromium()
+    stats, details, zero = collect([_step(0, 0, [make_resumed_group()], ["taken"])], {0})
+    page = tmp_path / "report.html"
+    page.write_text(render(ReportData("ns", "trainer", tuple(stats), details, zero, 1)), encoding="utf-8")
+    dom = _run(browser, page, "--dump-dom")
+    assert not _CONSOLE.search(dom.stderr) and 'data-errors="0"' in dom.stdout, dom.stderr[-2000:]
+    tokens = dom.stdout.split('id="tokens"')[1].split("</div>")[0]
+    assert re.findall(r'class="resume" title="([^"]*)"', tokens) == [
+        "resumed here from gpu-a's checkpoint", "resumed here from 节点-🛰's checkpoint"]
+    assert tokens.index("resumed here from gpu-a") < tokens.index(">33<") < tokens.index("resumed here from 节点")
+    head = dom.stdout.split('id="sample-head"')[1].split("</p>")[0]
+    assert "resumed 2×" in head

@@ -34,6 +34,13 @@ from rollstream.schemas import (
 from rollstream.schemas.codec import MAGIC, SCHEMA_DIR
 
 GOLDEN_HEX = (
+    "c30106817c816b92a68d0a702d31233206702d310400000a6770752d3080a0abfef962d0afabfef96208312b313d040c"
+    "736f757263650a67736d386b14646966666963756c747902330000000200000008030000001000000000000000000200"
+    "020108020000002003000000000000000400000000000000020008000000000000000000080800000010616e73776572"
+    "2030180700000008000000090000001800000000010000000200000018000080bf000000bf0000000000"
+)
+# The same group as written by schema v6 (no resume points: four empty columns fewer).
+GOLDEN_V6_HEX = (
     "c3017a7d0236bb01d7ab0a702d31233206702d310400000a6770752d3080a0abfef962d0afabfef96208312b313d040c"
     "736f757263650a67736d386b14646966666963756c747902330000000200000008030000001000000000000000000200"
     "0201080200000020030000000000000004000000000000000200080000000000080800000010616e7377657220301807"
@@ -123,10 +130,11 @@ def test_golden_bytes_pin_the_wire_format() -> None:
     group = make_group(n_samples=1, n_tokens=3)
     data = encode(group)
     assert data[:2] == MAGIC
-    assert data[2:10].hex() == "7a7d0236bb01d7ab"  # fingerprint of scored_group.avsc (v6)
+    assert data[2:10].hex() == "06817c816b92a68d"  # fingerprint of scored_group.avsc (v7)
     assert data.hex() == GOLDEN_HEX
     assert decode(bytes.fromhex(GOLDEN_HEX)) == decode(data)
-    assert decode(bytes.fromhex(GOLDEN_V5_HEX), ScoredGroup) == group  # records of the previous versions decode
+    assert decode(bytes.fromhex(GOLDEN_V6_HEX), ScoredGroup) == group  # records of the previous versions decode
+    assert decode(bytes.fromhex(GOLDEN_V5_HEX), ScoredGroup) == group
     assert decode(bytes.fromhex(GOLDEN_V4_HEX), ScoredGroup) == group
     assert decode(bytes.fromhex(GOLDEN_V3_HEX), ScoredGroup) == group
     assert decode(bytes.fromhex(GOLDEN_V2_HEX), ScoredGroup) == group

@@ -4,6 +4,7 @@ bounded, and a report page that fetches nothing."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -16,14 +17,15 @@ from rollstream.consumers.forensics._step_read import Covered, CoveredStep, _run
 from rollstream.schemas import OffsetDisposition, PartitionRange, ScoredGroup, StepManifest, encode
 
 from rollstream.cli._inspect import parse_steps
-from tests.records import make_group, make_multi_turn_group
+from tests.records import make_group, make_multi_turn_group, make_resumed_group
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 CONTRACT = ("step", "disposition", "reason", "group_id", "prompt_id", "epoch", "attempt", "producer_id",
             "sample_index", "prompt", "text", "reward", "advantage", "finish_reason", "weight_version",
-            "trainer_version", "tokens", "logprobs", "loss_mask", "token_versions", "policy_run")
+            "trainer_version", "tokens", "logprobs", "loss_mask", "token_versions", "policy_run", "resumed",
+            "resume_points", "resumed_from")
 
 
 def _step(step: int, start: int, groups: list[ScoredGroup | None], kinds: list[str], *, version: int = 6
@@ -67,6 +69,19 @@ def test_export_has_the_contract_columns_and_a_row_per_sample(tmp_path: Path) ->
     first = rows[0]
     assert first["tokens"] == [100, 101, 102, 103] and first["prompt"] == "prompt a" and first["text"] == "answer 0"
     assert first["logprobs"] == pytest.approx([-0.5, -1.5, -2.5, -3.5]) and first["timestamp_ms"] == 9_000
+
+
+def test_export_says_where_samples_resumed_from_a_checkpoint(tmp_path: Path) -> None:
+    _export.write_steps([*_steps(), _step(2, 6, [make_resumed_group()], ["taken"])], tmp_path / "x.parquet")
+    table = pq.read_table(tmp_path / "x.parquet")
+    assert table.schema.field("resumed").type == pa.bool_()
+    assert table.schema.field("resume_points").type == pa.list_(pa.int32())
+    assert table.schema.field("resumed_from").type == pa.list_(pa.string())
+    rows = table.to_pylist()
+    assert [(r["resumed"], r["resume_points"], r["resumed_from"]) for r in rows if r["group_id"] == "r#0"] == [
+        (True, [2, 4], ["gpu-a", "节点-🛰"]), (False, [], []), (True, [0], ["gpu-b"])]
+    assert rows[0]["resumed"] is False and rows[0]["resume_points"] == [] and rows[0]["resumed_from"] == []
+    assert rows[5]["resumed"] is None and rows[5]["resume_points"] is None and rows[5]["resumed_from"] is None
 
 
 def test_export_advantages_are_what_to_tensors_trains_on(tmp_path: Path) -> None:
@@ -144,6 +159,17 @@ def test_report_detail_shows_tokens_within_the_step_budget(monkeypatch: pytest.M
         (4, 4, False), (2, 5, True), (0, 6, True), (0, 5, True), (0, 2, True)]
     assert all(len(s["logprobs"]) == len(s["versions"]) == len(s["tokens"]) for s in samples)
     assert [g["disposition"] for g in details[0]] == ["taken", "taken", "undecodable"]
+
+
+def test_report_marks_where_a_sample_resumed_from_a_checkpoint() -> None:
+    steps = [_step(0, 0, [make_resumed_group(), make_group("a")], ["taken", "taken"])]
+    stats, details, zero = collect(steps, {0})
+    assert [s["resumes"] for s in details[0][0]["samples"]] == [[[2, "gpu-a"], [4, "节点-🛰"]], [], [[0, "gpu-b"]]]
+    assert all(s["resumes"] == [] for s in details[0][1]["samples"])
+    page = render(ReportData("ns", "trainer", tuple(stats), details, zero, 1_700_000_000_000))
+    data = json.loads(page.split('id="report-data">')[1].split("</script>")[0])
+    assert data["details"]["0"][0]["samples"][0]["resumes"] == [[2, "gpu-a"], [4, "节点-🛰"]]
+    assert "resumed here from " in page  # the marker's title (tests/integration/test_report_browser.py shows it)
 
 
 def test_export_without_pyarrow_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -260,9 +260,14 @@ public final class GroupReader {
     /** The sampling parameters that shaped the logprobs (top_k -1: off). */
     record Sampling(double temperature, double topP, int topK) {}
 
-    /** One response of a group, unpacked from the columns. logprobs, lossMask: null when the sample has none. */
+    /**
+     * One response of a group, unpacked from the columns. logprobs, lossMask: null when the sample has none;
+     * resumePoints: the token indices where its generation resumed from an in-flight checkpoint of the producer
+     * resumedFrom names (both empty when it never resumed).
+     */
     record Sample(int[] tokens, float[] logprobs, String text, Double reward, String finishReason,
-                  long[] weightVersions, byte[] lossMask, long[][] versionSpans) {
+                  long[] weightVersions, byte[] lossMask, long[][] versionSpans, int[] resumePoints,
+                  String[] resumedFrom) {
 
         Map<String, Object> toMap(boolean withTokens) {
             Map<String, Object> out = new LinkedHashMap<>();
@@ -272,6 +277,8 @@ public final class GroupReader {
             out.put("text", text);
             out.put("weight_versions", weightVersions);
             out.put("has_logprobs", logprobs != null);
+            out.put("resume_points", resumePoints);
+            out.put("resumed_from", resumedFrom);
             if (withTokens) {
                 out.put("tokens", tokens);
                 out.put("logprobs", logprobs);
@@ -303,7 +310,7 @@ public final class GroupReader {
                     writerFile);
         }
 
-        /** The samples of a v6 record, split out of its columns (each packed one entry per sample, in order). */
+        /** The samples of a v7 record, split out of its columns (each packed one entry per sample, in order). */
         static List<Sample> samples(GenericRecord r) {
             int[] lengths = ints(r, "response_lengths");
             double[] rewards = doubles(r, "rewards");
@@ -319,7 +326,15 @@ public final class GroupReader {
             int[] tokens = ints(r, "tokens");
             float[] logprobs = floats(r, "logprobs");
             byte[] masks = bytes(r, "loss_masks");
+            int[] resumeCounts = ints(r, "resume_point_counts");  // empty when no sample resumed (most groups)
+            int[] resumePoints = ints(r, "resume_points");
+            int[] producerLengths = ints(r, "resumed_from_lengths");
+            String producers = str(r, "resumed_from");
             int n = lengths.length;
+            if (resumeCounts.length != 0 && resumeCounts.length != n || producerLengths.length != resumePoints.length) {
+                throw new IllegalArgumentException("resume columns disagree: " + resumeCounts.length + " counts for " + n
+                        + " samples, " + resumePoints.length + " resume points, " + producerLengths.length + " producer ids");
+            }
             for (int count : new int[] {rewards.length, finish.length, hasLogprobs.length, versionCounts.length,
                     hasMask.length, spanCounts.length, textLengths.length}) {
                 if (count != n) {
@@ -327,7 +342,7 @@ public final class GroupReader {
                 }
             }
             List<Sample> out = new ArrayList<>(n);
-            int tokenAt = 0, logprobAt = 0, maskAt = 0, versionAt = 0, spanAt = 0, charAt = 0;
+            int tokenAt = 0, logprobAt = 0, maskAt = 0, versionAt = 0, spanAt = 0, charAt = 0, resumeAt = 0, producerAt = 0;
             for (int i = 0; i < n; i++) {
                 int len = lengths[i];
                 float[] lp = hasLogprobs[i] == 1 ? Arrays.copyOfRange(logprobs, logprobAt, logprobAt += len) : null;
@@ -337,13 +352,23 @@ public final class GroupReader {
                     own[k] = Arrays.copyOfRange(spans, spanAt, spanAt + 3);  // version, start, end
                 }
                 int textEnd = texts.offsetByCodePoints(charAt, textLengths[i]);  // lengths count code points
+                int resumeCount = resumeCounts.length == 0 ? 0 : resumeCounts[i];
+                int[] resumes = Arrays.copyOfRange(resumePoints, resumeAt, resumeAt + resumeCount);
+                String[] from = new String[resumes.length];
+                for (int k = 0; k < from.length; k++) {
+                    int end = producers.offsetByCodePoints(producerAt, producerLengths[resumeAt + k]);
+                    from[k] = producers.substring(producerAt, end);
+                    producerAt = end;
+                }
+                resumeAt += resumes.length;
                 out.add(new Sample(Arrays.copyOfRange(tokens, tokenAt, tokenAt += len), lp, texts.substring(charAt, textEnd),
                         Double.isNaN(rewards[i]) ? null : rewards[i], FINISH_REASONS.get(finish[i]),
-                        Arrays.copyOfRange(versions, versionAt, versionAt += versionCounts[i]), mask, own));
+                        Arrays.copyOfRange(versions, versionAt, versionAt += versionCounts[i]), mask, own, resumes, from));
                 charAt = textEnd;
             }
             if (tokenAt != tokens.length || logprobAt != logprobs.length || maskAt != masks.length
-                    || versionAt != versions.length || spanAt != spans.length || charAt != texts.length()) {
+                    || versionAt != versions.length || spanAt != spans.length || charAt != texts.length()
+                    || resumeAt != resumePoints.length || producerAt != producers.length()) {
                 throw new IllegalArgumentException("the packed columns hold more than the samples' lengths say");
             }
             return out;
