@@ -312,7 +312,7 @@ def _checkpoint_datum(c: InflightCheckpoint) -> dict[str, Any]:
             "written_at_ms": c.written_at_ms, "policy_run": c.policy_run, "finish_reason": c.finish_reason,
             "policy_turns": c.policy_turns, "environment_state": c.environment_state,
             "resume_points": list(c.resume_points), "resumed_from": list(c.resumed_from), "text": c.text,
-            "has_logprobs": c.logprobs is not None, "versions": c.versions.astype("<i8").tobytes(),
+            "has_logprobs": c.logprobs is not None, "version_spans": _runs(c.versions).tobytes(),
             "loss_mask": b"" if c.loss_mask is None else c.loss_mask.tobytes(),
             "logprobs": b"" if c.logprobs is None else c.logprobs.tobytes(), "tokens": c.tokens.tobytes()}
 
@@ -327,7 +327,29 @@ def _checkpoint_from_datum(d: Mapping[str, Any]) -> InflightCheckpoint:
         tokens=unpack(d["tokens"], INT32_LE, "tokens"),
         logprobs=unpack(d["logprobs"], FLOAT32_LE, "logprobs") if d["has_logprobs"] else None,
         loss_mask=unpack(d["loss_mask"], UINT8, "loss_mask") if d["loss_mask"] else None,
-        versions=unpack(d["versions"], np.dtype("<i8"), "versions"))
+        versions=_expanded(unpack(d["version_spans"], np.dtype("<i8"), "version_spans"), len(d["tokens"]) // 4))
+
+
+def _runs(versions: np.ndarray) -> np.ndarray:
+    """Per-token versions (-1: unknown) as (version, start, end) triplets of their runs of known versions."""
+    if not len(versions):
+        return np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.diff(versions, prepend=versions[0] - 1))
+    ends = np.append(starts[1:], len(versions))
+    runs = np.stack([versions[starts], starts, ends], axis=1)
+    return runs[runs[:, 0] >= 0].astype("<i8").ravel()
+
+
+def _expanded(spans: np.ndarray, n: int) -> np.ndarray:
+    """`_runs` back to per-token versions. Raises DecodeError for triplets that do not fit `n` tokens."""
+    if len(spans) % 3:
+        raise DecodeError(f"checkpoint version_spans hold {len(spans)} numbers, no whole (version, start, end)")
+    versions = np.full(n, -1, np.int64)
+    for version, start, end in spans.reshape(-1, 3).tolist():
+        if not 0 <= start <= end <= n:
+            raise DecodeError(f"checkpoint version span [{start}, {end}) outside its {n} tokens")
+        versions[start:end] = version
+    return versions
 
 
 @dataclass(frozen=True)
