@@ -49,7 +49,8 @@ def measure(config: KafkaConfig, watchers: int, *, seconds: float = 10.0,
         for w in running:
             w.join(5.0)
         admin = open_admin(config.admin())
-        for future in admin.delete_topics([names.prompts, names.rollouts, names.steps, names.control]).values():
+        topics = [names.prompts, names.rollouts, names.steps, names.control, names.inflight]
+        for future in admin.delete_topics(topics).values():
             try:
                 future.result(timeout=30.0)
             except Exception:  # noqa: BLE001 - a topic left behind costs nothing here

@@ -137,7 +137,7 @@ class Phase:
         """Drop the phase's topics once checked: the next phase's brokers then replicate only their own."""
         admin = open_admin(self.config.admin())
         n = self.names
-        futures = admin.delete_topics([n.prompts, n.rollouts, n.steps, n.control], operation_timeout=30.0)
+        futures = admin.delete_topics([n.prompts, n.rollouts, n.steps, n.control, n.inflight], operation_timeout=30.0)
         for topic, future in futures.items():
             try:
                 future.result(timeout=60.0)

@@ -70,13 +70,13 @@ def test_topics_create_is_idempotent_and_describes_the_plan(bootstrap_servers: s
     namespace = f"cli-{uuid.uuid4().hex[:8]}"
     first = rollstream("topics", "create", "--namespace", namespace, "--partitions", "2", "--retention-days", "2")
     assert first.returncode == 0, first.stderr
-    assert first.stdout.count(": created") == 4
+    assert first.stdout.count(": created") == 5 and f"{namespace}.inflight: created" in first.stdout
     again = rollstream("topics", "create", "--namespace", namespace)
-    assert again.returncode == 0 and again.stdout.count(": exists") == 4
+    assert again.returncode == 0 and again.stdout.count(": exists") == 5
     described = rollstream("topics", "describe", "--namespace", namespace)
     assert described.returncode == 0, described.stderr
     assert f"retention.ms={2 * 24 * 3600 * 1000}" in described.stdout
-    assert "cleanup.policy=compact" in described.stdout
+    assert "cleanup.policy=compact" in described.stdout and f"{namespace}.inflight " in described.stdout
 
 
 @pytest.mark.parametrize("command", [("topics", "create"), ("lag",), ("take", "-n", "1", "--timeout", "1"),

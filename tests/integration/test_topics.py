@@ -38,10 +38,11 @@ def test_alter_sets_limits_as_the_plan_would_and_only_once(kafka_config: KafkaCo
     day, mib = 24 * 3600 * 1000, 1 << 20
     changes = alter_topics(names, kafka_config, max_message_bytes=5 * mib, retention_days=2)
     timed = [names.prompts, names.rollouts, names.steps]
-    assert set(changes) == {*timed, names.control}
+    assert set(changes) == {*timed, names.control, names.inflight}
     assert changes[names.rollouts] == {"max.message.bytes": (str(TopicPlan().max_message_bytes), str(5 * mib)),
                                        "retention.ms": (str(3 * day), str(2 * day))}
     assert changes[names.control] == {"max.message.bytes": (str(TopicPlan().max_message_bytes), str(5 * mib))}
+    assert changes[names.inflight] == changes[names.control]  # compacted too: no retention.ms
     configs = describe_topic_configs([*timed, names.control], kafka_config)
     assert all(configs[t]["retention.ms"] == str(2 * day) for t in timed)
     assert configs[names.control]["retention.ms"] == "-1"
