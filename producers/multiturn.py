@@ -54,7 +54,8 @@ boundary (after the environment's reply, before the next policy turn), with the 
 continues from it: its tokens, logprobs, loss mask and versions as they were, the environment restored from
 the snapshot (``restore(state)``) and the next policy turn continuing the context; a finished one is kept as it
 is. An environment without ``snapshot``/``restore`` (or a checkpoint without a snapshot) starts its episode
-again (`Progress.restarted` counts it).
+again (`Progress.restarted` counts it). A resumed episode's tokens of unknown version take `Progress.version`
+(the version the producer stamps the group with), so its checkpointed tokens keep theirs.
 """
 
 from __future__ import annotations
@@ -254,6 +255,9 @@ async def run_episodes(policy: TokenPolicy, new_environment: Callable[[], Enviro
         play = _Play(policy, new_environment, sampling, max_turns, max_tokens, pool, label, progress)
         await gather_or_cancel([play(i, e, next(first)) if state is None else play.resume(i, e, state)
                                 for i, (e, state) in enumerate(zip(episodes, restored, strict=True))])
+        for episode, state in zip(episodes, restored, strict=True):
+            if state is not None and progress is not None:  # its checkpointed tokens keep their versions
+                episode.versions = [progress.version if v is None else v for v in episode.versions]
         return await pool.run(lambda: [e.to_dict(decode, prompt_text=prompt_text) for e in episodes])
     finally:
         if threads is None:

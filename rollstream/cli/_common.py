@@ -21,7 +21,7 @@ KafkaConfigOpt = Annotated[Path | None, typer.Option(
     help="A properties file of librdkafka settings (security.protocol, sasl.*, ssl.*, ...) for every client.")]
 NamespaceOpt = Annotated[str, typer.Option(
     "--namespace", "-N", envvar="ROLLSTREAM_NAMESPACE",
-    help="Topic namespace: topics are NS.prompts, NS.rollouts, NS.steps, NS.control.")]
+    help="Topic namespace: topics are NS.prompts, NS.rollouts, NS.steps, NS.control, NS.inflight.")]
 TrainerGroupOpt = Annotated[str, typer.Option(
     "--group", "-g", envvar="ROLLSTREAM_TRAINER_GROUP", help="The trainer's consumer group id.")]
 

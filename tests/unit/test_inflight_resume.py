@@ -10,7 +10,11 @@ Pinned here:
    uninterrupted episode gives (a deterministic policy);
 3. a finished sample's checkpoint is kept as it is (no policy call), and an environment without
    ``snapshot``/``restore`` starts its episode again, said through `Progress.restarted`;
-4. a checkpoint round-trips through the wire format, and its invariants are checked.
+4. a checkpoint round-trips through the wire format, and its invariants are checked;
+5. the vLLM engine (against the stand-in) streams every request when checkpoints are on and saves each sample
+   finished; a restored sample is continued from prompt + its tokens (``max_tokens`` reduced), its text,
+   resume points and versions kept (the new tokens take the group's version); a finished one is kept without
+   a request; a text prompt's checkpoint (no token ids to continue from) starts again.
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ class Policy:
                 for _ in range(n)]
 
 
+class UnversionedPolicy(Policy):
+    async def __call__(self, ids: Sequence[int], n: int, sampling: SamplingParams) -> list[Completion]:
+        return [Completion(text="", tokens=list(c.tokens), logprobs=c.logprobs)
+                for c in await super().__call__(ids, n, sampling)]
+
+
 class CountingEnv:
     """Replies [turn number] three times, then ends; its state is the turn count (snapshot/restore)."""
 
@@ -70,6 +80,8 @@ class StatelessEnv:
 class Recorder:
     """A `Progress` that hands out given states and records what is saved."""
 
+    interval_s, version = 0.0, 9
+
     def __init__(self, restored: dict[int, SampleState] | None = None) -> None:
         self._restored = restored or {}
         self.saved: list[tuple[int, SampleState]] = []
@@ -82,7 +94,7 @@ class Recorder:
         self.saved.append((index, state))
 
     def restarted(self, index: int, why: str) -> None:
-        assert "snapshot" in why
+        assert "snapshot" in why or "token ids" in why
         self.restarts.append(index)
 
 
@@ -117,6 +129,13 @@ def test_a_restored_episode_goes_on_where_its_checkpoint_was_and_says_so() -> No
     assert policy.contexts[0] == [1, 2, 3, *checkpoint.tokens]  # the first call continues the checkpoint
     assert len(policy.contexts) == 2  # turns 3 and 4 only
     assert all(s.resume_points == (len(checkpoint.tokens),) for _, s in progress.saved)
+    assert resumed["weight_version"] == 7  # the policy's own versions, restored and new
+
+    unversioned = SampleState(**{**vars(restored), "versions": (3,) * len(checkpoint.tokens)})
+    [older] = _play(CountingEnv, Recorder({0: unversioned}), policy=UnversionedPolicy())
+    n = len(checkpoint.tokens)  # the checkpoint's tokens keep version 3, the new ones take the group's (9)
+    assert older["weight_versions"] == [{"version": 3, "start": 0, "end": n},
+                                        {"version": 9, "start": n, "end": len(older["tokens"])}]
 
 
 def test_finished_samples_are_kept_and_episodes_without_snapshots_start_again() -> None:
@@ -150,3 +169,51 @@ def test_checkpoints_round_trip_and_are_checked() -> None:
         InflightCheckpoint("p#0", "p", 0, 0, 0, 0, "a", 1, 0, tokens=[1, 2, 3], logprobs=[0.0])
     with pytest.raises(InvalidRecordError, match="resume points"):
         InflightCheckpoint("p#0", "p", 0, 0, 0, 0, "a", 1, 0, tokens=[1], resume_points=(2,), resumed_from=("b",))
+
+
+def _vllm_run(url: str, progress: Recorder, *, tokenizer: Any = None, n: int = 2) -> Any:
+    from rollstream.producers.engines import VLLMHTTPEngine
+
+    engine = VLLMHTTPEngine([url], tokenizer=tokenizer)
+
+    async def go() -> Any:
+        await engine.start()
+        try:
+            return await engine.generate({"id": "p", "prompt": "2+2?"}, n, SamplingParams(max_new_tokens=6),
+                                         progress=progress)
+        finally:
+            await engine.close()
+    return asyncio.run(go())
+
+
+def test_vllm_samples_stream_resume_from_their_checkpoint_and_keep_finished_ones() -> None:
+    from tests.standins.sglang_server import CharTokenizer
+    from tests.standins.vllm_server import VLLMStandIn, token_at
+
+    ids = [ord(ch) for ch in "2+2?"]
+    with VLLMStandIn() as vllm:
+        whole = Recorder()
+        whole.interval_s = 0.001
+        plain = _vllm_run(vllm.url, whole, tokenizer=CharTokenizer())
+        assert all(b["stream"] is True for b in vllm.completions())  # checkpoints on: every request streams
+        assert [s.finish_reason for _, s in whole.saved if s.finish_reason] == ["length", "length"]
+        expected = [token_at(len(ids) + i) for i in range(6)]
+        assert [list(c.tokens) for c in plain.completions] == [expected, expected]
+
+        partial = SampleState(tokens=expected[:2], logprobs=list(plain.completions[0].logprobs[:2]),
+                              versions=(4, 4), text="ab", resume_points=(2,), resumed_from=("P1",))
+        finished = SampleState(tokens=expected, logprobs=list(plain.completions[1].logprobs), versions=(4,) * 6,
+                               finish_reason="length", text="done", resume_points=(6,), resumed_from=("P1",))
+        before = len(vllm.completions())
+        out = _vllm_run(vllm.url, Recorder({0: partial, 1: finished}), tokenizer=CharTokenizer())
+        [body] = vllm.completions()[before:]  # the finished sample was kept: one request, the continuation
+        assert body["prompt"] == [*ids, *expected[:2]] and body["max_tokens"] == 4
+        first, kept = out.completions
+        assert list(first.tokens) == expected and first.text.startswith("ab")
+        assert (list(first.resume_points), list(first.resumed_from)) == ([2], ["P1"])
+        assert [(s.version, s.start, s.end) for s in first.version_spans] == [(4, 0, 2), (9, 2, 6)]
+        assert list(kept.tokens) == expected and kept.text == "done" and list(kept.resume_points) == [6]
+
+        progress = Recorder({0: partial})
+        text_only = _vllm_run(vllm.url, progress, n=1)  # no tokenizer: its prompt ids are not known here
+        assert progress.restarts == [0] and not list(text_only.completions[0].resume_points)
