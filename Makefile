@@ -25,10 +25,12 @@ test: install install-verl install-openrlhf install-areal install-vllm jars upst
 bench: install jars
 	$(PY) -m tests.bench
 
-# Seeded randomized faults against a private local broker, then 0 lost / 0 duplicated / audit green (not in `test`).
-chaos: install jars
+# Seeded randomized faults against a private local broker, then 0 lost / 0 duplicated / audit green (not in `test`);
+# then producers SIGKILLed mid-generation on a real vLLM server, generation lost with checkpoints off and on.
+chaos: install install-vllm jars
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 	$(PY) -m tests.chaos.abandon --level status --rounds 10 --seconds 120
+	$(PY) -m tests.chaos.inflight
 
 # 100+ producers on a private 3-node cluster, poll vs pushed backpressure at two fleet sizes (not in `test`).
 fleet: install jars

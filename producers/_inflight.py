@@ -51,6 +51,7 @@ from rollstream.schemas.inflight import versions_array
 
 log = logging.getLogger(__name__)
 _READ_TIMEOUT_S = 30.0
+_OPEN_MIN_S = 5.0  # reading NS.inflight's partitions at startup, whatever the startup deadline left
 Checkpoints = dict[str, dict[int, InflightCheckpoint]]  # group id -> sample index -> its newest checkpoint
 
 
@@ -244,21 +245,21 @@ async def open_checkpoints(kafka: KafkaConfig, topic: str, *, prompts_topic: str
                            max_staleness: int | None, interval_s: float, metrics: ProducerMetrics,
                            threads: ProducerThreads, loop: asyncio.AbstractEventLoop,
                            timeout: float) -> InflightCheckpoints | None:
-    """Start checkpointing on `topic` (NS.inflight); None, with a warning saying how to add it, when the
-    namespace has no such topic (made by an older rollstream). Blocks off the loop up to `timeout` s.
-
-    Raises:
-        KafkaIOError: the broker did not answer about `topic` (retriable).
-    """
+    """Start checkpointing on `topic` (NS.inflight); None, with a warning, when the namespace has no such topic
+    (made by an older rollstream: the warning names the command that adds it) or the broker did not say how
+    many partitions it has within `timeout` s (a startup that spent its time: checkpoints are worth no failed
+    start). Blocks off the loop up to `timeout` s (at least 5)."""
     def count_partitions() -> int:
         with reader(kafka, intake_group) as consumer:
-            return len(partitions_of(consumer, topic, timeout=timeout))
+            return len(partitions_of(consumer, topic, timeout=max(timeout, _OPEN_MIN_S)))
 
     try:
         partitions = await threads.infra.run(count_partitions)
     except KafkaIOError as exc:
         if exc.code != "UNKNOWN_TOPIC_OR_PART":  # `missing_topic_error`
-            raise
+            log.warning("cannot read the partitions of %s (%s): in-flight samples are not checkpointed by this "
+                        "producer (a crash costs their generation); it generates as usual", topic, exc)
+            return None
         namespace = topic.removesuffix(".inflight")
         log.warning("%s does not exist: in-flight samples are not checkpointed (a crash costs their generation); "
                     "add it with 'rollstream topics create --namespace %s', or pass --checkpoint-interval 0 to "

@@ -112,14 +112,15 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
     async with contextlib.AsyncExitStack() as undo:  # closes what started if a later step fails
         threads = ProducerThreads(s.effective_user_threads)
         undo.callback(threads.close)
-        prepare(engine, threads=threads.user, sampling=s.sampling())  # as declared: lend threads, check sampling
+        declared = prepare(engine, threads=threads.user, sampling=s.sampling())  # lend threads, check sampling
         startup = await _start_engine(engine, startup)
         undo.push_async_callback(engine.close)
         publisher = Publisher(kafka, names.rollouts, overrides=s.producer_overrides, on_fatal=on_fatal,
                               on_queue_full=metrics.count_queue_full)
         publisher.start(loop)
         undo.push_async_callback(publisher.close, 5.0)
-        inflight = None if not s.checkpoint_interval_s else await open_checkpoints(
+        saves = s.checkpoint_interval_s and declared.saves_progress  # none for an engine that cannot resume
+        inflight = None if not saves else await open_checkpoints(
             kafka, names.inflight, prompts_topic=names.prompts, intake_group=s.effective_intake_group,
             producer_id=producer_id, max_staleness=s.checkpoint_max_staleness, interval_s=s.checkpoint_interval_s,
             metrics=metrics, threads=threads, loop=loop, timeout=startup.seconds(math.inf))

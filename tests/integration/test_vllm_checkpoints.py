@@ -85,5 +85,7 @@ def test_a_producer_killed_mid_generation_leaves_checkpoints_its_successor_conti
     assert resumed >= SAMPLES, f"checkpoints at the kill: {[(c.key, len(c.tokens)) for c in left.values()]}"
     generated = vllm.generated_tokens() - generated_before
     needed = sum(len(s.tokens) for g in groups.values() if g.producer_id == "P2" for s in g.samples)
-    assert generated <= needed - saved + 16, (generated, needed, saved)  # the checkpointed tokens were not redone
+    # the checkpointed tokens were not generated again (a margin for the steps the server ran of the killed
+    # producer's requests before it noticed their connections closed)
+    assert generated <= needed - saved + needed // 50, (generated, needed, saved)
     assert not [k for k, c in newest_checkpoints(kafka_config, names.inflight).items() if c is not None]
