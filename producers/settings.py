@@ -76,7 +76,7 @@ class ProducerSettings:
             the producer that takes a prompt over after a crash continues its samples: an engine that saves
             progress (``--environment`` episodes) checkpoints each sample at every turn boundary and when it
             finishes; this interval is for long single generations, which are checkpointed only once finished
-            for now. 0: no checkpoints (and none resumed).
+            for now. 0 (the default, for now): no checkpoints (and none resumed); 30 is a good start.
         checkpoint_max_staleness: a checkpoint whose oldest token is more than this many policy versions behind
             the one followed is discarded and its sample generated again (None: any age; a checkpoint of
             another trainer run is always discarded).
@@ -112,7 +112,7 @@ class ProducerSettings:
     watch_control: bool = True
     producer_overrides: Mapping[str, Any] = field(default_factory=dict)
     intake_overrides: Mapping[str, Any] = field(default_factory=dict)
-    checkpoint_interval_s: float = 30.0
+    checkpoint_interval_s: float = 0.0
     checkpoint_max_staleness: int | None = None
 
     def __post_init__(self) -> None:

@@ -167,7 +167,7 @@ def produce(
                       "crash continues its samples rather than generating them again: --environment episodes are "
                       "checkpointed at every turn boundary and when they finish (with the environment's snapshot() "
                       "if it has one). The seconds apply to long single generations, which are checkpointed only "
-                      "once finished for now. 0: no checkpoints, none resumed.",
+                      "once finished for now. 0 (the default): no checkpoints, none resumed; try 30.",
         rich_help_panel=_LIFE)] = _D.checkpoint_interval_s,
     checkpoint_max_staleness: Annotated[int | None, typer.Option(
         min=0, help="Discard a checkpoint whose oldest token is more than this many policy versions behind the "

@@ -41,7 +41,7 @@ def produce(bootstrap: str, names: TopicNames, model: Path, producer_id: str, lo
              "--model", str(model), "--environment", "tests.plugins:SlowCountingEnvironment", "--max-turns", "8",
              "--max-new-tokens", "3", "--n-samples", str(SAMPLES), "--concurrency", str(len(PROMPTS)),
              "--max-lag", "100", "--producer-id", producer_id, "--session-timeout", "2", "--summary-interval", "0",
-             *args], cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
+             "--checkpoint-interval", "30", *args], cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
             env=cli_env(bootstrap, ROLLSTREAM_TEST_REPLY_DELAY_S="0.4", ROLLSTREAM_TEST_REPLIES=str(REPLIES)))
 
 
