@@ -39,6 +39,7 @@ from rollstream.producers.metrics import ProducerMetrics
 from rollstream.producers.publisher import Publisher, PublishError
 from rollstream.schemas import (
     InflightCheckpoint,
+    Prompt,
     RollstreamError,
     checkpoint_key,
     decode,
@@ -169,12 +170,11 @@ class GroupProgress:
     """One group's `Progress`: the samples it resumes (another producer's checkpoints of the prompt, when
     still valid) and the states it saves. Loop-only."""
 
-    def __init__(self, taken: TakenPrompt, found: dict[int, InflightCheckpoint], *, writer: CheckpointWriter,
-                 producer_id: str, policy_run: int, version: int, max_staleness: int | None, interval_s: float,
-                 metrics: ProducerMetrics) -> None:
-        assert taken.prompt is not None
+    def __init__(self, taken: TakenPrompt, prompt: Prompt, found: dict[int, InflightCheckpoint], *,
+                 writer: CheckpointWriter, producer_id: str, policy_run: int, version: int,
+                 max_staleness: int | None, interval_s: float, metrics: ProducerMetrics) -> None:
         self.interval_s, self.version = interval_s, version
-        self._taken, self._prompt = taken, taken.prompt
+        self._taken, self._prompt = taken, prompt
         self._writer, self._producer_id, self._policy_run = writer, producer_id, policy_run
         self._metrics = metrics
         self._restored = {i: s for i, c in found.items()
@@ -293,7 +293,8 @@ class InflightCheckpoints:
     async def progress_for(self, taken: TakenPrompt, *, policy_run: int, version: int) -> GroupProgress | None:
         """The `GroupProgress` of `taken` (None for an undecodable prompt). Reads its partition's checkpoints
         first when this assignment of the partition has not yet; a failed read resumes nothing (logged)."""
-        if taken.prompt is None:
+        prompt = taken.prompt
+        if prompt is None:
             return None
         place = (taken.partition, taken.generation)
         if place not in self._found:
@@ -303,7 +304,7 @@ class InflightCheckpoints:
             found = await asyncio.shield(self._found[place])
         except RollstreamError:
             found = {}
-        return GroupProgress(taken, found.pop(taken.prompt.group_id, {}), writer=self.writer,
+        return GroupProgress(taken, prompt, found.pop(prompt.group_id, {}), writer=self.writer,
                              producer_id=self._producer_id, policy_run=policy_run, version=version,
                              max_staleness=self._max_staleness, interval_s=self._interval_s, metrics=self._metrics)
 

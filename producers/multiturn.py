@@ -289,8 +289,8 @@ class _Play:
         environment = await self._user("making", self.new_environment)
         restore = getattr(environment, "restore", None)
         if state.environment_state is None or not callable(restore):
-            assert self.progress is not None  # a restored state came from it
-            self.progress.restarted(index, "its environment has no snapshot()/restore(state)")
+            if self.progress is not None:  # (a restored state came from it)
+                self.progress.restarted(index, "its environment has no snapshot()/restore(state)")
             episode.restart()
             [turn] = await _turns(self.policy, episode.context(), 1,
                                   _budget(self.sampling, 0, self.max_tokens) or self.sampling)
