@@ -50,24 +50,11 @@ def resumed(completion: Completion, restored: SampleState, version: int | None) 
     """`completion` (restored output + what followed) saying where it resumed; when the new tokens carry no
     version, the restored ones keep theirs and the new ones take `version` (None: left to the producer)."""
     out = replace(completion, resume_points=restored.resume_points, resumed_from=restored.resumed_from)
-    n = len(restored.tokens)
-    known = version_spans(restored.versions)
-    if completion.version_spans or version is None or not known:
+    if completion.version_spans or version is None or not version_spans(restored.versions):
         return out
-    spans = [VersionSpan(**s) for s in known]
-    if len(completion.tokens) > n:
-        spans.append(VersionSpan(version, n, len(completion.tokens)))
-    return replace(out, version_spans=tuple(_merged(spans)), policy_version=spans[-1].version)
-
-
-def _merged(spans: list[VersionSpan]) -> list[VersionSpan]:
-    out: list[VersionSpan] = []
-    for span in spans:
-        if out and out[-1].version == span.version and out[-1].end == span.start:
-            out[-1] = replace(out[-1], end=span.end)
-        else:
-            out.append(span)
-    return out
+    added = len(completion.tokens) - len(restored.tokens)
+    spans = tuple(VersionSpan(**s) for s in version_spans([*restored.versions, *[version] * added]))
+    return replace(out, version_spans=spans, policy_version=spans[-1].version)
 
 
 class StreamSaver:
