@@ -100,6 +100,11 @@ def run(args: argparse.Namespace, vllm: RealVLLM, config: KafkaConfig, interval:
     procs = {f"P{i}": start(f"P{i}") for i in range(PRODUCERS)}
     starts = dict.fromkeys(procs, 1)
     for kill in range(args.kills):
+        for name, proc in procs.items():  # a restart that failed its startup (the broker slow under vLLM's load)
+            if proc.poll() not in (None, 0):
+                print(f"  {label}: {name} exited {proc.returncode} starting; started again", flush=True)
+                procs[name] = start(name)
+                starts[name] += 1
         _wait_until_up(logs, label, starts)  # a producer killed while it starts would lose nothing to measure
         time.sleep(rng.uniform(3.0, 6.0))  # its groups well under way
         owners = sorted(p for p in procs if _owned(logs / f"{label}-{p}.log"))
