@@ -19,15 +19,16 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
   ``duplicate`` within the `DedupeWindow`; across restarts the taken ids are rebuilt from the group's manifests
   (`rollstream.consumers._ledger`). The consumer owns its `Progress` (position, ledger, step numbers, uncommitted
   batches); `_resume.Restart` only says what it is after a start or a seek.
-- One consumer per group at a time, and the newest one wins: a consumer with ``fence=True`` (`rollstream take`
-  by default) is a run of its group (`rollstream.infra.runs.GroupRun`). When it connects, before it reads where the
-  group stands, it fences every older consumer of the group (a `rollstream take`, a RolloutConsumer: a job
-  restarted while the old node hangs on); the broker refuses their commits from then on (`RunSupersededError`,
-  at their next take or commit). Commits go through the group run's transactions, or, with ``announcer=``,
-  through the trainer run's (fenced by a newer trainer run of the namespace). Other groups of the namespace
-  are not fenced. Kafka does not keep two consumers of a group apart otherwise (no membership), so every
-  commit first checks that the group's committed offsets are still the ones this consumer left; if a newer run
-  moved them, `RunSupersededError`, else (``fence=False``, an older rollstream) `GroupConflictError`.
+- One consumer per group at a time, and the newest one wins: a consumer with ``fence=True`` (the default, also
+  of `rollstream take`) is a run of its group (`rollstream.infra.runs.GroupRun`). When it connects, before it
+  reads where the group stands, it fences every older consumer of the group (a `rollstream take`, a
+  RolloutConsumer: a job restarted while the old node hangs on); the broker refuses their commits from then
+  on (`RunSupersededError`, at their next take or commit). Commits go through the group run's transactions,
+  or, with ``announcer=``, through the trainer run's (fenced by a newer trainer run of the namespace). Other
+  groups of the namespace are not fenced. Kafka does not keep two consumers of a group apart otherwise (no
+  membership), so every commit first checks that the group's committed offsets are still the ones this
+  consumer left; if a newer run moved them, `RunSupersededError`, else (``fence=False``, an older rollstream)
+  `GroupConflictError`.
 - One deadline per call (`rollstream.infra.deadline`): a blocking call (take, poll_batch, seek_to_step, seek_to,
   position, next_step, lag) makes one `Deadline` and everything it waits on spends it: connecting on first use
   (the reachability check, the topic's size, partitions, committed offsets, watermarks, manifests), the recorded
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 
 from prometheus_client import CollectorRegistry
@@ -48,7 +49,7 @@ from rollstream.consumers._batch import Batch
 from rollstream.consumers._checkpoints import Checkpoints
 from rollstream.consumers._client import CLOSE_TIMEOUT_S, TrainerClient
 from rollstream.consumers._commit import StepCommitter
-from rollstream.consumers._errors import TakeTimeout
+from rollstream.consumers._errors import CommitError, TakeTimeout
 from rollstream.consumers._fetched import Fetched, unpublished
 from rollstream.consumers._gather import Gathering, stale_now
 from rollstream.consumers._ledger import DEFAULT_DEDUPE_WINDOW, DedupeWindow, StepLedger
@@ -104,16 +105,15 @@ class RolloutConsumer(Checkpoints):
             committed in the run's transactions, so once a newer trainer run began, the broker refuses
             this one's commits (`RunSupersededError`, from `take` or `commit`). None: the group's own run
             commits them (with `fence`).
-        fence: True (`rollstream take`'s default; not this class's, see docs/integrations.md): this consumer is a
-            run of its group (`rollstream.infra.runs.GroupRun`): when it
-            connects it fences every older consumer of `group_id` (their later commits are refused with
-            `RunSupersededError`: the newest consumer of a group wins), and without `announcer` its commits are
-            transactions of the group's run, refused once a newer consumer of the group connected. Other
-            groups, and trainer runs, are not fenced. Costs: a transaction per commit (a few ms), and with ACLs
-            Write, Describe on the transactional id ``rollstream.NS.group-run.GROUP`` (`rollstream acls` prints
-            it). False: no fencing and plain commits (a cluster without transactions); two consumers of one
-            group are then caught only at a commit, by the offsets check (`GroupConflictError`), whichever
-            commits second losing.
+        fence: True (the default, also `rollstream take`'s): this consumer is a run of its group
+            (`rollstream.infra.runs.GroupRun`): when it connects it fences every older consumer of `group_id`
+            (their later commits are refused with `RunSupersededError`: the newest consumer of a group wins),
+            and without `announcer` its commits are transactions of the group's run, refused once a newer
+            consumer of the group connected. Other groups, and trainer runs, are not fenced. Costs: a
+            transaction at connect, one per commit (a few ms), and with ACLs Write, Describe on the
+            transactional id ``rollstream.NS.group-run.GROUP`` (`rollstream acls` prints it). False: no fencing
+            and plain commits (a cluster without transactions); two consumers of one group are then caught only
+            at a commit, by the offsets check (`GroupConflictError`), whichever commits second losing.
     """
 
     def __init__(self, bootstrap_servers: str | None = None, group_id: str = DEFAULT_GROUP,
@@ -124,7 +124,7 @@ class RolloutConsumer(Checkpoints):
                  requeue: bool = True,
                  metrics: ConsumerMetrics | CollectorRegistry | None = None,
                  overrides: Mapping[str, object] | None = None, timeout: float = 30.0,
-                 announcer: PolicyAnnouncer | None = None, fence: bool = False) -> None:
+                 announcer: PolicyAnnouncer | None = None, fence: bool = True) -> None:
         if not group_id:
             raise ConfigError("group_id must be a non-empty consumer group id")
         if max_staleness is not None and max_staleness < 0:
@@ -407,6 +407,21 @@ class RolloutConsumer(Checkpoints):
         log.info("%s", batch.summary(seconds))
 
     # -- committing ------------------------------------------------------------------------------
+
+    def commit_until_committed(self, batch: Batch, on_retry: Callable[[CommitError], None]) -> None:
+        """`commit`, again after each retriable failure (a broker restart or stall outlasting the consumer's
+        timeout), until `batch` is committed: for a trainer that keeps its step in hand meanwhile (as `rollstream
+        take` does). Blocks until then, with no bound; `on_retry` hears each failure before the next try.
+
+        Raises what `commit` raises that is not retriable (GroupConflictError, RunSupersededError, ...)."""
+        while True:
+            try:
+                self.commit(batch)
+                return
+            except CommitError as exc:
+                if not exc.retriable:
+                    raise
+                on_retry(exc)
 
     def commit(self, batch: Batch) -> None:
         """Commit `batch` and every uncommitted batch taken before it (offsets are a prefix).

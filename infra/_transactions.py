@@ -4,10 +4,19 @@ producer cannot write again) or retriable (the transaction was aborted; the next
 
 Two kinds of run use it (`rollstream.infra.runs`): a trainer run (`PolicyAnnouncer`, one id per namespace) and a
 group run (`GroupRun`, one id per trainer consumer group). Not thread-safe: its owner calls it under its own lock.
+
+Every transaction keeps its caller's deadline. librdkafka can hold ``send_offsets_to_transaction`` past its timeout
+for good once a broker stalled (its coordinator request is never timed out: librdkafka#5456, #5511), so each
+transaction runs in a thread of its own (`rollstream.infra.threads.call_within`) and a caller whose time is up gets
+a retriable error. A transaction that returns late is aborted, not committed. One that has still not returned by
+the next transaction is given up on: the run's producer is replaced and the run fenced again (``init_transactions``,
+which also fences the stuck producer), after the owner's check that no newer run is known to have begun
+(`RunTransactions`' ``may_refence``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -18,10 +27,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from rollstream.infra.clients import open_producer
 from rollstream.infra.config import KafkaConfig
 from rollstream.infra.kafka_errors import KafkaIOError, kafka_error
+from rollstream.infra.threads import call_within
 from rollstream.schemas import RollstreamError
 
 log = logging.getLogger(__name__)
 _FENCED = {"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "INVALID_PRODUCER_ID_MAPPING"}
+_LATE_S = 0.5  # a transaction's own timeouts run inside its call: what it may take past them before it is given up
 
 
 class RunSupersededError(RollstreamError):
@@ -54,6 +65,43 @@ class RunSupersededError(RollstreamError):
         super().__init__(message, retriable=False)
 
 
+@dataclasses.dataclass
+class _Transaction:
+    """One transaction's calls, run in a thread of its own (`RunTransactions.transaction`): begin, `write`, then
+    commit, or abort when it is a probe or its caller gave up waiting (`given_up`). Never raises: what failed is
+    `error`, and `unfinished` says that the transaction is still open on the broker (to abort before the next)."""
+
+    producer: Producer
+    write: Callable[[Producer], object]
+    abort: bool
+    timeout: float
+    unfinished: bool  # the one before it was left open: abort that first
+    given_up: threading.Event = dataclasses.field(default_factory=threading.Event)
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    error: KafkaException | None = None
+    started: float = dataclasses.field(default_factory=time.monotonic)
+
+    def run(self) -> None:
+        producer = self.producer
+        try:
+            if self.unfinished:
+                producer.abort_transaction(self._left())
+                self.unfinished = False
+            producer.begin_transaction()
+            self.write(producer)
+            end = producer.abort_transaction if self.abort or self.given_up.is_set() else producer.commit_transaction
+            end(self._left())
+        except KafkaException as exc:
+            self.error = exc
+            if not _is_fatal(exc) and not _is_fenced(exc):  # within its time; else the next one aborts it first
+                self.unfinished = not _aborted(producer, self._left())
+        finally:
+            self.done.set()
+
+    def _left(self) -> float:
+        return max(0.0, self.timeout - (time.monotonic() - self.started))
+
+
 class RunTransactions:
     """One run's transactional producer (`transactional_id`). No I/O until `fence`.
 
@@ -64,19 +112,28 @@ class RunTransactions:
         request_timeout_s: the most one request to the transaction coordinator may wait (librdkafka's
             ``socket.timeout.ms``; None: its 60 s). A transactional call waits for its request whatever its own
             timeout, so a caller with a deadline shorter than that (a commit) bounds the requests.
+        may_refence: asked (with a timeout) before the run is fenced again around a transaction that never
+            returned (see the module docstring): False when a newer run is known to have begun (this one is then
+            superseded), True when none is; raises KafkaIOError when that cannot be told in time. None: the run
+            is never fenced again, a stuck transaction is waited for.
     """
 
     def __init__(self, config: KafkaConfig, transactional_id: str, *,
                  superseded: Callable[[str], RunSupersededError], renew: str, topic: str | None = None,
-                 request_timeout_s: float | None = None) -> None:
+                 request_timeout_s: float | None = None,
+                 may_refence: Callable[[float], bool] | None = None) -> None:
         self.transactional_id = transactional_id
         self._config = config
         self._new_superseded = superseded
         self._renew = renew
         self._topic = topic
         self._request_timeout_s = request_timeout_s
+        self._may_refence = may_refence
         self._producer: Producer | None = None
         self._unfinished = False  # a transaction failed and its abort did not finish in time: abort it first
+        self._stuck: _Transaction | None = None  # a transaction given up on that has not returned yet
+        self._renewal: str | None = None  # why the producer is to be replaced before the next transaction
+        self._refence = False  # the producer was replaced: fence again first
         self.fenced_older = False  # init_transactions succeeded: the older runs of the id are fenced
         self._superseded = False  # the broker fenced this run: a newer one began
         self._broken: str | None = None  # the failure after which this run's producer cannot write
@@ -115,12 +172,13 @@ class RunTransactions:
                 "and with ACLs grant Write, Describe on that transactional id; rollstream acls prints it)", exc)
             self._superseded = isinstance(error, RunSupersededError)
             raise error from exc
-        self.fenced_older = True
+        self.fenced_older, self._refence = True, False
 
     def transaction(self, what: str, timeout: float, write: Callable[[Producer], object], *,
                     abort: bool = False) -> None:
-        """`write` in one transaction, committed within about `timeout`. Once the producer failed for good, every
-        later call raises that failure again (a run never begins twice). With `abort`, a probe: the transaction is
+        """`write` in one transaction, committed within about `timeout` (the call returns then, whatever the
+        broker does: one that returns later is aborted). Once the producer failed for good, every later call
+        raises that failure again (a run never begins twice). With `abort`, a probe: the transaction is
         aborted, so nothing is written, but the broker has still refused it to a superseded run (`write` must
         register something with the coordinator, e.g. offsets: an empty transaction never reaches it).
 
@@ -128,32 +186,29 @@ class RunTransactions:
             RunSupersededError: a newer run began; nothing was written.
             KafkaIOError: not written (retriable unless the producer failed for good or the run is not fenced yet).
         """
-        if self._superseded:
-            raise self._new_superseded(what)
-        if self._broken is not None:
-            raise KafkaIOError(f"{what}: this run can no longer write ({self._broken}); {self._renew}",
-                               topic=self._topic, retriable=False)
+        started = time.monotonic()
+        self._raise_if_done(what)
+        self._settle_stuck(what, timeout / 2)
+        self._replace_producer(what, max(0.0, timeout - (time.monotonic() - started)))
+        if self._refence:
+            self.fence(max(0.0, timeout - (time.monotonic() - started)), what)
         producer = self._producer
         if producer is None or not self.fenced_older:
             raise KafkaIOError(f"{what}: the run has not begun", retriable=True)
-        started = time.monotonic()
-        try:
-            if self._unfinished:  # the last one failed and was not aborted yet (the broker did not answer)
-                producer.abort_transaction(timeout)
-                self._unfinished = False
-            producer.begin_transaction()
-            write(producer)
-            end = producer.abort_transaction if abort else producer.commit_transaction
-            end(max(0.0, timeout - (time.monotonic() - started)))
-        except KafkaException as exc:
-            error = self._failure(what, exc)
-            if isinstance(error, RunSupersededError):
-                self._superseded = True
-            elif _is_fatal(exc):
-                self._broken = str(error)
-            else:  # within what is left of the call's time; else the next transaction aborts it first
-                self._unfinished = not self._aborted(producer, max(0.0, timeout - (time.monotonic() - started)))
-            raise error from exc
+        left = max(0.0, timeout - (time.monotonic() - started))
+        txn = _Transaction(producer, write, abort, left, self._unfinished)
+        finished, _ = call_within(txn.run, left + _LATE_S, f"rollstream-txn-{self.transactional_id}")
+        if not finished:
+            txn.given_up.set()
+            self._stuck = txn
+            raise KafkaIOError(
+                f"{what}: the broker did not finish the transaction within {timeout:.1f} s (after a broker stall "
+                "librdkafka can wait for a coordinator for good: librdkafka#5456); nothing is committed (should it "
+                "return later, it is aborted). Retrying may help: a retry that still finds it waiting replaces "
+                "this run's producer", topic=self._topic, retriable=True)
+        self._unfinished = txn.unfinished
+        if txn.error is not None:
+            self._raise_failure(what, txn.error)
 
     def send_offsets(self, consumer: Consumer, offsets: list[TopicPartition], what: str, timeout: float, *,
                      abort: bool = False) -> None:
@@ -163,26 +218,70 @@ class RunTransactions:
             offsets, consumer.consumer_group_metadata(), timeout), abort=abort)
 
     def close(self) -> None:
-        """Drop the producer (nothing is pending between transactions). Idempotent."""
+        """Drop the producer (nothing is pending between transactions). Idempotent. A transaction still stuck in
+        its thread keeps the producer it uses until it returns."""
         producer, self._producer = self._producer, None
-        if producer is not None:
+        if producer is not None and self._stuck is None:
             try:
                 producer.flush(1.0)
             except KafkaException as exc:  # a producer that failed for good (fenced, not authorized) says so again
                 log.debug("closing the producer of %s: %s", self.transactional_id, exc)
 
-    def _aborted(self, producer: Producer, timeout: float) -> bool:
-        try:
-            producer.abort_transaction(timeout)
-        except KafkaException as exc:
-            log.info("could not abort the transaction of %s yet (the next one aborts it first): %s",
-                     self.transactional_id, exc)
-            return False
-        return True
+    def _raise_if_done(self, what: str) -> None:
+        if self._superseded:
+            raise self._new_superseded(what)
+        if self._broken is not None:
+            raise KafkaIOError(f"{what}: this run can no longer write ({self._broken}); {self._renew}",
+                               topic=self._topic, retriable=False)
+
+    def _settle_stuck(self, what: str, wait_s: float) -> None:
+        """Before a transaction: wait up to `wait_s` for one given up on to return (then learn from how it ended);
+        if it does not, its producer is to be replaced (`_replace_producer`)."""
+        stuck = self._stuck
+        if stuck is None:
+            return
+        if stuck.done.wait(wait_s):
+            self._stuck = None
+            self._unfinished = stuck.unfinished
+            if stuck.error is not None and (_is_fenced(stuck.error) or _is_fatal(stuck.error)):
+                self._raise_failure(what, stuck.error)
+            return
+        waited = time.monotonic() - stuck.started
+        if self._may_refence is None:
+            raise KafkaIOError(f"{what}: an earlier transaction of this run has not returned for {waited:.0f} s "
+                               "(librdkafka#5456); retrying may help", topic=self._topic, retriable=True)
+        self._renewal = f"a transaction has not returned for {waited:.0f} s (librdkafka#5456)"
+
+    def _replace_producer(self, what: str, timeout: float) -> None:
+        """Replace the producer (stuck, or failed for good) and fence again, when the owner's `may_refence` says
+        no newer run is known; else this run is superseded. A stuck producer keeps running in its thread until
+        its call returns; the new one's fencing fences it."""
+        reason = self._renewal
+        if reason is None or self._may_refence is None:
+            return
+        if not self._may_refence(timeout):
+            self._superseded = True
+            raise self._new_superseded(what)
+        log.warning("%s: %s: replacing the producer of %s and fencing again", what, reason, self.transactional_id)
+        self._renewal, self._stuck, self._producer, self._unfinished = None, None, None, False
+        self.fenced_older, self._refence = False, True
+
+    def _raise_failure(self, what: str, exc: KafkaException) -> None:
+        """Raise `exc` as a RollstreamError; remember a newer run, or a producer failed for good (replaced before
+        the next transaction when the owner allows fencing again: the error is then retriable)."""
+        error = self._failure(what, exc)
+        if isinstance(error, RunSupersededError):
+            self._superseded = True
+        elif _is_fatal(exc) and self._may_refence is None:
+            self._broken = str(error)
+        elif _is_fatal(exc):
+            self._renewal = f"the producer failed for good ({error})"
+            raise KafkaIOError(f"{error}; the next try replaces this run's producer", topic=self._topic,
+                               retriable=True) from exc
+        raise error from exc
 
     def _failure(self, what: str, exc: KafkaException) -> RollstreamError:
-        err = _error_of(exc)
-        if err is not None and err.name() in _FENCED:
+        if _is_fenced(exc):
             return self._new_superseded(what)
         where = f" on {self._topic}" if self._topic else ""
         return kafka_error(f"{what}{where}", exc, topic=self._topic)
@@ -261,6 +360,21 @@ def _error_of(exc: KafkaException) -> KafkaError | None:
 def _is_fatal(exc: KafkaException) -> bool:
     err = _error_of(exc)
     return err is not None and err.fatal()
+
+
+def _is_fenced(exc: KafkaException) -> bool:
+    err = _error_of(exc)
+    return err is not None and err.name() in _FENCED
+
+
+def _aborted(producer: Producer, timeout: float) -> bool:
+    """Abort `producer`'s open transaction within `timeout`; False when it could not (the next one aborts it)."""
+    try:
+        producer.abort_transaction(timeout)
+    except KafkaException as exc:
+        log.info("could not abort a transaction yet (the next one aborts it first): %s", exc)
+        return False
+    return True
 
 
 __all__ = ["RunSupersededError", "RunTransactions"]

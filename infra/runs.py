@@ -202,7 +202,8 @@ class PolicyAnnouncer(TransactionalRun):
         super().__init__(RunTransactions(
             config, run_transactional_id(self.names), topic=self.topic,
             superseded=lambda what: RunSupersededError(self._run, self.names.namespace, what),
-            renew="begin a new run: create a new PolicyAnnouncer (it supersedes this one)"))
+            renew="begin a new run: create a new PolicyAnnouncer (it supersedes this one)",
+            may_refence=self._leads))
 
     def __enter__(self) -> PolicyAnnouncer:
         return self
@@ -250,6 +251,11 @@ class PolicyAnnouncer(TransactionalRun):
     def _has_begun(self) -> bool:
         return self._run is not None
 
+    def _leads(self, timeout: float) -> bool:
+        """False when NS.control shows a newer run (one that announced): this one may not fence again. Raises
+        KafkaIOError when NS.control cannot be read within `timeout`."""
+        return self._run is None or newest_run(self._config, self.topic, timeout=timeout) <= self._run
+
     def _begin(self, timeout: float) -> int:
         """Under the lock: fence the older runs (once), then number this one."""
         if self._closed:
@@ -272,6 +278,13 @@ class GroupRun(TransactionalRun):
     Runs of other groups, and trainer runs (`PolicyAnnouncer`), are not fenced by it: its ``transactional.id``
     is the group's (`group_run_transactional_id`). Construction does no I/O; `begin` fences. A context manager;
     `close` is idempotent. Thread-safe (one transaction at a time).
+
+    A commit whose transaction never returns (librdkafka#5456, after a broker stall) is given up at its deadline;
+    the next commit replaces the producer and fences again. What guards that: every commit first checks that
+    the group's offsets are where this consumer left them, so a newer consumer that committed is found
+    (`RunSupersededError`). One that began but has not committed yet is fenced in turn, and told so at its
+    first commit: the rare case (a commit stuck and a newer consumer started within one step) where the
+    older one goes on.
     """
 
     def __init__(self, config: KafkaConfig, names: TopicNames | str, group_id: str, *,
@@ -281,7 +294,8 @@ class GroupRun(TransactionalRun):
         super().__init__(RunTransactions(
             config, group_run_transactional_id(self.names, group_id),
             superseded=lambda what: RunSupersededError(None, self.names.namespace, what, group=group_id),
-            renew="start a new consumer of the group (it supersedes this one)", request_timeout_s=request_timeout_s))
+            renew="start a new consumer of the group (it supersedes this one)", request_timeout_s=request_timeout_s,
+            may_refence=lambda _timeout: True))  # its commits check the group's offsets first: see the class
 
     def __enter__(self) -> GroupRun:
         return self

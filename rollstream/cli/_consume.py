@@ -32,6 +32,7 @@ from rollstream.cli._stopping import StopSignals
 from rollstream.cli._waiting import WaitNotices, take_saying_why, why_in_one_line
 from rollstream.consumers import (
     Batch,
+    CommitError,
     DedupeWindow,
     GroupConflictError,
     ReplayedRecord,
@@ -149,7 +150,9 @@ def take(
     the broker does; a second signal exits at once.
 
     While it waits for a step it says so on stderr, first after 30 s and then less often (every 5 min at most):
-    how long, how many of the N groups it has, and the likely cause with its fix (as `rollstream status`).
+    how long, how many of the N groups it has, and the likely cause with its fix (as `rollstream status`). A
+    commit the broker cannot take (a restart, a stall) is tried again until it goes through, a line on stderr
+    for each failed try: the step stays in hand meanwhile.
 
     It is a run of its group: starting, it fences every older `rollstream take` (or RolloutConsumer) of the group,
     whose commits the broker refuses from then on, so a restarted job takes over from the one it replaces. A take
@@ -177,7 +180,7 @@ def take(
                 except TakeTimeout as exc:
                     fail(_timed_out(exc, taken))
                 _write_step(sink, batch, durable)
-                consumer.commit(batch)  # only now: a kill before this leaves the step to be taken again
+                consumer.commit_until_committed(batch, _say_commit_failed)  # a kill before it: taken again
                 taken += 1
     except (RunSupersededError, GroupConflictError) as exc:
         if stop.signalled is not None:
@@ -191,6 +194,11 @@ def take(
             raise
         how = "" if isinstance(exc, KeyboardInterrupt) else f"; on the way out: {type(exc).__name__}: {exc}"
         stop.exit_now(f"interrupted ({signal.Signals(stop.signalled).name}) after {taken} committed step(s){how}")
+
+
+def _say_commit_failed(exc: CommitError) -> None:
+    typer.echo(f"commit failed, trying again (the step is in hand, nothing is lost): {' '.join(str(exc).split())}",
+               err=True)
 
 
 def _superseded(exc: RunSupersededError | GroupConflictError, group: str, namespace: str, committed: int) -> NoReturn:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from rollstream.consumers import Batch, CommitError, RolloutConsumer, TakeTimeout, default_filters
+from rollstream.consumers import CommitError, RolloutConsumer, TakeTimeout, default_filters
 from rollstream.infra import KafkaConfig
 from rollstream.schemas import RollstreamError
 
@@ -38,15 +38,8 @@ def _stop(signum: int, _frame: FrameType | None) -> None:
     raise Stopped(128 + signum)
 
 
-def _commit(consumer: RolloutConsumer, batch: Batch) -> None:
-    while True:
-        try:
-            consumer.commit(batch)
-            return
-        except CommitError as exc:
-            if not exc.retriable:
-                raise
-            print(f"commit of step {batch.step} failed, trying again: {exc}", file=sys.stderr, flush=True)
+def _say_commit_failed(exc: CommitError) -> None:
+    print(f"commit failed, trying again: {exc}", file=sys.stderr, flush=True)
 
 
 def run(bootstrap: str, namespace: str, group: str, n: int, out: Path, timeout: float) -> None:
@@ -67,7 +60,7 @@ def run(bootstrap: str, namespace: str, group: str, n: int, out: Path, timeout: 
                 time.sleep(RETRY_PAUSE_S)
                 continue
             _write_step(sink, batch, durable)
-            _commit(consumer, batch)
+            consumer.commit_until_committed(batch, _say_commit_failed)
             print(f"committed step {batch.step}", flush=True)
 
 
