@@ -253,8 +253,8 @@ def test_spec_rejects_bad_values_by_name(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert BrokerSpec().data_dir == (tmp_path / "home" / "broker").resolve()
     assert set(broker_module.__all__) == {
         "BrokerSpec", "BrokerError", "BrokerStatus", "start_broker", "stop_broker", "broker_status",
-        "ensure_kafka_jars", "default_data_dir", "free_port", "free_ports", "CONTROLLER_PORT_OFFSET", "PROBE_TOPIC",
-        "PRINCIPALS", "client_config_files", "restart_node"}
+        "ensure_kafka_jars", "default_data_dir", "default_kafka_version", "free_port", "free_ports",
+        "CONTROLLER_PORT_OFFSET", "PROBE_TOPIC", "PRINCIPALS", "client_config_files", "restart_node"}
     assert all(hasattr(broker_module, name) for name in broker_module.__all__)
 
 
