@@ -120,9 +120,12 @@ def cluster_id(spec: BrokerSpec) -> str:
 def _check_kafka_version(spec: BrokerSpec, path: Path, meta: dict[str, Any]) -> None:
     """Refuse a Kafka older than the one that last ran the cluster in ``meta``; record a newer one."""
     ran = meta.get("kafka_version")
+    if not isinstance(ran, str):  # written before versions were kept: the 4.x pin of then ran it
+        return
     try:
         ran_release = kafka_release(ran)
-    except ConfigError:  # written before versions were kept: the 4.x pin of then ran it
+    except ConfigError:
+        log.warning("%s names Kafka %r, not a release; the cluster's version is not checked", path, ran)
         return
     if ran_release > spec.kafka_release:
         raise BrokerError(f"{spec.data_dir} holds a cluster that Kafka {ran} ran, and Kafka {spec.kafka_version} "
