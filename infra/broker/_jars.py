@@ -2,8 +2,10 @@
 
 The jars are resolved once per Kafka version by Maven from ``infra/kafka/pom.xml`` (its ``kafka.version``
 overridden with ``-Dkafka.version`` for another release) into a cache, a directory per version, marked complete
-with a hash of the pom and the version, so a changed pom resolves again and an unchanged one never touches the
-network.
+with the hash of the pom as resolved for that version (its ``kafka.version`` set to it), so a changed pom resolves
+again and an unchanged one never touches the network. That hash depends on nothing but the jars' pom: checkouts
+of other rollstream versions that share the cache and pin that version with the same dependencies agree on it,
+and never re-resolve (delete and fetch again) a version directory another one's broker may be running from.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -41,12 +44,12 @@ def ensure_kafka_jars(cache_dir: Path | None = None, *, version: str | None = No
     """
     version = version or default_kafka_version()
     kafka_release(version)  # a malformed version is named here, before Maven is asked for it
-    pom = POM.read_bytes()
+    pom = _pom_for(version)
     env_cache = os.environ.get("ROLLSTREAM_CACHE_DIR")
     cache = Path(cache_dir or env_cache or Path.home() / ".cache" / "rollstream").expanduser()
     root = cache / f"kafka-{version}"
     libs, marker = root / "libs", root / "complete"
-    digest = hashlib.sha256(pom + b"\0" + version.encode()).hexdigest()
+    digest = hashlib.sha256(pom).hexdigest()
     if read_text(marker) == digest:
         return libs
     mvn = shutil.which("mvn")
@@ -67,6 +70,13 @@ def ensure_kafka_jars(cache_dir: Path | None = None, *, version: str | None = No
                     f"-DoutputDirectory={libs}"], libs, version)
         marker.write_text(digest)
     return libs
+
+
+def _pom_for(version: str) -> bytes:
+    """``infra/kafka/pom.xml`` as Maven resolves it for ``version``: its ``<kafka.version>`` set to it (for the
+    pinned version, the pom as it is)."""
+    return re.sub(rb"<kafka\.version>[^<]*</kafka\.version>", f"<kafka.version>{version}</kafka.version>".encode(),
+                  POM.read_bytes(), count=1)
 
 
 def _run_maven(cmd: list[str], libs: Path, version: str) -> None:

@@ -3,17 +3,22 @@
 - the pinned version (infra/kafka/pom.xml) unless ``ROLLSTREAM_KAFKA_VERSION`` or ``kafka_version`` names another,
   3.3.0 or newer (KRaft), and 3.5.0 or newer with ``sasl``; a bad one is named before Maven is asked;
 - a 3.x broker is configured without the properties only Kafka 4's coordinators read;
-- a data dir keeps the newest Kafka that ran it: a newer one is recorded, an older one refused.
+- a data dir keeps the newest Kafka that ran it: a newer one is recorded, an older one refused;
+- a version's jar dir is complete for any checkout whose pom, set to that version, is the same: the pinned
+  version's marker is the pom's own hash, as before versions were selectable (no re-resolution under a
+  broker another checkout runs from that dir).
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 import pytest
-from rollstream.infra.broker import BrokerError, BrokerSpec, default_kafka_version, ensure_kafka_jars
+from rollstream.infra.broker import BrokerError, BrokerSpec, _jars, default_kafka_version, ensure_kafka_jars
 from rollstream.infra.broker._files import cluster_id, read_json, write_config
-from rollstream.infra.broker._spec import KAFKA_VERSION_ENV, pinned_kafka_version
+from rollstream.infra.broker._spec import KAFKA_VERSION_ENV, POM, pinned_kafka_version
 from rollstream.schemas import ConfigError
 
 
@@ -78,3 +83,18 @@ def test_a_data_dir_moves_to_a_newer_kafka_never_back(tmp_path: Path) -> None:
 def test_a_data_dir_from_before_versions_were_kept_starts_with_any(tmp_path: Path) -> None:
     (tmp_path / "cluster.json").write_text('{"cluster_id": "abc", "nodes": 1, "sasl": false}')
     assert cluster_id(BrokerSpec(data_dir=tmp_path, kafka_version="4.4.0")) == "abc"
+
+
+def test_a_resolved_version_is_reused_by_every_checkout_with_the_same_pom(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_jars.shutil, "which", lambda name: None)  # resolving would fail: Maven "is missing"
+    pom = POM.read_bytes()
+    as_333 = re.sub(rb"<kafka\.version>[^<]*<", b"<kafka.version>3.3.2<", pom)
+    for version, resolved_pom in ((pinned_kafka_version(), pom), ("3.3.2", as_333)):
+        root = tmp_path / f"kafka-{version}"
+        (root / "libs").mkdir(parents=True)
+        (root / "complete").write_text(hashlib.sha256(resolved_pom).hexdigest())
+        assert ensure_kafka_jars(tmp_path, version=version) == root / "libs"
+    (tmp_path / "kafka-3.3.2" / "complete").write_text(hashlib.sha256(pom).hexdigest())  # the pin's pom: stale
+    with pytest.raises(BrokerError, match="Maven"):
+        ensure_kafka_jars(tmp_path, version="3.3.2")
