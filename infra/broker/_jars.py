@@ -32,8 +32,8 @@ def ensure_kafka_jars(cache_dir: Path | None = None, *, version: str | None = No
     """Resolve the Kafka jars of ``version`` with Maven once and return the directory holding them.
 
     ``version`` defaults to ``$ROLLSTREAM_KAFKA_VERSION``, else the one pinned in ``infra/kafka/pom.xml``.
-    Blocks: not at all when cached (a marker holds the hash of the pom and the version); else for the Maven
-    run, up to 15 minutes. Thread- and process-safe (a file lock). ``cache_dir`` defaults to
+    Blocks: not at all when cached (a marker holds the hash of the pom as resolved for ``version``); else for
+    the Maven run, up to 15 minutes. Thread- and process-safe (a file lock). ``cache_dir`` defaults to
     ``$ROLLSTREAM_CACHE_DIR`` or ``~/.cache/rollstream``; jars land in ``<cache>/kafka-<version>/libs``.
     ``progress`` is called with one human sentence before a resolution starts.
 
