@@ -2,7 +2,7 @@
 ``infra/kafka/docker-compose.yml`` and the local broker (``infra/broker/_files.write_config``) are.
 
 Why not testcontainers' ``KafkaContainer``: its ``with_kraft()`` rejects tags below 7.0.0 (it expects
-Confluent's ``cp-kafka``, so ``apache/kafka:4.1.1`` raises ValueError), and its start script runs
+Confluent's ``cp-kafka``, so ``apache/kafka:4.4.0`` raises ValueError), and its start script runs
 ``/etc/confluent/docker/{configure,launch}``, which the apache image does not have (testcontainers-python
 4.15.0, ``testcontainers/community/kafka/__init__.py``; the same in 4.8's ``modules/kafka``). So this is a
 generic ``DockerContainer`` that starts the way testcontainers' own Kafka containers do (Python's
@@ -30,7 +30,7 @@ from rollstream.infra.broker import BrokerError
 
 log = logging.getLogger(__name__)
 
-IMAGE = "apache/kafka:4.1.1"  # the Kafka of infra/kafka/pom.xml (a test keeps them equal)
+IMAGE = "apache/kafka:4.4.0"  # the Kafka of infra/kafka/pom.xml (a test keeps them equal)
 HOST_LISTENER_PORT = 9092  # PLAINTEXT_HOST, for clients on the Docker host: advertised as the mapped port
 INTERNAL_LISTENER_PORT = 19092  # PLAINTEXT, for the broker itself and other containers on its network
 CONTROLLER_PORT = 9093
@@ -44,7 +44,7 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024 + 1024 * 1024  # 64 MiB records plus batch 
 
 # What the apache image leaves out of server.properties (KafkaDockerWrapper.ExcludeServerPropsEnv, 4.x). It
 # names KAFKA_HEAP_OPT, not KAFKA_HEAP_OPTS, so the heap setting also lands there as `heap.opts`, which Kafka
-# 4.1.1 ignores without a word (checked by starting a broker from these properties).
+# 4.4.0 (and 4.1.1 before it) ignores without a word (checked by starting a broker from these properties).
 IMAGE_EXCLUDED_ENV = frozenset({
     "KAFKA_VERSION", "KAFKA_HEAP_OPT", "KAFKA_LOG4J_OPTS", "KAFKA_OPTS", "KAFKA_JMX_OPTS",
     "KAFKA_JVM_PERFORMANCE_OPTS", "KAFKA_GC_LOG_OPTS", "KAFKA_LOG4J_ROOT_LOGLEVEL", "KAFKA_LOG4J_LOGGERS",

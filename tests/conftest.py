@@ -20,6 +20,17 @@ import pytest
 from rollstream.infra import BOOTSTRAP_ENV, KafkaConfig, TopicNames, TopicPlan, create_topics
 
 
+def pytest_report_header() -> str:
+    """Which broker the session uses: the Kafka version matters (`make compat` runs a 3.x one)."""
+    if os.environ.get(BOOTSTRAP_ENV):
+        return f"kafka: {os.environ[BOOTSTRAP_ENV]} ({BOOTSTRAP_ENV})"
+    if os.environ.get("ROLLSTREAM_TEST_BROKER") == "docker":
+        return "kafka: the apache/kafka image (ROLLSTREAM_TEST_BROKER=docker)"
+    from rollstream.infra.broker import default_kafka_version
+
+    return f"kafka: a local Apache Kafka {default_kafka_version()} broker"
+
+
 def free_port() -> int:
     """One free TCP port on 127.0.0.1 right now (nothing listens there: a client gets no answer)."""
     with socket.socket() as s:

@@ -1,14 +1,17 @@
-"""Start, stop and inspect a real local Apache Kafka 4.x broker (KRaft mode) on loopback.
+"""Start, stop and inspect a real local Apache Kafka broker (KRaft mode) on loopback.
 
 The jars are resolved once by Maven from ``infra/kafka/pom.xml`` into a cache; the broker runs as
 detached ``java ... kafka.Kafka`` processes that outlive the Python process that started them.
+It runs the Kafka pinned there (4.x) unless ``BrokerSpec.kafka_version`` (``--kafka-version``,
+``ROLLSTREAM_KAFKA_VERSION``) names another release, 3.3.0 or newer (``make compat`` runs tests on a 3.x one).
 
 Contract (pinned by ``tests/integration/test_broker.py``):
 
 - ``start_broker`` returns only once a client can produce (``acks=all``) to and consume from the probe
   topic ``__rollstream_probe`` and commit an offset (so the group coordinator is up too). It never hangs:
   on failure or timeout it kills what it started and raises ``BrokerError`` with the tail of the log.
-- Data survives a restart with the same ``data_dir``: storage is formatted only once.
+- Data survives a restart with the same ``data_dir``: storage is formatted only once. A data dir may move to a
+  newer Kafka version, never to an older one than last ran it (a clear error).
 - Starting twice is idempotent; a port held by another process is a clear error before anything starts,
   naming the port and the flag that moves it (``--port`` or ``--controller-port``).
 - ``stop_broker`` signals only the pids it recorded, and only while they are still our Kafka JVMs.
@@ -42,6 +45,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from rollstream.infra.broker._files import (
     cluster_id,
@@ -71,12 +75,15 @@ from rollstream.infra.broker._spec import (
     BrokerSpec,
     BrokerStatus,
     default_data_dir,
+    default_kafka_version,
+    pinned_kafka_version,
 )
 from rollstream.infra.broker._tls import client_settings, ensure_certificates, listeners
 from rollstream.infra.broker._tls import server_properties as tls_server_properties
 
 __all__ = ["CONTROLLER_PORT_OFFSET", "PRINCIPALS", "PROBE_TOPIC", "BrokerError", "BrokerSpec", "BrokerStatus",
-           "broker_status", "client_config_files", "default_data_dir", "ensure_kafka_jars", "free_port", "free_ports",
+           "broker_status", "client_config_files", "default_data_dir", "default_kafka_version", "ensure_kafka_jars",
+           "free_port", "free_ports",
            "restart_node", "start_broker", "stop_broker"]
 
 log = logging.getLogger(__name__)
@@ -104,7 +111,7 @@ def start_broker(spec: BrokerSpec | None = None, *, timeout: float = 120.0) -> s
     with locked(spec.data_dir / ".lock", timeout):
         if _adopt_running(spec, deadline, timeout):
             return spec.bootstrap
-        libs, java = ensure_kafka_jars(), find_java()
+        libs, java = ensure_kafka_jars(version=spec.kafka_version), find_java()
         check_ports_free(spec)
         cluster = cluster_id(spec)
         creds = credentials(spec.data_dir) if spec.sasl else None
@@ -130,8 +137,8 @@ def start_broker(spec: BrokerSpec | None = None, *, timeout: float = 120.0) -> s
             terminate(procs, 5.0)
             drop_record(spec.data_dir)
             raise
-    log.info("Kafka serves on %s (%d node(s), data dir %s) after %.1f s of JVM start",
-             spec.bootstrap, spec.nodes, spec.data_dir, time.monotonic() - started)
+    log.info("Kafka %s serves on %s (%d node(s), data dir %s) after %.1f s of JVM start",
+             spec.kafka_version, spec.bootstrap, spec.nodes, spec.data_dir, time.monotonic() - started)
     return spec.bootstrap
 
 
@@ -184,7 +191,7 @@ def broker_status(data_dir: Path | None = None) -> BrokerStatus:
     running = bool(alive) and len(alive) == len(recorded) == nodes
     return BrokerStatus(running, record.get("bootstrap") if running else None, alive, nodes, directory, log_path,
                         recorded_controller_ports(record), bool(record.get("sasl")), node_pids,
-                        bool(record.get("tls")), bool(record.get("mtls")))
+                        bool(record.get("tls")), bool(record.get("mtls")), _recorded_version(record))
 
 
 def restart_node(data_dir: Path | None, node: int, *, timeout: float = 60.0) -> float:
@@ -222,8 +229,8 @@ def restart_node(data_dir: Path | None, node: int, *, timeout: float = 60.0) -> 
         if is_ours(pid, config):
             raise BrokerError(f"Kafka node {node} of {directory} still runs (pid {pid}): kill it before restarting "
                               "it, or keep using it")
-        heap_mb = record.get("heap_mb")
-        pid = spawn(find_java(), ensure_kafka_jars(), heap_mb if isinstance(heap_mb, int) else 512, config,
+        heap_mb, libs = record.get("heap_mb"), ensure_kafka_jars(version=_recorded_version(record))
+        pid = spawn(find_java(), libs, heap_mb if isinstance(heap_mb, int) else 512, config,
                     tls=bool(record.get("tls")))
         recorded[node - 1] = (pid, config)
         rewrite_record(directory, record, recorded)  # at once: a JVM is never left running unrecorded
@@ -261,12 +268,13 @@ def _adopt_running(spec: BrokerSpec, deadline: float, timeout: float) -> bool:
         # No controller port asked for: whatever the running broker uses is fine.
         wanted = controllers if spec.controller_port is None else spec.controller_ports
         modes = tuple(bool(record.get(m)) for m in ("sasl", "tls", "mtls"))
-        if ((record.get("nodes"), record.get("port"), record.get("host"), controllers, modes)
-                != (spec.nodes, spec.port, spec.host, wanted, (spec.sasl, spec.tls, spec.mtls))):
+        running = _recorded_version(record)
+        if ((record.get("nodes"), record.get("port"), record.get("host"), controllers, modes, running)
+                != (spec.nodes, spec.port, spec.host, wanted, (spec.sasl, spec.tls, spec.mtls), spec.kafka_version)):
             mode = "".join(f" with {m.upper()}" for m, on in zip(("sasl", "tls", "mtls"), modes, strict=True) if on)
-            raise BrokerError(f"a {record.get('nodes')}-node broker{mode} already runs for {spec.data_dir} on "
-                              f"{record.get('bootstrap')} (controller ports {', '.join(map(str, controllers))}); "
-                              f"use it, or stop it first (stop_broker / "
+            raise BrokerError(f"a {record.get('nodes')}-node Kafka {running} broker{mode} already runs for "
+                              f"{spec.data_dir} on {record.get('bootstrap')} (controller ports "
+                              f"{', '.join(map(str, controllers))}); use it, or stop it first (stop_broker / "
                               f"`rollstream broker stop --data-dir {spec.data_dir}`)")
         wait_ready(spec, alive, deadline, timeout)
         return True
@@ -276,6 +284,12 @@ def _adopt_running(spec: BrokerSpec, deadline: float, timeout: float) -> bool:
         terminate(alive, 10.0)
     drop_record(spec.data_dir)
     return False
+
+
+def _recorded_version(record: dict[str, Any]) -> str:
+    """The Kafka version in a ``pids.json`` record; one written before versions were kept ran the pinned one."""
+    found = record.get("kafka_version")
+    return found if isinstance(found, str) and found else pinned_kafka_version()
 
 
 def _resolve(data_dir: Path | None) -> Path:

@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rollstream.infra.broker._spec import CONTROLLER_PORT_OFFSET, BrokerError, BrokerSpec, hostport
+from rollstream.infra.broker._spec import CONTROLLER_PORT_OFFSET, BrokerError, BrokerSpec, hostport, kafka_release
+from rollstream.schemas import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +54,12 @@ def write_config(spec: BrokerSpec, node: int, security: Mapping[str, Any] | None
         "log.dirs": node_dir / "data", "num.partitions": 1, "auto.create.topics.enable": "false",
         "default.replication.factor": rf, "min.insync.replicas": min_isr,
         "offsets.topic.replication.factor": rf, "transaction.state.log.replication.factor": rf,
-        "transaction.state.log.min.isr": min_isr, "share.coordinator.state.topic.replication.factor": rf,
-        "share.coordinator.state.topic.min.isr": min_isr, "group.initial.rebalance.delay.ms": 0,
+        "transaction.state.log.min.isr": min_isr, "group.initial.rebalance.delay.ms": 0,
         "message.max.bytes": _MAX_MESSAGE_BYTES, "replica.fetch.max.bytes": _MAX_MESSAGE_BYTES,
         "replica.fetch.response.max.bytes": _MAX_MESSAGE_BYTES,
-        # Tests use session.timeout.ms=6000 (classic protocol); the consumer protocol gets 10 s.
-        "group.min.session.timeout.ms": 1000, "group.consumer.min.session.timeout.ms": 1000,
-        "group.consumer.session.timeout.ms": 10000, "group.consumer.min.heartbeat.interval.ms": 500,
-        "group.consumer.heartbeat.interval.ms": 2000,
-        # Kafka 4's group coordinator waits up to 5 ms to batch offset-commit writes; one trainer commits
-        # once per step, so there is nothing to batch and the wait is pure latency (5.5 -> 0.7 ms a commit).
-        "group.coordinator.append.linger.ms": 0,
+        # Tests use session.timeout.ms=6000 (classic protocol).
+        "group.min.session.timeout.ms": 1000,
+        **(_kafka4_properties(rf, min_isr) if spec.kafka_release >= (4, 0, 0) else {}),
         **(security or {}),
     }
     config = node_dir / "server.properties"
@@ -72,11 +68,29 @@ def write_config(spec: BrokerSpec, node: int, security: Mapping[str, Any] | None
     return config
 
 
+def _kafka4_properties(rf: int, min_isr: int) -> dict[str, object]:
+    """What only Kafka 4's group and share coordinators read; a 3.x broker is started without them."""
+    return {
+        "share.coordinator.state.topic.replication.factor": rf, "share.coordinator.state.topic.min.isr": min_isr,
+        # The consumer protocol (KIP-848, on by default from 4.0) gets a 10 s session.
+        "group.consumer.min.session.timeout.ms": 1000, "group.consumer.session.timeout.ms": 10000,
+        "group.consumer.min.heartbeat.interval.ms": 500, "group.consumer.heartbeat.interval.ms": 2000,
+        # Kafka 4's group coordinator waits up to 5 ms to batch offset-commit writes; one trainer commits
+        # once per step, so there is nothing to batch and the wait is pure latency (5.5 -> 0.7 ms a commit).
+        "group.coordinator.append.linger.ms": 0,
+    }
+
+
 def cluster_id(spec: BrokerSpec) -> str:
     """The cluster id of ``spec.data_dir`` from ``cluster.json``, created there on first use.
 
+    It also keeps the newest Kafka version that ran the cluster: an older one cannot read what a newer one
+    wrote (metadata versions only go up; 4.4's formatted storage is not forward-compatible), so a data dir
+    may move to a newer ``kafka_version``, never back.
+
     Raises:
-        BrokerError: the data dir holds a cluster with another node count, or a cluster.json without an id.
+        BrokerError: the data dir holds a cluster with another node count, one a newer Kafka ran, or a
+            cluster.json without an id.
     """
     path = spec.data_dir / CLUSTER_FILE
     meta = read_json(path)
@@ -84,7 +98,8 @@ def cluster_id(spec: BrokerSpec) -> str:
         new_id = "-"
         while new_id.startswith("-"):  # as Kafka's Uuid.randomUuid: a leading "-" reads as a CLI flag
             new_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        write_json(path, {"cluster_id": new_id, "nodes": spec.nodes, "sasl": spec.sasl})
+        write_json(path, {"cluster_id": new_id, "nodes": spec.nodes, "sasl": spec.sasl,
+                          "kafka_version": spec.kafka_version})
         return new_id
     if meta.get("nodes") != spec.nodes:
         raise BrokerError(f"{spec.data_dir} holds a {meta.get('nodes')}-node cluster; start it with "
@@ -94,6 +109,7 @@ def cluster_id(spec: BrokerSpec) -> str:
         was = "with --sasl" if meta.get("sasl") else "without --sasl"
         raise BrokerError(f"{spec.data_dir} holds a cluster formatted {was}; start it {was} "
                           "or use another --data-dir")
+    _check_kafka_version(spec, path, meta)
     found = meta.get("cluster_id")
     if not isinstance(found, str) or not found:
         raise BrokerError(f"{path} names no cluster_id, so the formatted nodes cannot be matched; restore it, "
@@ -101,12 +117,31 @@ def cluster_id(spec: BrokerSpec) -> str:
     return found
 
 
+def _check_kafka_version(spec: BrokerSpec, path: Path, meta: dict[str, Any]) -> None:
+    """Refuse a Kafka older than the one that last ran the cluster in ``meta``; record a newer one."""
+    ran = meta.get("kafka_version")
+    if not isinstance(ran, str):  # written before versions were kept: the 4.x pin of then ran it
+        return
+    try:
+        ran_release = kafka_release(ran)
+    except ConfigError:
+        log.warning("%s names Kafka %r, not a release; the cluster's version is not checked", path, ran)
+        return
+    if ran_release > spec.kafka_release:
+        raise BrokerError(f"{spec.data_dir} holds a cluster that Kafka {ran} ran, and Kafka {spec.kafka_version} "
+                          f"cannot read it (metadata versions only go up); start it with --kafka-version {ran} "
+                          "or newer (or ROLLSTREAM_KAFKA_VERSION), or use another --data-dir")
+    if ran != spec.kafka_version:
+        log.info("%s: Kafka %s runs the cluster that Kafka %s ran before", spec.data_dir, spec.kafka_version, ran)
+        write_json(path, {**meta, "kafka_version": spec.kafka_version})
+
+
 def write_record(spec: BrokerSpec, procs: Sequence[tuple[int, Path]]) -> None:
     """Record the running nodes' pids and configs in ``pids.json`` (what stop and status read)."""
     write_json(spec.data_dir / PIDS_FILE, {
         "bootstrap": spec.bootstrap, "port": spec.port, "nodes": spec.nodes, "host": spec.host,
         "controller_ports": list(spec.controller_ports), "sasl": spec.sasl, "tls": spec.tls, "mtls": spec.mtls,
-        "heap_mb": spec.heap_mb,
+        "heap_mb": spec.heap_mb, "kafka_version": spec.kafka_version,
         "pids": [pid for pid, _ in procs], "configs": [str(config) for _, config in procs]})
 
 

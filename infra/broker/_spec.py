@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -16,6 +17,46 @@ from rollstream.schemas import ConfigError, RollstreamError
 
 CONTROLLER_PORT_OFFSET = 100
 PROBE_TOPIC = "__rollstream_probe"
+KAFKA_VERSION_ENV = "ROLLSTREAM_KAFKA_VERSION"
+POM = Path(__file__).resolve().parent.parent / "kafka" / "pom.xml"
+# KRaft is production-ready from 3.3, and 4.x brokers upgrade from 3.3 on; older lines run KRaft only as a preview.
+OLDEST_KAFKA = (3, 3)
+# SCRAM users in KRaft mode (StorageTool format --add-scram, KIP-900) came in 3.5.
+SASL_KAFKA = (3, 5)
+_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+
+
+def pinned_kafka_version() -> str:
+    """The Kafka version pinned in ``infra/kafka/pom.xml`` (``<kafka.version>``), the one tests and docs name.
+
+    Raises:
+        BrokerError: the pom is unreadable or pins no version.
+    """
+    try:
+        found = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", POM.read_text())
+    except OSError as exc:
+        raise BrokerError(f"cannot read {POM} ({exc}): reinstall rollstream; it pins the local broker's Kafka") from exc
+    if found is None:
+        raise BrokerError(f"{POM} has no <kafka.version>: restore it from rollstream's sources")
+    return found.group(1).strip()
+
+
+def default_kafka_version() -> str:
+    """``$ROLLSTREAM_KAFKA_VERSION`` if set (another Apache Kafka release on Maven Central), else the pinned one."""
+    return os.environ.get(KAFKA_VERSION_ENV, "").strip() or pinned_kafka_version()
+
+
+def kafka_release(version: str) -> tuple[int, int, int]:
+    """``"3.3.2"`` -> ``(3, 3, 2)``.
+
+    Raises:
+        ConfigError: ``version`` is not ``MAJOR.MINOR.PATCH``.
+    """
+    found = _VERSION.fullmatch(version) if isinstance(version, str) else None
+    if found is None:
+        raise ConfigError(f"Kafka version {version!r} (--kafka-version, ${KAFKA_VERSION_ENV}): must be an Apache "
+                          "Kafka release such as 4.4.0 or 3.3.2")
+    return int(found.group(1)), int(found.group(2)), int(found.group(3))
 
 
 def default_data_dir() -> Path:
@@ -40,6 +81,10 @@ class BrokerSpec:
 
     Node ``i`` (1-based) serves clients on ``port + i - 1`` and runs its KRaft controller on
     ``controller_port + i - 1``; ``controller_port=None`` means ``port + CONTROLLER_PORT_OFFSET``.
+
+    ``kafka_version`` is the Apache Kafka release to run (resolved by Maven into a jar dir of its own): by default
+    ``$ROLLSTREAM_KAFKA_VERSION``, else the one pinned in ``infra/kafka/pom.xml``; 3.3.0 or newer (KRaft), and
+    3.5.0 or newer with ``sasl``.
     """
 
     port: int = 9092
@@ -51,6 +96,7 @@ class BrokerSpec:
     sasl: bool = False
     tls: bool = False
     mtls: bool = False
+    kafka_version: str = field(default_factory=default_kafka_version)
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, bool) or self.nodes not in (1, 3):
@@ -70,6 +116,22 @@ class BrokerSpec:
         if unspecified:
             raise ConfigError(f"BrokerSpec.host={self.host!r}: must be one IP address such as 127.0.0.1")
         object.__setattr__(self, "data_dir", Path(self.data_dir).expanduser().resolve())
+        self._check_kafka_version()
+
+    def _check_kafka_version(self) -> None:
+        release = kafka_release(self.kafka_version)
+        if release[:2] < OLDEST_KAFKA:
+            raise ConfigError(f"BrokerSpec.kafka_version={self.kafka_version!r} (--kafka-version, ${KAFKA_VERSION_ENV})"
+                              f": the local broker runs in KRaft mode, production-ready from "
+                              f"{'.'.join(map(str, OLDEST_KAFKA))}.0; choose that or newer")
+        if self.sasl and release[:2] < SASL_KAFKA:
+            raise ConfigError(f"BrokerSpec.sasl=True needs Kafka {'.'.join(map(str, SASL_KAFKA))}.0 or newer (SCRAM "
+                              f"users in KRaft mode, KIP-900), not kafka_version={self.kafka_version!r}; choose a "
+                              "newer --kafka-version or leave out --sasl")
+
+    @property
+    def kafka_release(self) -> tuple[int, int, int]:
+        return kafka_release(self.kafka_version)
 
     def _check_ports(self) -> None:
         last = self.nodes - 1
@@ -128,6 +190,7 @@ class BrokerStatus:
     node_pids: tuple[int | None, ...] = ()  # node i's JVM at index i - 1; None where that node does not run
     tls: bool = False  # as recorded at start: every listener TLS (the CA is data_dir/tls/ca.pem)
     mtls: bool = False  # as recorded at start: client certificates required, their CN the principal
+    kafka_version: str | None = None  # as recorded at start; None when nothing is recorded
 
 
 def hostport(host: str, port: int) -> str:

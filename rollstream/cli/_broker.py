@@ -13,6 +13,7 @@ from rollstream.infra.broker import (
     broker_status,
     client_config_files,
     default_data_dir,
+    default_kafka_version,
     ensure_kafka_jars,
     start_broker,
     stop_broker,
@@ -27,7 +28,8 @@ DataDirOpt = Annotated[Path | None, typer.Option(
 
 @app.command("start", epilog=examples("rollstream broker start",
                                              "rollstream broker start --port 19092 --nodes 3",
-                                             "rollstream broker start --sasl --tls"))
+                                             "rollstream broker start --sasl --tls",
+                                             "rollstream broker start --kafka-version 3.3.2 --data-dir /tmp/k33"))
 def start(
     port: Annotated[int, typer.Option(help="Client port of the first node (node i listens on port+i-1).")] = 9092,
     controller_port: Annotated[int | None, typer.Option(
@@ -46,6 +48,9 @@ def start(
     mtls: Annotated[bool, typer.Option(
         "--mtls", help="Mutual TLS (implies --tls): clients need a certificate of the local CA, whose CN is their "
                        "principal (User:admin, User:producer, User:trainer); ACLs apply to it.")] = False,
+    kafka_version: Annotated[str | None, typer.Option(
+        help="Apache Kafka release to run, 3.3.0 or newer (its jars resolved by Maven once); default "
+             "$ROLLSTREAM_KAFKA_VERSION, else the pinned one. A data dir never moves to an older one.")] = None,
 ) -> None:
     """Start the broker in the background (fetching its jars with Maven on first use), wait until a
     client can produce and consume, then print the bootstrap address as the last line."""
@@ -53,8 +58,9 @@ def start(
         raise typer.BadParameter("--nodes must be 1 or 3")
     node_count: Literal[1, 3] = 1 if nodes == 1 else 3
     spec = BrokerSpec(port=port, nodes=node_count, data_dir=data_dir or default_data_dir(), heap_mb=heap_mb,
-                      controller_port=controller_port, sasl=sasl, tls=tls or mtls, mtls=mtls)
-    ensure_kafka_jars(progress=lambda message: typer.echo(message, err=True))
+                      controller_port=controller_port, sasl=sasl, tls=tls or mtls, mtls=mtls,
+                      kafka_version=kafka_version or default_kafka_version())
+    ensure_kafka_jars(version=spec.kafka_version, progress=lambda message: typer.echo(message, err=True))
     bootstrap = start_broker(spec, timeout=timeout)
     if spec.sasl or spec.tls:
         _print_client_configs(spec.data_dir, spec.sasl, spec.tls, spec.mtls)
@@ -91,8 +97,9 @@ def status(data_dir: DataDirOpt = None) -> None:
     """Say whether the broker of this data dir runs, and where."""
     st = broker_status(data_dir or default_data_dir())
     if st.running:
-        typer.echo(f"running: {st.bootstrap} (controller ports {', '.join(map(str, st.controller_ports))}; "
-                   f"pids {', '.join(map(str, st.pids))}; log {st.log_path})")
+        typer.echo(f"running: {st.bootstrap} (Kafka {st.kafka_version}; controller ports "
+                   f"{', '.join(map(str, st.controller_ports))}; pids {', '.join(map(str, st.pids))}; "
+                   f"log {st.log_path})")
         if st.sasl or st.tls:
             _print_client_configs(st.data_dir, st.sasl, st.tls, st.mtls)
     else:

@@ -5,10 +5,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from rollstream.infra import KafkaConfig
+from rollstream.infra.broker import default_kafka_version
+from rollstream.infra.broker._spec import SASL_KAFKA, kafka_release
 from rollstream.infra.config import read_properties
 
 from tests.integration._kafka import run_cli
+
+
+def skip_without_scram() -> None:
+    """Skip, saying why, when the Kafka the tests run (``ROLLSTREAM_KAFKA_VERSION``, as ``make compat`` sets
+    it) cannot create SCRAM users in KRaft mode: before 3.5, where ``BrokerSpec(sasl=True)`` is refused."""
+    version = default_kafka_version()
+    if kafka_release(version)[:2] < SASL_KAFKA:
+        pytest.skip(f"Kafka {version} has no SCRAM users in KRaft mode (3.5 and newer do): no SASL broker")
 
 
 def secured_config(bootstrap: str, path: Path) -> KafkaConfig:

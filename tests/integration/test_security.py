@@ -32,13 +32,14 @@ from rollstream.infra.kafka_io import commit_offsets, read_ranges
 from rollstream.schemas import PolicyVersion
 
 from tests.integration._kafka import run_cli
-from tests.integration._secure import grant_and_fill, one_line_error, secured_config
+from tests.integration._secure import grant_and_fill, one_line_error, secured_config, skip_without_scram
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def sasl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Path]]]:
+    skip_without_scram()
     data_dir = tmp_path_factory.mktemp("sasl-broker")
     port, controller = free_ports()
     spec = BrokerSpec(port=port, controller_port=controller, data_dir=data_dir, sasl=True, heap_mb=384)

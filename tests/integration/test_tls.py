@@ -34,7 +34,7 @@ from rollstream.infra.config import read_properties
 from rollstream.infra.kafka_io import read_ranges
 
 from tests.integration._kafka import REPO_ROOT, run_cli
-from tests.integration._secure import grant_and_fill, one_line_error, secured_config
+from tests.integration._secure import grant_and_fill, one_line_error, secured_config, skip_without_scram
 
 pytestmark = pytest.mark.integration
 
@@ -48,6 +48,7 @@ def _start(data_dir: Path, *, sasl: bool, mtls: bool) -> str:
 
 @pytest.fixture(scope="module")
 def sasl_ssl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, Path]]]:
+    skip_without_scram()
     data_dir = tmp_path_factory.mktemp("sasl-ssl-broker")
     bootstrap = _start(data_dir, sasl=True, mtls=False)
     try:

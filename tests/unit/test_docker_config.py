@@ -21,6 +21,7 @@ from packaging.requirements import Requirement
 from rollstream.infra import KafkaConfig
 from rollstream.infra.broker import BrokerSpec
 from rollstream.infra.broker._files import write_config
+from rollstream.infra.broker._spec import pinned_kafka_version
 
 from tests import _docker_broker as db
 
@@ -34,8 +35,10 @@ IMAGE_ARTIFACTS = {"heap.opts"}
 
 
 def local_broker_properties(tmp_path: Path) -> dict[str, str]:
-    """The server.properties ``rollstream broker start`` writes for one node (a file, no process)."""
-    text = write_config(BrokerSpec(port=9092, data_dir=tmp_path), node=1).read_text()
+    """The server.properties ``rollstream broker start`` writes for one node (a file, no process), for the pinned
+    Kafka the image runs (whatever ROLLSTREAM_KAFKA_VERSION says)."""
+    spec = BrokerSpec(port=9092, data_dir=tmp_path, kafka_version=pinned_kafka_version())
+    text = write_config(spec, node=1).read_text()
     return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
 
 
@@ -133,8 +136,8 @@ def test_start_script_waits_for_the_port_then_runs_the_image() -> None:
 
 
 def test_ready_log_matches_what_kafka_raft_server_logs() -> None:
-    # as Kafka 4.1.1 logged it here (a local broker started from the rendered properties)
-    line = ("[2026-12-01 16:22:47,327] INFO [KafkaRaftServer nodeId=1] Kafka Server started "
+    # as Kafka 4.4.0 logged it here (a local broker started from the rendered properties)
+    line = ("[2026-12-04 13:43:16,203] INFO [KafkaRaftServer nodeId=1] Kafka Server started "
             "(kafka.server.KafkaRaftServer)")
     assert re.search(db.READY_LOG, line)
 
