@@ -42,6 +42,7 @@ class Trainer(threading.Thread):
         super().__init__(name="fleet-bound-trainer", daemon=True)
         self.config, self.namespace, self.group = config, namespace, group
         self.steps = self.committed = self.commits = 0
+        self.taken: list[str] = []  # every group id taken, in order
         self.error: BaseException | None = None
         self.stop = threading.Event()
 
@@ -60,18 +61,20 @@ class Trainer(threading.Thread):
                     self.commits += 1
                     trainer.commit(batch)
                     self.committed = sum(batch.offsets.values())
+                    self.taken += batch.group_ids
                     self.commits += 1
                     self.steps += 1
         except BaseException as exc:  # noqa: BLE001 - the test reports it
             self.error = exc
 
 
-def sample_lag(config: KafkaConfig, trainer: Trainer, topic: str, stop: threading.Event, out: list[int]) -> None:
+def sample_lag(config: KafkaConfig, trainer: Trainer, topic: str, stop: threading.Event, out: list[int], *,
+               partitions: int = PRODUCERS) -> None:
     """The committed lag every 50 ms: end offsets (read after) minus what the trainer committed (read before
     and after, unchanged: a sample across a commit is dropped, since it could count the groups that the
     commit made room for against the offsets before it)."""
     admin = open_admin(config.admin())
-    query = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(PRODUCERS)}
+    query = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
     while not stop.wait(0.05):
         before, committed = trainer.commits, trainer.committed
         ends = sum(f.result(timeout=10.0).offset for f in admin.list_offsets(query, request_timeout=5.0).values())
