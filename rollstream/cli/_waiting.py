@@ -11,8 +11,10 @@ reads the cluster at most every 30 s anyway), then with the gap doubling from 60
 1.5, 3.5, 7.5 min, then every 5 min): a first hint soon, and a take left waiting overnight writes a line every
 5 min, not a screenful. ``ROLLSTREAM_TAKE_WAIT_NOTICES=FIRST,LONGEST`` (seconds) changes both, for tests.
 
-The cluster read is started a few seconds before each line is due (it then waits for nothing), so a line holds
-the take back at most `TimeoutDiagnoser`'s bound (5 s) when the broker is slow, and usually not at all.
+The cluster read is started a few seconds before each line is due, and before a ``--timeout`` runs out (5 s
+before, or half way through a shorter one; it then waits for nothing), so a line holds the take back at most
+`TimeoutDiagnoser`'s bound (5 s) when the broker is slow, and usually not at all, and a timed-out take names
+its cause also on a loaded machine.
 """
 
 from __future__ import annotations
@@ -79,12 +81,12 @@ def take_saying_why(consumer: RolloutConsumer, n: int, timeout: float | None, no
     notice, read = next(due), False
     while True:
         waited = time.monotonic() - started
-        if not read and waited >= notice - _READ_AHEAD_S:
+        due_at = notice if timeout is None else min(notice, timeout)  # a line, or the timeout's diagnosis
+        read_at = max(due_at - _READ_AHEAD_S, due_at / 2)  # a take done in half its time reads nothing
+        if not read and waited >= read_at:
             consumer.timeout_error(n, 0.0)  # starts the cluster read in the background; waits for nothing
             read = True
-        until = notice if read else notice - _READ_AHEAD_S
-        if timeout is not None:
-            until = min(until, timeout)
+        until = due_at if read else read_at
         batch = consumer.poll_batch(n, max(0.0, until - waited), commit=False)
         if batch is not None:
             return batch
