@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from rollstream.schemas import RollstreamError, Sample, Samples, ScoredGroup, make_group_id, now_ms
+from rollstream.schemas import RollstreamError, ScoredGroup, make_group_id, now_ms, packed_samples
 from tensordict import TensorDict
 from verl import DataProto
 from verl.experimental.fully_async_policy.detach_utils import RolloutSample
@@ -56,6 +56,7 @@ from verl.experimental.fully_async_policy.detach_utils import RolloutSample
 ENCODING = "rollstream.verl/1"
 END_KEY = "verl.end"  # metadata of the end-of-stream marker (`_verl_rollouter.end_marker`)
 _LEAVES = frozenset({str, int, float, bool, type(None)})
+_NOTHING = object()  # no row yet (`_column`)
 _CORE = ("prompts", "responses", "response_mask", "input_ids", "attention_mask", "rollout_log_probs", "rm_scores")
 
 
@@ -67,52 +68,58 @@ def encode_sample(rs: RolloutSample, *, producer_id: str = "verl-rollouter", sta
                   policy_run: int = 0) -> ScoredGroup:
     """`rs` as one ScoredGroup of trainer run `policy_run` (this module's docstring says where each field goes).
 
+    Works on numpy views of the batch's tensors (no copy) and builds the group's samples as columns
+    (`packed_samples`: the responses cut out of the padded batch at once, no `Sample` per row): ~0.4 ms for
+    8 x (1024 + 2048) where `Sample` objects row by row took ~1.2 ms. The same record, byte for byte.
+
     Raises:
         VerlEncodingError: rows with different prompts, or a value JSON cannot hold.
     """
-    batch, nt = rs.full_batch.batch, rs.full_batch.non_tensor_batch
-    prompts, responses, attention = batch["prompts"], batch["responses"], batch["attention_mask"]
+    full = rs.full_batch
+    batch, nt = dict(full.batch.items()), full.non_tensor_batch
+    prompts, responses = batch["prompts"].numpy(), batch["responses"].numpy()
+    attention = batch["attention_mask"].numpy()
     width_p, width_r = prompts.shape[1], responses.shape[1]
-    prompt_mask = attention[:, :width_p].bool()
-    lengths = attention[:, width_p:].sum(dim=1).tolist()
+    prompt_mask, response_real = attention[:, :width_p].astype(bool), attention[:, width_p:].astype(bool)
+    lengths = attention[:, width_p:].sum(axis=1)
     first = prompts[0][prompt_mask[0]]
-    if any(not torch.equal(prompts[i][prompt_mask[i]], first) for i in range(len(prompts))):
+    if not _same_prompts(prompts, prompt_mask, first):
         raise VerlEncodingError(f"verl sample {rs.sample_id}: its rows have different prompts; rollstream.verl/1 "
                                 "carries one prompt per sample (one RolloutSample is one group)")
-    rewards = batch["rm_scores"].sum(dim=1).tolist() if "rm_scores" in batch.keys() else None
-    versions = [_versions(nt, i) for i in range(len(prompts))]
-    samples = [Sample(tokens=responses[i, :n].numpy(),
-                      logprobs=batch["rollout_log_probs"][i, :n].numpy() if "rollout_log_probs" in batch.keys()
-                      else None,
-                      reward=None if rewards is None else rewards[i],
-                      finish_reason="length" if n >= width_r else "stop", weight_versions=versions[i],
-                      loss_mask=batch["response_mask"][i, :n].numpy().astype(np.uint8))
-               for i, n in enumerate(lengths)]
-    derived = _derived_positions(attention)
-    carried = {k: _tensor_json(batch[k]) for k in batch.keys() if k not in _CORE and k != "position_ids"}
-    positions_derived = "position_ids" in batch.keys() and torch.equal(batch["position_ids"], derived)
-    if "position_ids" in batch.keys() and not positions_derived:
+    # torch's row sums, not numpy's: the same float32 additions as ever, so the same rewards bit for bit
+    rewards = batch["rm_scores"].sum(dim=1).tolist() if "rm_scores" in batch else None
+    kept = np.arange(width_r) < lengths[:, None]  # each row's response up to its length: tokens back to back
+    logprobs = batch["rollout_log_probs"].numpy()[kept] if "rollout_log_probs" in batch else None
+    samples = packed_samples(responses[kept], lengths.tolist(), logprobs=logprobs,
+                             loss_masks=batch["response_mask"].numpy()[kept].astype(np.uint8),
+                             rewards=[None] * len(lengths) if rewards is None else rewards,
+                             finish_reasons=["length" if n >= width_r else "stop" for n in lengths.tolist()],
+                             weight_versions=[_versions(nt, i) for i in range(len(lengths))])
+    carried = {k: _tensor_json(t) for k, t in batch.items() if k not in _CORE and k != "position_ids"}
+    positions = batch["position_ids"].numpy() if "position_ids" in batch else None
+    # values, not dtypes, as torch.equal compared them (int32 positions of the derived values are "derived")
+    positions_derived = positions is not None and np.array_equal(positions, _derived_positions_np(attention))
+    if positions is not None and not positions_derived:
         carried["position_ids"] = _tensor_json(batch["position_ids"])
     layout = {"prompt_width": width_p, "response_width": width_r, "prompt_pad": _pad(prompts, prompt_mask),
-              "response_pad": _pad(responses, attention[:, width_p:].bool()), "rm_scores": rewards is not None,
-              "rollout_log_probs": "rollout_log_probs" in batch.keys(),
-              "position_ids": "derived" if positions_derived else "carried" if "position_ids" in batch.keys()
-              else "absent"}
+              "response_pad": _pad(responses, response_real), "rm_scores": rewards is not None,
+              "rollout_log_probs": logprobs is not None,
+              "position_ids": "derived" if positions_derived else "carried" if positions is not None else "absent"}
     metadata = {"verl.encoding": ENCODING, "verl.layout": json.dumps(layout), "verl.tensors": json.dumps(carried),
-                "verl.non_tensor": _json(rs.sample_id, {k: _column(v) for k, v in nt.items()}),
-                "verl.meta_info": _json(rs.sample_id, rs.full_batch.meta_info),
+                "verl.non_tensor": _dumps(rs.sample_id, {str(k): _column(v) for k, v in nt.items()}),
+                "verl.meta_info": _json(rs.sample_id, full.meta_info),
                 "verl.rollout_status": _json(rs.sample_id, rs.rollout_status)}
     finished = now_ms()
     return ScoredGroup(group_id=group_id_of(rs.sample_id, rs.epoch, first, policy_run), prompt_id=rs.sample_id,
-                       epoch=rs.epoch, prompt_tokens=first.numpy(), samples=Samples.of(samples),
+                       epoch=rs.epoch, prompt_tokens=first, samples=samples,
                        started_at_ms=started_at_ms or finished, finished_at_ms=finished, producer_id=producer_id,
                        metadata=metadata, policy_run=policy_run)
 
 
-def group_id_of(sample_id: str, epoch: int, prompt: torch.Tensor, policy_run: int) -> str:
+def group_id_of(sample_id: str, epoch: int, prompt: np.ndarray, policy_run: int) -> str:
     """The group id of verl sample `sample_id` (of `epoch`) for the unpadded `prompt` token ids under trainer run
     `policy_run`: equal only for the same counter, prompt and run (a ``make_group_id`` id, its epoch after ``#``)."""
-    digest = hashlib.blake2b(prompt.numpy().astype("<i8").tobytes(), digest_size=8).hexdigest()
+    digest = hashlib.blake2b(np.asarray(prompt).astype("<i8").tobytes(), digest_size=8).hexdigest()
     return make_group_id(f"{sample_id}.r{policy_run}.{digest}", epoch)
 
 
@@ -203,13 +210,26 @@ def _derived_positions(attention: torch.Tensor) -> torch.Tensor:
     return torch.clip(torch.cumsum(attention, dim=-1) - 1, min=0)
 
 
-def _pad(padded: torch.Tensor, real: torch.Tensor) -> int:
+def _derived_positions_np(attention: np.ndarray) -> np.ndarray:
+    """`_derived_positions` in numpy (the same values; int64 as torch's cumsum gives)."""
+    return np.maximum(np.cumsum(attention, axis=-1, dtype=np.int64) - 1, 0)
+
+
+def _same_prompts(prompts: np.ndarray, real: np.ndarray, first: np.ndarray) -> bool:
+    """Whether every row's unpadded prompt (`prompts` where `real`) equals `first`: at once when the rows are
+    padded alike (verl pads one prompt one way), else row by row."""
+    if bool((real == real[0]).all()):
+        return bool((prompts[:, real[0]] == first).all())
+    return all(np.array_equal(row[mask], first) for row, mask in zip(prompts, real, strict=True))
+
+
+def _pad(padded: np.ndarray, real: np.ndarray) -> int:
     """The first padding value in row-major order (0 when there is none). argmin finds the first False
     without building the masked copy (``padded[~real]``, ~5 ms at 8 x 2048)."""
     flat = real.reshape(-1)
     if len(flat) == 0 or bool(flat.all()):
         return 0
-    return int(padded.reshape(-1)[int(torch.argmin(flat.to(torch.uint8)))])
+    return int(padded.reshape(-1)[int(np.argmin(flat))])
 
 
 def _tensor_json(t: torch.Tensor) -> dict[str, Any]:
@@ -225,7 +245,17 @@ def _tensor_of(spec: Mapping[str, Any]) -> torch.Tensor:
 
 
 def _column(values: np.ndarray) -> dict[str, Any]:
-    return {"dtype": str(values.dtype), "values": [_plain(v) for v in values.tolist()]}
+    """A non-tensor column as JSON data. A row holding the very object the row before holds reuses its plain
+    form: verl repeats one prompt's columns ``rollout.n`` times (``np.repeat`` of an object array: the same
+    dicts and lists in every row)."""
+    out: list[Any] = []
+    last, plain = _NOTHING, None
+    for value in values.tolist():
+        if value is not last:
+            last, plain = value, _plain(value)
+        out.append(plain)
+    # most columns are objects: str(dtype) runs Python code in numpy (~4 us a call, 14 calls a sample)
+    return {"dtype": "object" if values.dtype.kind == "O" else str(values.dtype), "values": out}
 
 
 def _column_of(spec: Mapping[str, Any]) -> np.ndarray:
@@ -256,8 +286,13 @@ def _plain(value: Any) -> Any:
 
 
 def _json(sample_id: str, value: Any) -> str:
+    return _dumps(sample_id, _plain(value))
+
+
+def _dumps(sample_id: str, plain: Any) -> str:
+    """`plain` (JSON data already: `_plain`'s, `_column`'s) as JSON text."""
     try:
-        return json.dumps(_plain(value), allow_nan=True)
+        return json.dumps(plain, allow_nan=True)
     except TypeError as exc:
         raise VerlEncodingError(f"verl sample {sample_id}: {exc}; rollstream.verl/1 carries JSON values only "
                                 "(multimodal inputs are not supported)") from exc

@@ -3,11 +3,15 @@
 `VerlRolloutQueue` publishes each RolloutSample as one ScoredGroup (`_verl_codec`), keyed by its group id,
 through an idempotent producer (acks=all), and answers verl's "queue size" with the trainer group's lag,
 read at most every ``lag_refresh_s`` (verl asks before every sample it starts, fully_async_rollouter.py:907).
-Publishing and lag reads run in threads of their own (``rollstream-verl-publish`` encodes and produces,
-``rollstream-verl-acks`` serves the acknowledgements, ``rollstream-verl-lag``), so none blocks the rollouter's
-event loop or waits for another. Every put verl runs concurrently is in flight at once (`_verl_publish`); each
-returns only when the broker acknowledged its own sample, so a sample verl counts as produced is durable and
-one that is not acknowledged when the rollouter dies was never counted.
+Publishing and lag reads run in threads of their own, so none blocks the rollouter's event loop or waits for
+another: ``rollstream-verl-encode`` (`ENCODE_THREADS` threads) unpickles what verl hands over, encodes the record
+and produces it, the CPU of a put (~1 ms for 8 x 3072 tokens) off verl's loop, concurrent puts side by side
+where torch, numpy and librdkafka release the interpreter lock; ``rollstream-verl-publish`` drains and sends the
+end marker, ``rollstream-verl-acks`` serves the acknowledgements, ``rollstream-verl-lag`` reads the lag. Every put
+verl runs concurrently is in flight at once (`_verl_publish`); each returns only when the broker acknowledged its
+own sample, so a sample verl counts as produced is durable and one that is not acknowledged when the rollouter
+dies was never counted. The end marker goes after every sample put before it: its put waits for their encoding
+and produce, then for their acknowledgements.
 
 Every group is stamped with the trainer run the rollouter serves (`VerlRolloutQueue.serve_run`: the verl trainer
 hands its run over at each weight sync, the first before the rollouter generates anything), so a resumed trainer
@@ -34,6 +38,7 @@ from rollstream.schemas import ConfigError, LifecycleError, Samples, ScoredGroup
 log = logging.getLogger(__name__)
 _GRACE_S = 1.0  # librdkafka answers within kafka_timeout_s of the produce (message.timeout.ms); past the put's
 # deadline by more than this, the put gives up (only when waiting for room in librdkafka's queue took long)
+ENCODE_THREADS = 2  # puts unpickled, encoded and produced side by side
 
 __all__ = ["PublishFailed", "VerlRolloutQueue", "end_marker"]
 
@@ -49,7 +54,9 @@ class VerlRolloutQueue:
         self._kafka = settings.kafka(self.producer_id)
         self._publisher = AckedPublisher(self._kafka.producer(), self.names.rollouts, settings.kafka_timeout_s)
         self._lag_reader = LagReader(self._kafka)
+        self._encoding = ThreadPool("rollstream-verl-encode", ENCODE_THREADS)
         self._publish = ThreadPool("rollstream-verl-publish", 1)
+        self._producing: set[asyncio.Future[tuple[str, concurrent.futures.Future[None]]]] = set()  # the loop's only
         self._lags = ThreadPool("rollstream-verl-lag", 1)
         self._lag: tuple[float, int] | None = None  # (monotonic time read, lag)
         self.published = 0
@@ -73,26 +80,30 @@ class VerlRolloutQueue:
             PublishFailed: no acknowledgement within ``kafka_timeout_s``; VerlEncodingError.
             LifecycleError: no trainer run to stamp yet (`serve_run` was not called): nothing published.
         """
-        import ray
-
         deadline = time.monotonic() + self.settings.kafka_timeout_s  # one for the put: room, then acknowledgement
         if sample is None:
+            # after every sample put before it: their encoding and produce, then their acknowledgements
+            if self._producing:  # asyncio.wait, not gather: cancelling this put must not cancel theirs
+                await asyncio.wait(set(self._producing))
             await self._publish.run(self._publisher.drain, self.settings.kafka_timeout_s)
             deadline = time.monotonic() + self.settings.kafka_timeout_s  # the marker's own, after the samples
             group = end_marker(self.producer_id)
+            key, acked = group.group_id, await self._publish.run(self._send, group)
         else:
             if self.policy_run is None:
                 raise LifecycleError("verl's rollouter has no trainer run to stamp on its samples: run verl through "
                                      "rollstream.consumers.verl (its trainer hands its run over at the first weight "
                                      "sync, before the rollouter generates), or call serve_run(run)")
-            # verl pickled it in this process a moment ago; what goes on the wire is the Avro record
-            rs = ray.cloudpickle.loads(sample) if isinstance(sample, bytes) else sample
-            group = encode_sample(rs, producer_id=self.producer_id, policy_run=self.policy_run)
-        acked = await self._publish.run(self._send, group)
+            producing = asyncio.wrap_future(self._encoding.submit(self._encode_and_send, sample, self.policy_run))
+            self._producing.add(producing)
+            try:
+                key, acked = await producing
+            finally:
+                self._producing.discard(producing)
         try:
             await asyncio.wait_for(asyncio.wrap_future(acked), max(0.0, deadline - time.monotonic()) + _GRACE_S)
         except TimeoutError as exc:
-            raise PublishFailed(f"verl sample {group.group_id} to {self.names.rollouts}: no acknowledgement in "
+            raise PublishFailed(f"verl sample {key} to {self.names.rollouts}: no acknowledgement in "
                                 f"{self.settings.kafka_timeout_s} s (it may still land: the trainer's dedupe of "
                                 "group ids keeps it from being trained twice)", retriable=True) from exc
         self.published += 1
@@ -119,11 +130,22 @@ class VerlRolloutQueue:
         """Wait up to ``kafka_timeout_s`` for what is in flight, then stop. Idempotent."""
         self._publisher.close(self.settings.kafka_timeout_s)
         self._lags.submit(self._lag_reader.close).result()
+        self._encoding.retire()
         self._publish.retire()
         self._lags.retire()
 
     def _send(self, group: ScoredGroup) -> concurrent.futures.Future[None]:
         return self._publisher.send(group.group_id, encode(group))
+
+    def _encode_and_send(self, sample: bytes | RolloutSample,
+                         policy_run: int) -> tuple[str, concurrent.futures.Future[None]]:
+        """In ``rollstream-verl-encode``: `sample` produced as its record; (its key, its acknowledgement)."""
+        import ray
+
+        # verl pickled it in this process a moment ago; what goes on the wire is the Avro record
+        rs = ray.cloudpickle.loads(sample) if isinstance(sample, bytes) else sample
+        group = encode_sample(rs, producer_id=self.producer_id, policy_run=policy_run)
+        return group.group_id, self._send(group)
 
     def _read_lag(self) -> int:
         now = time.monotonic()

@@ -10,7 +10,7 @@ from rollstream.schemas._errors import (
     UnknownSchemaError,
 )
 from rollstream.schemas._packing import float32_array, int32_array
-from rollstream.schemas._plain import plain_samples
+from rollstream.schemas._plain import packed_samples, plain_samples
 from rollstream.schemas.codec import Codec, decode, default_codec, encode, fingerprint
 from rollstream.schemas.inflight import InflightCheckpoint, checkpoint_key
 from rollstream.schemas.policy_dir import VERSION_FILE, read_policy_version, write_policy_version
@@ -42,6 +42,6 @@ __all__ = [
     "InvalidRecordError", "OffsetDisposition", "PartitionRange", "PolicyVersion", "Prompt", "RollstreamError",
     "Sample", "Samples", "Sampling", "SchemaError", "ScoredGroup", "StepManifest", "TrainerPosition",
     "UnknownSchemaError", "VersionSpan", "checkpoint_key", "decode", "default_codec", "encode", "fingerprint",
-    "float32_array", "int32_array", "logprob_temperature", "make_group_id", "now_ms", "plain_samples",
+    "float32_array", "int32_array", "logprob_temperature", "make_group_id", "now_ms", "packed_samples", "plain_samples",
     "read_policy_version", "write_policy_version",
 ]

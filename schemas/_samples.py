@@ -210,7 +210,7 @@ class Sample:
             versions = named
         fields = {"tokens": int32_array(self.tokens, "tokens"), "logprobs": float32_array(self.logprobs, "logprobs"),
                   "reward": None if reward is None or math.isnan(reward) else reward, "weight_versions": versions,
-                  "loss_mask": _mask(self.loss_mask), "version_spans": spans,
+                  "loss_mask": loss_mask_array(self.loss_mask), "version_spans": spans,
                   "resume_points": _indices(self.resume_points), "resumed_from": _ids(self.resumed_from)}
         for name, value in fields.items():
             object.__setattr__(self, name, value)
@@ -259,8 +259,9 @@ class Sample:
         return min(self.weight_versions) if self.weight_versions else None
 
 
-def _mask(mask: Any) -> np.ndarray | None:
-    """A loss mask as uint8, refusing what the conversion would change (0.5, 2**8 + 1, ...)."""
+def loss_mask_array(mask: Any) -> np.ndarray | None:
+    """A loss mask (one sample's, or several back to back) as uint8, refusing what the conversion would change
+    (0.5, 2**8 + 1, ...); None stays None."""
     if mask is None:
         return None
     array = np.asarray(mask)

@@ -9,7 +9,7 @@ b5c9eaa published them, and what a trainer step of 32 prompts x 8 responses cost
    sample and polled until its acknowledgement, then the next). `REPEATS` alternating runs per side, best of
    each; without the variable only this checkout is measured. "Transport only" publishes groups encoded
    beforehand through the same queue (its publish thread and acknowledgement wait), without verl's unpickle
-   and the codec, which stay on the rollouter's loop and bound a put by CPU.
+   and the codec, which bound a put by CPU (here in the queue's encode threads; on the rollouter's loop before).
 2. A trainer step: `VerlTrainerQueue` takes 32 groups (``take``), hands each over as verl's
    ``_get_samples_from_queue`` reads it (``get_sample`` then ``ray.cloudpickle.loads``), and verl's own
    ``assemble_batch_from_rollout_samples`` builds the batch; ``rebuild`` is everything after the take. Best of

@@ -8,8 +8,11 @@ import pytest
 
 pytest.importorskip("verl", reason="the verl extra is not installed (pip install 'rollstream[verl]')")
 
+import dataclasses  # noqa: E402
+
 import ray  # noqa: E402
 import torch  # noqa: E402
+from rollstream.consumers import _verl_codec  # noqa: E402
 from rollstream.consumers._ledger import epoch_of  # noqa: E402
 from rollstream.consumers._verl_codec import (  # noqa: E402
     ENCODING,
@@ -18,7 +21,7 @@ from rollstream.consumers._verl_codec import (  # noqa: E402
     encode_sample,
     handover,
 )
-from rollstream.schemas import ScoredGroup, decode, encode  # noqa: E402
+from rollstream.schemas import Sample, Samples, ScoredGroup, decode, encode  # noqa: E402
 from verl.experimental.fully_async_policy.detach_utils import assemble_batch_from_rollout_samples  # noqa: E402
 
 from tests.standins.verl_fully_async.rollouts import rollout_sample  # noqa: E402
@@ -51,6 +54,48 @@ def test_fields_and_exact_round_trip() -> None:
         got = back.full_batch.non_tensor_batch[key]
         assert got.dtype == column.dtype and got.tolist() == column.tolist(), key
     assert back.full_batch.meta_info == rs.full_batch.meta_info
+
+
+def one_sample_per_row(rs) -> Samples:
+    """The samples of `rs` as the module docstring defines them, one `Sample` per row: what encode_sample's
+    columns (cut out of the padded batch at once) must encode to, byte for byte."""
+    b, nt = rs.full_batch.batch, rs.full_batch.non_tensor_batch
+    width_p, width_r = b["prompts"].shape[1], b["responses"].shape[1]
+    rows = []
+    for i in range(len(b["prompts"])):
+        n = int(b["attention_mask"][i, width_p:].sum())
+        versions = sorted({int(c[i]) for c in (nt.get("min_global_steps"), nt.get("max_global_steps"))
+                           if c is not None and c[i] is not None})
+        rows.append(Sample(tokens=b["responses"][i, :n].numpy(),
+                           logprobs=b["rollout_log_probs"][i, :n].numpy() if "rollout_log_probs" in b.keys() else None,
+                           reward=float(b["rm_scores"][i].sum()) if "rm_scores" in b.keys() else None,
+                           finish_reason="length" if n >= width_r else "stop", weight_versions=tuple(versions),
+                           loss_mask=b["response_mask"][i, :n].numpy().astype(np.uint8)))
+    return Samples(rows)
+
+
+def edge_samples():
+    yield rollout_sample(1, n=3, version=2, partial=True)
+    rs = rollout_sample(2, n=3)
+    del rs.full_batch.batch["rollout_log_probs"], rs.full_batch.batch["rm_scores"]
+    yield rs
+    rs = rollout_sample(3, n=3)
+    b, width_p = rs.full_batch.batch, rs.full_batch.batch["prompts"].shape[1]
+    b["attention_mask"][0, width_p:], b["response_mask"][0] = 0, 0  # an empty response
+    b["attention_mask"][1, width_p:], b["response_mask"][1] = 1, 1  # one filling the padded width
+    b["rm_scores"][2] = float("nan")  # no score
+    yield rs
+    rs = rollout_sample(4, n=2)
+    rs.full_batch.non_tensor_batch["min_global_steps"] = np.array([None, 3], dtype=object)
+    del rs.full_batch.non_tensor_batch["max_global_steps"]
+    yield rs
+
+
+def test_record_is_the_one_sample_objects_per_row_give(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_verl_codec, "now_ms", lambda: 1234)
+    for rs in edge_samples():
+        group = encode_sample(rs, policy_run=2)
+        assert encode(group) == encode(dataclasses.replace(group, samples=one_sample_per_row(rs))), rs.sample_id
 
 
 def renamed(rs, sample_id: str):
