@@ -82,6 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--report", type=Path, default=Path("chaos-report.md"), help="report file")
     parser.add_argument("--tls", action="store_true",
                         help="the broker encrypts every listener (broker start --tls); every client trusts its CA")
+    parser.add_argument("--sasl", action="store_true",
+                        help="the broker authenticates clients with SASL/SCRAM and authorizes with ACLs (broker start "
+                             "--sasl); every client is its admin user")
     parser.add_argument("--keep", action="store_true", help="keep the data dir and logs even on success")
     return parser.parse_args(argv)
 
@@ -150,9 +153,10 @@ class Run:
         self.args, self.seed, self.run_dir, self.say = args, seed, run_dir, say
         port = args.port or free_port(args.nodes)
         self.cluster = Cluster(BrokerSpec(port=port, nodes=args.nodes, data_dir=run_dir / "broker",
-                                          heap_mb=512 if args.nodes == 1 else 384, tls=args.tls))
-        # Against a TLS broker every client, the role processes' too, uses the client file start writes.
-        self.client_file = self.cluster.spec.data_dir / "admin.properties" if args.tls else None
+                                          heap_mb=512 if args.nodes == 1 else 384, tls=args.tls,
+                                          sasl=args.sasl))
+        # Against a TLS or SASL broker every client, the role processes' too, uses the client file start writes.
+        self.client_file = self.cluster.spec.data_dir / "admin.properties" if args.tls or args.sasl else None
         self.client_args = ("--kafka-config", str(self.client_file)) if self.client_file else ()
         self.names = TopicNames(f"chaos{seed}")
         self.out = run_dir / "trainer-out.jsonl"
@@ -318,7 +322,8 @@ def run_seed(args: argparse.Namespace, seed: int) -> tuple[bool, str]:
                        + [f" --gen-delay {args.gen_delay}"] * (args.gen_delay != GEN_DELAY_S)
                        + [f" --trainer {args.trainer}"] * (args.trainer != "loop")
                        + [f" --trainer-timeout {args.trainer_timeout:g}"] * (args.trainer_timeout != TRAINER_TIMEOUT_S)
-                       + [f" --trainer-arg={a}" for a in args.trainer_arg] + [" --tls"] * args.tls)
+                       + [f" --trainer-arg={a}" for a in args.trainer_arg]
+                       + [" --tls"] * args.tls + [" --sasl"] * args.sasl)
     print(f"chaos seed {seed}  (repeat: {command})", flush=True)
     say = Say()
     run_dir = Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp"))
