@@ -1,0 +1,71 @@
+"""What the trainer's dedupe ledger costs per group it remembers (docs/benchmarks.md), without a broker.
+
+``python -m tests.bench.ledger_memory [GROUPS]``: feeds a `StepLedger` (the consumer's, without manifests)
+GROUPS taken groups (default 2,000,000: past the default window at 400 groups/s) in steps of 64 spread over
+3 partitions, as committed manifests, and prints one JSON line: the bytes tracemalloc sees held after the last
+step, per million groups remembered, for a ledger that remembers everything (``window=None``) and for the
+default window at 400 groups/s (where it plateaus), and the time one `add` of a 64-group step takes. Not part
+of `make bench`.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+import tracemalloc
+
+from rollstream.consumers import DedupeWindow
+from rollstream.consumers._ledger import StepLedger
+from rollstream.schemas import OffsetDisposition, PartitionRange, StepManifest
+
+STEP = 64
+PARTITIONS = 3
+RATE = 400.0  # groups/s: the manifests' created_at_ms advance by STEP / RATE per step
+
+
+def _manifest(step: int) -> StepManifest:
+    """Step `step`: STEP groups, round-robin over PARTITIONS, ids as `make_group_id` writes them."""
+    per = STEP // PARTITIONS + 1
+    disps, ranges = [], []
+    for p in range(PARTITIONS):
+        start = step * per
+        ranges.append(PartitionRange(p, start, start + per))
+        disps += [OffsetDisposition(p, o, "taken", group_id=f"prompt-{p}-{o:09d}#0") for o in range(start, start + per)]
+    return StepManifest(step=step, consumer_group="g", topic="t", created_at_ms=int(step * STEP / RATE * 1000),
+                        ranges=ranges, dispositions=disps[:STEP] if len(disps) > STEP else disps)
+
+
+def _held(window: DedupeWindow | None, groups: int) -> tuple[int, int, float]:
+    """Bytes tracemalloc sees held by the ledger after `groups` groups, ids it remembers, seconds per add."""
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    ledger = StepLedger(window=window)
+    started = time.perf_counter()
+    steps = groups // STEP
+    for k in range(steps):
+        ledger.add(_manifest(k))
+    per_add = (time.perf_counter() - started) / max(steps, 1)
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return held, ledger.remembered, per_add
+
+
+def main(groups: int) -> None:
+    everything, remembered, per_add = _held(None, groups)
+    windowed, plateau, _ = _held(DedupeWindow(), groups)
+    print(json.dumps({
+        "groups": groups,
+        "no_window": {"remembered": remembered, "bytes": everything,
+                      "bytes_per_million": round(everything / remembered * 1e6)},
+        "default_window_at_400_per_s": {"remembered": plateau, "bytes": windowed,
+                                        "bytes_per_million": round(windowed / max(plateau, 1) * 1e6)},
+        "add_us_per_step": round(per_add * 1e6, 1),
+    }))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2_000_000)
