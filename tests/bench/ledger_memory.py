@@ -4,8 +4,10 @@
 GROUPS taken groups (default 2,000,000: past the default window at 400 groups/s) in steps of 64 spread over
 3 partitions, as committed manifests, and prints one JSON line: the bytes tracemalloc sees held after the last
 step, per million groups remembered, for a ledger that remembers everything (``window=None``) and for the
-default window at 400 groups/s (where it plateaus), and the time one `add` of a 64-group step takes. Not part
-of `make bench`.
+default window at 400 groups/s (where it plateaus), and the time one `add` of a 64-group step takes.
+``--rss``: instead, the default window only, without tracemalloc: the process's resident memory (``VmRSS``)
+after the first 10,000 groups, after all of them, and its high-water mark (``VmHWM``), allocator included.
+Not part of `make bench`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,28 @@ def _held(window: DedupeWindow | None, groups: int) -> tuple[int, int, float]:
     return held, ledger.remembered, per_add
 
 
+def _rss_mib(field: str = "VmRSS") -> float:
+    with open("/proc/self/status") as status:
+        return int(next(line for line in status if line.startswith(field + ":")).split()[1]) / 1024
+
+
+def rss(groups: int) -> None:
+    """The default window's plateau as resident memory: warm-up (10,000 groups) to the end, and the peak."""
+    ledger = StepLedger(window=DedupeWindow())
+    steps = groups // STEP
+    warm = 10_000 // STEP
+    for k in range(warm):
+        ledger.add(_manifest(k))
+    gc.collect()
+    warm_mib = _rss_mib()
+    for k in range(warm, steps):
+        ledger.add(_manifest(k))
+    gc.collect()
+    print(json.dumps({"groups": groups, "remembered": ledger.remembered, "warmup_rss_mib": round(warm_mib, 1),
+                      "end_rss_mib": round(_rss_mib(), 1), "growth_mib": round(_rss_mib() - warm_mib, 1),
+                      "peak_rss_mib": round(_rss_mib("VmHWM"), 1)}))
+
+
 def main(groups: int) -> None:
     everything, remembered, per_add = _held(None, groups)
     windowed, plateau, _ = _held(DedupeWindow(), groups)
@@ -68,4 +92,5 @@ def main(groups: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 2_000_000)
+    args = [a for a in sys.argv[1:] if a != "--rss"]
+    (rss if "--rss" in sys.argv else main)(int(args[0]) if args else 2_000_000)

@@ -1,8 +1,8 @@
 """The dedupe ledger's compact store of taken ids (`rollstream.consumers._digests`), without a broker.
 
 Pinned here: membership and `len` match a plain model (part -> ids) through any sequence of adds and drops,
-before and after merges into the sorted arrays; an id held by two parts stays until both drop it; part numbers
-are reused only once merged away, so they stay below the parts alive.
+before and after merges into the sorted arrays (grown, shrunk, compacted in place); an id held by two parts
+stays until both drop it; part numbers are reused only once merged away, so they stay below the parts alive.
 """
 
 from __future__ import annotations
@@ -10,11 +10,16 @@ from __future__ import annotations
 import random
 
 import pytest
+from rollstream.consumers import _digests
 from rollstream.consumers._digests import TakenDigests
 
 
-@pytest.mark.parametrize("merge_at", [1, 3, 1000])
-def test_membership_matches_a_model_through_adds_drops_and_merges(merge_at: int) -> None:
+@pytest.mark.parametrize(("merge_at", "first", "chunk"), [(1, 1, 1), (3, 2, 3), (3, 1 << 14, 1 << 16),
+                                                         (1000, 1 << 14, 1 << 16)])
+def test_membership_matches_a_model_through_adds_drops_and_merges(merge_at: int, first: int, chunk: int,
+                                                                  monkeypatch) -> None:
+    monkeypatch.setattr(_digests, "_FIRST", first)  # tiny arrays: grown and shrunk, compacted a chunk at a time
+    monkeypatch.setattr(_digests, "_CHUNK", chunk)
     rng = random.Random(7)
     taken = TakenDigests(merge_at=merge_at)
     model: dict[int, tuple[list[str], int]] = {}  # part -> (ids, size)
