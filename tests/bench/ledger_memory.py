@@ -4,9 +4,9 @@
 GROUPS taken groups (default 2,000,000: past the default window at 400 groups/s) in steps of 64 spread over
 3 partitions, as committed manifests, and prints one JSON line: the bytes tracemalloc sees held after the last
 step, per million groups remembered, for a ledger that remembers everything (``window=None``) and for the
-default window at 400 groups/s (where it plateaus), and the time one `add` of a 64-group step takes.
-``--rss``: instead, the default window only, without tracemalloc: the process's resident memory (``VmRSS``)
-after the first 10,000 groups, after all of them, and its high-water mark (``VmHWM``), allocator included.
+default window at 400 groups/s (where it plateaus). ``--rss``: instead, the default window only, without
+tracemalloc: the process's resident memory (``VmRSS``) after the first 10,000 groups, after all of them, and
+its high-water mark (``VmHWM``), allocator included, and the time one `add` of a 64-group step takes.
 Not part of `make bench`.
 """
 
@@ -39,21 +39,18 @@ def _manifest(step: int) -> StepManifest:
                         ranges=ranges, dispositions=disps[:STEP] if len(disps) > STEP else disps)
 
 
-def _held(window: DedupeWindow | None, groups: int) -> tuple[int, int, float]:
-    """Bytes tracemalloc sees held by the ledger after `groups` groups, ids it remembers, seconds per add."""
+def _held(window: DedupeWindow | None, groups: int) -> tuple[int, int]:
+    """Bytes tracemalloc sees held by the ledger after `groups` groups, and the ids it remembers."""
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     ledger = StepLedger(window=window)
-    started = time.perf_counter()
-    steps = groups // STEP
-    for k in range(steps):
+    for k in range(groups // STEP):
         ledger.add(_manifest(k))
-    per_add = (time.perf_counter() - started) / max(steps, 1)
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    return held, ledger.remembered, per_add
+    return held, ledger.remembered
 
 
 def _rss_mib(field: str = "VmRSS") -> float:
@@ -70,24 +67,29 @@ def rss(groups: int) -> None:
         ledger.add(_manifest(k))
     gc.collect()
     warm_mib = _rss_mib()
+    manifests = spent = 0.0
     for k in range(warm, steps):
-        ledger.add(_manifest(k))
+        started = time.perf_counter()
+        m = _manifest(k)
+        made = time.perf_counter()
+        ledger.add(m)
+        manifests, spent = manifests + made - started, spent + time.perf_counter() - made
     gc.collect()
     print(json.dumps({"groups": groups, "remembered": ledger.remembered, "warmup_rss_mib": round(warm_mib, 1),
                       "end_rss_mib": round(_rss_mib(), 1), "growth_mib": round(_rss_mib() - warm_mib, 1),
-                      "peak_rss_mib": round(_rss_mib("VmHWM"), 1)}))
+                      "peak_rss_mib": round(_rss_mib("VmHWM"), 1),
+                      "add_us_per_step": round(spent / (steps - warm) * 1e6, 1)}))
 
 
 def main(groups: int) -> None:
-    everything, remembered, per_add = _held(None, groups)
-    windowed, plateau, _ = _held(DedupeWindow(), groups)
+    everything, remembered = _held(None, groups)
+    windowed, plateau = _held(DedupeWindow(), groups)
     print(json.dumps({
         "groups": groups,
         "no_window": {"remembered": remembered, "bytes": everything,
                       "bytes_per_million": round(everything / remembered * 1e6)},
         "default_window_at_400_per_s": {"remembered": plateau, "bytes": windowed,
                                         "bytes_per_million": round(windowed / max(plateau, 1) * 1e6)},
-        "add_us_per_step": round(per_add * 1e6, 1),
     }))
 
 
