@@ -23,29 +23,30 @@ manifest read, effective or not (a requeue record, once published, stays on NS.p
 attempt each group's prompt was requeued as, so the same attempt is not requeued twice.
 
 **The dedupe window** (`DedupeWindow`, the consumer's default): a streaming run is one long epoch, so
-remembering every id would grow by ~120 bytes per group for ever. What can come back is bounded: a group
-id is the prompt's id and epoch (`make_group_id`, the same for every attempt), records are keyed by it,
-so a re-generated group (a producer killed between publishing and committing its prompt, a drain that
-timed out, a trainer that requeued twice across a crash) lands on its original's partition, *after* it,
-once a session timeout, a drain and a generation have passed. So the ledger forgets, per partition, the
-ids a step took there once both hold: the window's position on that partition is `offsets` or more past
-the step's end there, and the step was written (its manifest's ``created_at_ms``) `seconds` or more before
-the newest committed step. The position is the furthest end of a committed step, never past the
-committed offsets (during a rebuild pending manifests move nothing) and moved back by `rewind`; a take
-only looks at offsets at or after it. Hence the guarantee, live and after any restart:
+remembering every id would grow by ~20 bytes per group for ever (~130 as Python strs; see below). What can
+come back is bounded: a group id is the prompt's id and epoch (`make_group_id`, the same for every attempt),
+records are keyed by it, so a re-generated group (a producer killed between publishing and committing its
+prompt, a drain that timed out, a trainer that requeued twice across a crash) lands on its original's
+partition, *after* it, once a session timeout, a drain and a generation have passed. So the ledger forgets,
+per partition, the ids a step took there once both hold: the window's position on that partition is `offsets`
+or more past the step's end there, and the step was written (its manifest's ``created_at_ms``) `seconds` or
+more before the newest committed step. The position is the furthest end of a committed step, never past the
+committed offsets (during a rebuild pending manifests move nothing) and moved back by `rewind`; a take only
+looks at offsets at or after it. Hence the guarantee, live and after any restart:
 
     a group whose id was taken at offset o of partition p is skipped as a duplicate at offset d of p
     whenever d - o <= offsets, or the trainer looks at it less than `seconds` after the step that took
     it was written.
 
-The requeue attempts, and the offsets a timed-out take requeued, are forgotten by the same rule, counted
-from the stale group's offset and the manifest that recorded the requeue. A step out of the window on
-every partition is dropped whole (the next step number survives it). Memory: about
-``max(offsets x partitions, groups/s x seconds)`` ids of ~120 bytes. A `seek_to` further back than the
-window may need ids already forgotten: `forgot_within` says so, and the consumer then rebuilds its ledger
-from the manifests. Without a window (``window=None``: the audit's ledgers) everything is kept.
-Optionally also bounded by epoch: with ``dedupe_epochs=E``, ids of epochs older than (newest epoch seen
-- E) are forgotten.
+The requeue attempts, and the offsets a timed-out take requeued, are forgotten by the same rule, counted from
+the stale group's offset and the manifest that recorded the requeue. A step out of the window on every
+partition is dropped whole (the next step number survives it). Memory: about ``max(offsets x partitions,
+groups/s x seconds)`` ids of ~20 bytes: an id is kept as its 64-bit digest with the part (step and partition)
+holding it, in `rollstream.consumers._digests.TakenDigests` (12 bytes), and a step as one compact table (~250
+bytes with 3 partitions); `tests/bench/ledger_memory.py` measures it. A `seek_to` further back than the window
+may need ids already forgotten: `forgot_within` says so, and the consumer then rebuilds its ledger from the
+manifests. Without a window (``window=None``: the audit's ledgers) everything is kept. Optionally also bounded
+by epoch: with ``dedupe_epochs=E``, ids of epochs older than (newest epoch seen - E) are forgotten.
 
 The ledger is the one owner of "taken" on the trainer side: besides the effective steps it holds the
 ids of groups taken and not committed yet (in the take under way, or in batches taken with
@@ -72,11 +73,11 @@ class DedupeWindow:
     An id is forgotten once *both* bounds are passed, so a duplicate is skipped when either holds.
     Size them by what can come back: `offsets` >= the records a partition receives while a killed
     producer's prompt moves on and is generated again (session timeout, ``--drain-on-revoke``, the longest
-    generation, the backlog the gates allow); `seconds` >= that delay in time. Memory: ~120 bytes per id
-    remembered, about ``max(offsets x partitions, groups/s x seconds)`` ids (120 MB per million). The defaults:
-    the hour covers a session timeout, a drain and generations of tens of minutes; the 20,000 records cover a
-    trainer that was down for longer (its clock jumped) while the gates held the backlog; at the capacity
-    plan's 370 groups/s on 64 partitions both come to ~1.3 M ids, ~160 MB.
+    generation, the backlog the gates allow); `seconds` >= that delay in time. Memory: ~20 bytes per id
+    remembered (25 MB per million by tracemalloc, 64-group steps), about ``max(offsets x partitions,
+    groups/s x seconds)`` ids. The defaults: the hour covers a session timeout, a drain and generations of tens
+    of minutes; the 20,000 records cover a trainer that was down for longer (its clock jumped) while the gates
+    held the backlog; at the capacity plan's 370 groups/s on 64 partitions both come to ~1.3 M ids, ~35 MB.
 
     Attributes:
         offsets: records per partition past the end of the step that took an id (>= 0).

@@ -151,13 +151,14 @@ def test_steps_read_back_a_chunk_at_a_time_are_the_same(two_steps, kafka_config,
     span = _step_read.steps_between(kafka_config, names.namespace, group, None, None)
     assert span.steps == [0, 1] and all(not m.dispositions for m in span.heads)
 
-    def positions() -> list[list[tuple[int, int, str]]]:
+    def positions(max_buffered: int = 10_000) -> list[list[tuple[int, int, str]]]:
         return [[(c.record.partition, c.record.offset, c.disposition.kind) for c in step.records]
-                for step in _step_read.read_steps(kafka_config, span, timeout=10)]
+                for step in _step_read.read_steps(kafka_config, span, max_buffered=max_buffered, timeout=10)]
 
     whole = positions()
     monkeypatch.setattr(_step_read, "MAX_RUN_OFFSETS", 1)
-    assert positions() == whole and [len(s) for s in whole] == [len(m.dispositions) for m in span]
+    assert positions() == positions(max_buffered=1) == whole  # one run per step, paused or not
+    assert [len(s) for s in whole] == [len(m.dispositions) for m in span]
     assert [m.step for m in span] == [0, 1] and sum(map(len, whole)) == 10
 
 
