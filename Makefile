@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-vllm test compat bench chaos fleet install install-verl install-openrlhf install-areal install-vllm jars upstream lint docs broker-start broker-stop clean
+.PHONY: demo demo-vllm test compat bench soak chaos fleet install install-verl install-openrlhf install-areal install-vllm jars upstream lint docs broker-start broker-stop clean
 
 demo: install jars
 	$(VENV)/bin/rollstream demo
@@ -47,6 +47,11 @@ chaos: install install-vllm jars
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 	$(PY) -m tests.chaos.abandon --level status --rounds 10 --seconds 120
 	$(PY) -m tests.chaos.inflight
+
+# A trainer fed by one producer for 30 min (SOAK_ARGS: --minutes, --rate, --producer raw); RSS of both each minute
+# into soak-out/soak.md and soak-out/soak.json (not in `test`; docs/benchmarks.md#trainer-memory).
+soak: install jars
+	$(PY) -m tests.bench.soak --producer rollstream --minutes 30 --every 60 --out soak-out $(SOAK_ARGS)
 
 # 100+ producers on a private 3-node cluster, poll vs pushed backpressure at two fleet sizes (not in `test`).
 fleet: install jars

@@ -23,29 +23,30 @@ manifest read, effective or not (a requeue record, once published, stays on NS.p
 attempt each group's prompt was requeued as, so the same attempt is not requeued twice.
 
 **The dedupe window** (`DedupeWindow`, the consumer's default): a streaming run is one long epoch, so
-remembering every id would grow by ~120 bytes per group for ever. What can come back is bounded: a group
-id is the prompt's id and epoch (`make_group_id`, the same for every attempt), records are keyed by it,
-so a re-generated group (a producer killed between publishing and committing its prompt, a drain that
-timed out, a trainer that requeued twice across a crash) lands on its original's partition, *after* it,
-once a session timeout, a drain and a generation have passed. So the ledger forgets, per partition, the
-ids a step took there once both hold: the window's position on that partition is `offsets` or more past
-the step's end there, and the step was written (its manifest's ``created_at_ms``) `seconds` or more before
-the newest committed step. The position is the furthest end of a committed step, never past the
-committed offsets (during a rebuild pending manifests move nothing) and moved back by `rewind`; a take
-only looks at offsets at or after it. Hence the guarantee, live and after any restart:
+remembering every id would grow by ~20 bytes per group for ever (~130 as Python strs; see below). What can
+come back is bounded: a group id is the prompt's id and epoch (`make_group_id`, the same for every attempt),
+records are keyed by it, so a re-generated group (a producer killed between publishing and committing its
+prompt, a drain that timed out, a trainer that requeued twice across a crash) lands on its original's
+partition, *after* it, once a session timeout, a drain and a generation have passed. So the ledger forgets,
+per partition, the ids a step took there once both hold: the window's position on that partition is `offsets`
+or more past the step's end there, and the step was written (its manifest's ``created_at_ms``) `seconds` or
+more before the newest committed step. The position is the furthest end of a committed step, never past the
+committed offsets (during a rebuild pending manifests move nothing) and moved back by `rewind`; a take only
+looks at offsets at or after it. Hence the guarantee, live and after any restart:
 
     a group whose id was taken at offset o of partition p is skipped as a duplicate at offset d of p
     whenever d - o <= offsets, or the trainer looks at it less than `seconds` after the step that took
     it was written.
 
-The requeue attempts, and the offsets a timed-out take requeued, are forgotten by the same rule, counted
-from the stale group's offset and the manifest that recorded the requeue. A step out of the window on
-every partition is dropped whole (the next step number survives it). Memory: about
-``max(offsets x partitions, groups/s x seconds)`` ids of ~120 bytes. A `seek_to` further back than the
-window may need ids already forgotten: `forgot_within` says so, and the consumer then rebuilds its ledger
-from the manifests. Without a window (``window=None``: the audit's ledgers) everything is kept.
-Optionally also bounded by epoch: with ``dedupe_epochs=E``, ids of epochs older than (newest epoch seen
-- E) are forgotten.
+The requeue attempts, and the offsets a timed-out take requeued, are forgotten by the same rule, counted from
+the stale group's offset and the manifest that recorded the requeue. A step out of the window on every
+partition is dropped whole (the next step number survives it). Memory: about ``max(offsets x partitions,
+groups/s x seconds)`` ids of ~20 bytes: an id is kept as its 64-bit digest with the part (step and partition)
+holding it, in `rollstream.consumers._digests.TakenDigests` (12 bytes), and a step as one compact table (~250
+bytes with 3 partitions); `tests/bench/ledger_memory.py` measures it. A `seek_to` further back than the window
+may need ids already forgotten: `forgot_within` says so, and the consumer then rebuilds its ledger from the
+manifests. Without a window (``window=None``: the audit's ledgers) everything is kept. Optionally also bounded
+by epoch: with ``dedupe_epochs=E``, ids of epochs older than (newest epoch seen - E) are forgotten.
 
 The ledger is the one owner of "taken" on the trainer side: besides the effective steps it holds the
 ids of groups taken and not committed yet (in the take under way, or in batches taken with
@@ -55,11 +56,13 @@ or put back. Held ids are never forgotten.
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import count
 
+from rollstream.consumers._digests import TakenDigests, digest_of
 from rollstream.schemas import ConfigError, StepManifest
 
 
@@ -70,11 +73,11 @@ class DedupeWindow:
     An id is forgotten once *both* bounds are passed, so a duplicate is skipped when either holds.
     Size them by what can come back: `offsets` >= the records a partition receives while a killed
     producer's prompt moves on and is generated again (session timeout, ``--drain-on-revoke``, the longest
-    generation, the backlog the gates allow); `seconds` >= that delay in time. Memory: ~120 bytes per id
-    remembered, about ``max(offsets x partitions, groups/s x seconds)`` ids (120 MB per million). The defaults:
-    the hour covers a session timeout, a drain and generations of tens of minutes; the 20,000 records cover a
-    trainer that was down for longer (its clock jumped) while the gates held the backlog; at the capacity
-    plan's 370 groups/s on 64 partitions both come to ~1.3 M ids, ~160 MB.
+    generation, the backlog the gates allow); `seconds` >= that delay in time. Memory: ~20 bytes per id
+    remembered (25 MB per million by tracemalloc, 64-group steps), about ``max(offsets x partitions,
+    groups/s x seconds)`` ids. The defaults: the hour covers a session timeout, a drain and generations of tens
+    of minutes; the 20,000 records cover a trainer that was down for longer (its clock jumped) while the gates
+    held the backlog; at the capacity plan's 370 groups/s on 64 partitions both come to ~1.3 M ids, ~35 MB.
 
     Attributes:
         offsets: records per partition past the end of the step that took an id (>= 0).
@@ -93,11 +96,16 @@ class DedupeWindow:
 DEFAULT_DEDUPE_WINDOW = DedupeWindow()  # frozen: the consumer's default
 
 
-@dataclass(eq=False)
+_COLUMNS = 5  # a `_Step.table` row: partition, start, end, part, size
+
+
+@dataclass(eq=False, slots=True)
 class _Step:
+    """One effective step, compact: a long window holds tens of thousands (~250 bytes each with 3 partitions)."""
+
     step: int
-    bounds: dict[int, tuple[int, int]]
-    parts: dict[int, tuple[str, ...]]  # the ids it took, by partition, until the window forgets them
+    table: array[int]  # a row per partition: partition, start, end, and the `TakenDigests` part and size of
+    # the ids it took there (part -1: none, or forgotten)
     digest: int  # hash of the taken ids in order: a rewrite (same step and ranges) has the same
     newest_epoch: int | None
     created_ms: int
@@ -106,6 +114,33 @@ class _Step:
     open_parts: int = 0  # partitions the window has not forgotten yet
     alive: bool = True
 
+    @property
+    def bounds(self) -> dict[int, tuple[int, int]]:
+        """[start, end) per partition."""
+        t = self.table
+        return {t[i]: (t[i + 1], t[i + 2]) for i in range(0, len(t), _COLUMNS)}
+
+    def end_on(self, partition: int) -> int:
+        """Where this step ends on `partition` (one it covers)."""
+        return self.table[self._row(partition) + 2]
+
+    def covers(self, partition: int) -> bool:
+        return partition in self.table[::_COLUMNS]
+
+    def held_partitions(self) -> list[int]:
+        """The partitions whose taken ids the step still holds."""
+        t = self.table
+        return [t[i] for i in range(0, len(t), _COLUMNS) if t[i + 3] >= 0]
+
+    def pop_part(self, partition: int) -> tuple[int, int] | None:
+        """The part and size of the ids taken on `partition`, once (None: none, or popped already)."""
+        if not self.covers(partition):
+            return None
+        row = self._row(partition)
+        part, size = self.table[row + 3], self.table[row + 4]
+        self.table[row + 3] = -1
+        return None if part < 0 else (part, size)
+
     def reaches_past(self, offsets: Mapping[int, int | None]) -> bool:
         """True when on some partition this step ends after `offsets` (None: nothing there)."""
         for p, (_, end) in self.bounds.items():
@@ -113,6 +148,9 @@ class _Step:
             if limit is None or end > limit:
                 return True
         return False
+
+    def _row(self, partition: int) -> int:
+        return self.table[::_COLUMNS].index(partition) * _COLUMNS
 
 
 @dataclass(frozen=True)
@@ -153,17 +191,21 @@ class StepLedger:
         window: forget taken ids out of this window (None: keep all).
         committed: while rebuilding at a start, the group's committed offsets: manifests past them are
             pending and do not move the window; `drop_uncommitted` ends the rebuild.
+        remember_ids: False: remember no taken id (`is_taken` is then False for all but held ids): for a
+            reader that needs only which steps count (export's first pass over a long history).
     """
 
     def __init__(self, *, keep_manifests: bool = False, dedupe_epochs: int | None = None,
-                 window: DedupeWindow | None = None, committed: Mapping[int, int | None] | None = None) -> None:
+                 window: DedupeWindow | None = None, committed: Mapping[int, int | None] | None = None,
+                 remember_ids: bool = True) -> None:
         self._steps: dict[int, _Step] = {}  # by serial, in the order added (log order)
         self._serials = count()
-        self._taken: dict[str, _Step] = {}
+        self._taken = TakenDigests()  # the ids the steps took (their tables' parts)
         self._held: Counter[str] = Counter()
         self._requeued: dict[str, _Requeued] = {}
         self._requeued_from: set[tuple[int, int]] = set()  # offsets whose requeue a timed-out take published
         self._keep = keep_manifests
+        self._remember_ids = remember_ids
         self._dedupe_epochs = dedupe_epochs
         self._newest_epoch: int | None = None
         self._epoch_queue: deque[_Step] = deque()  # steps whose ids the epoch bound has not forgotten yet
@@ -193,7 +235,7 @@ class StepLedger:
 
     def is_taken(self, group_id: str) -> bool:
         """True when `group_id` was taken in an effective step, or is held by a step not committed yet."""
-        return group_id in self._taken or group_id in self._held
+        return digest_of(group_id) in self._taken or group_id in self._held
 
     def requeued_as(self, group_id: str) -> int:
         """The highest attempt `group_id`'s prompt was requeued as (0: never)."""
@@ -233,8 +275,10 @@ class StepLedger:
         """The effective manifests in log order (only with ``keep_manifests=True``)."""
         return [s.manifest for s in self._steps.values() if s.manifest is not None]
 
-    def add(self, manifest: StepManifest) -> list[DroppedStep]:
-        """Apply `manifest` (rules 1 and 2); return the steps it superseded. Then forget what left the window."""
+    def add(self, manifest: StepManifest, *, keep: StepManifest | None = None) -> list[DroppedStep]:
+        """Apply `manifest` (rules 1 and 2); return the steps it superseded. Then forget what left the window.
+        `keep`: what `effective` and `DroppedStep` give for this step instead of `manifest` (with
+        ``keep_manifests=True``), e.g. the manifest without its dispositions, when only its ranges are needed."""
         starts = {r.partition: r.start for r in manifest.ranges}
         bounds = {r.partition: (r.start, r.end) for r in manifest.ranges}
         taken = [(d.partition, d.group_id) for d in manifest.dispositions
@@ -250,12 +294,15 @@ class StepLedger:
         for p, gid in taken:
             parts.setdefault(p, []).append(gid)
         epochs = [e for gid in ids if (e := epoch_of(gid)) is not None]
-        step = _Step(manifest.step, bounds, {p: tuple(g) for p, g in parts.items()}, hash(ids),
-                     max(epochs, default=None), manifest.created_at_ms, manifest if self._keep else None,
+        table = array("q")
+        for p, (start, end) in bounds.items():
+            held = p in parts and self._remember_ids
+            table.extend((p, start, end, *(self._taken.add(parts[p]) if held else (-1, 0))))
+        step = _Step(manifest.step, table, hash(ids),
+                     max(epochs, default=None), manifest.created_at_ms,
+                     (keep or manifest) if self._keep else None,
                      next(self._serials), len(bounds))
         self._steps[step.serial] = step
-        for gid in ids:
-            self._taken[gid] = step
         if self._dedupe_epochs is not None:
             self._epoch_queue.append(step)
         self._floor_step = min(self._floor_step, step.step - 1)  # rule 1 superseded any dropped step >= it
@@ -319,10 +366,10 @@ class StepLedger:
         if not gone:
             return
         for s in gone:
-            self._forget_ids(s, *s.parts)
+            self._forget_ids(s, *s.held_partitions())
             s.alive = False
             del self._steps[s.serial]
-        for p in {p for s in gone for p in s.bounds}:
+        for p in {p for s in gone for p in s.table[::_COLUMNS]}:
             self._trail[p] = deque(s for s in self._trail[p] if s.alive)
         self._epoch_queue = deque(s for s in self._epoch_queue if s.alive)
         self._reach = {}
@@ -333,9 +380,9 @@ class StepLedger:
 
     def _forget_ids(self, step: _Step, *partitions: int) -> None:
         for p in partitions:
-            for gid in step.parts.pop(p, ()):
-                if self._taken.get(gid) is step:
-                    del self._taken[gid]
+            part = step.pop_part(p)
+            if part is not None:  # each step lets go of its ids once, whichever bound forgets them first
+                self._taken.drop(*part)
 
     def _prune(self) -> None:
         if self._dedupe_epochs is not None and self._newest_epoch is not None:
@@ -345,7 +392,7 @@ class StepLedger:
                 if s.alive and (s.newest_epoch is None or s.newest_epoch >= horizon):
                     break
                 self._epoch_queue.popleft()
-                self._forget_ids(s, *s.parts)
+                self._forget_ids(s, *s.held_partitions())
         if self._window is not None:
             self._slide(self._window)
 
@@ -356,7 +403,7 @@ class StepLedger:
             front = self._front.get(p)
             while trail and front is not None and (
                     not trail[0].alive
-                    or (front - trail[0].bounds[p][1] >= window.offsets and trail[0].created_ms <= horizon_ms)):
+                    or (front - trail[0].end_on(p) >= window.offsets and trail[0].created_ms <= horizon_ms)):
                 s = trail.popleft()
                 if s.alive:
                     self._forget_part(s, p)
@@ -372,7 +419,7 @@ class StepLedger:
 
     def _forget_part(self, step: _Step, partition: int) -> None:
         self._forget_ids(step, partition)
-        self._forgotten_upto[partition] = max(self._forgotten_upto.get(partition, -1), step.bounds[partition][1])
+        self._forgotten_upto[partition] = max(self._forgotten_upto.get(partition, -1), step.end_on(partition))
         step.open_parts -= 1
         if step.open_parts == 0:  # out of the window everywhere: only its step number is still needed
             step.alive = False
@@ -381,4 +428,4 @@ class StepLedger:
 
 
 def _overlaps(step: _Step, starts: Mapping[int, int]) -> bool:
-    return any(p in step.bounds and step.bounds[p][1] > start for p, start in starts.items())
+    return any(step.covers(p) and step.end_on(p) > start for p, start in starts.items())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from rollstream.infra import KafkaConfig
@@ -178,6 +178,33 @@ def read_group_manifests(config: KafkaConfig, steps_topic: str, consumer_group: 
             if manifest is not None and manifest.consumer_group == consumer_group:
                 out.append(manifest)
     return ManifestRead(out, found, records, decoded, whole)
+
+
+def located_manifests(config: KafkaConfig, steps_topic: str, consumer_group: str, *,
+                      bounds: Mapping[int, tuple[int, int]] | None = None, timeout: float = 30.0,
+                      read_ahead_kib: int | None = None) -> Iterator[tuple[tuple[int, int], StepManifest]]:
+    """Each StepManifest of `consumer_group` on `steps_topic` with where it lies (partition, offset), in log
+    order per partition, one at a time: within `bounds` ([start, end) per partition; None: all of the topic).
+    Skips and reports undecodable records as `read_group_manifests` does. Lazy: blocks while it reads (no
+    progress for `timeout` s is an error); must stay in the thread that reads it. Commits nothing.
+    `read_ahead_kib`: as `rollstream.infra.kafka_io.reader`'s.
+
+    Raises:
+        KafkaIOError: NS.steps does not exist, or the broker did not answer in time.
+    """
+    key = consumer_group.encode()
+    if bounds is None:
+        with reader(config, consumer_group) as consumer:
+            bounds = {p: watermarks(consumer, steps_topic, p, timeout=timeout)
+                      for p in partitions_of(consumer, steps_topic, timeout=timeout)}
+    for msg in read_ranges(config, steps_topic, bounds, group_id=consumer_group, timeout=timeout,
+                           read_ahead_kib=read_ahead_kib):
+        if msg.key() != key:
+            continue
+        partition, offset = position_of(msg)
+        manifest = _decoded(msg.value() or b"", steps_topic, partition, offset, None)
+        if manifest is not None and manifest.consumer_group == consumer_group:
+            yield (partition, offset), manifest
 
 
 def _ranges(index: ManifestIndex | None, partition: int, low: int, high: int) -> list[tuple[int, int]]:

@@ -164,12 +164,18 @@ def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *
 
 
 @contextmanager
-def reader(config: KafkaConfig, group_id: str) -> Iterator[Consumer]:
+def reader(config: KafkaConfig, group_id: str, *, read_ahead_kib: int | None = None) -> Iterator[Consumer]:
     """A consumer that only reads (explicit assignment, no commits, no membership); closed on exit.
 
     It has a group id only because librdkafka requires one (and `committed_offsets` asks for that group's).
+    `read_ahead_kib`: how much librdkafka may fetch ahead of what is polled (``queued.max.messages.kbytes``;
+    None: the consumer's default, twice the largest record): a long read by a slower caller (export) holds
+    that much.
     """
-    consumer = open_consumer(config.consumer(group_id, {"enable.partition.eof": False}))
+    overrides: dict[str, object] = {"enable.partition.eof": False}
+    if read_ahead_kib is not None:
+        overrides["queued.max.messages.kbytes"] = read_ahead_kib
+    consumer = open_consumer(config.consumer(group_id, overrides))
     try:
         yield consumer
     finally:
@@ -287,19 +293,19 @@ def position_of(msg: Message) -> tuple[int, int]:
 
 def read_ranges(config: KafkaConfig, topic: str, bounds: Mapping[int, tuple[int, int]], *,
                 group_id: str = "rollstream-reader", timeout: float = 30.0,
-                progress: Callable[[int], None] | None = None, deadline: Deadline | None = None
-                ) -> Iterator[Message]:
+                progress: Callable[[int], None] | None = None, deadline: Deadline | None = None,
+                read_ahead_kib: int | None = None) -> Iterator[Message]:
     """Yield the records of `topic` in the offset ranges [start, end) per partition, in order per partition.
 
     Ends are clamped to what the partition holds now; starts below the first stored offset (deleted by
     retention) are raised to it with a warning. `progress` gets the number of offsets advanced. Reads
     with a consumer of its own (`reader`): commits nothing. Blocks until done, and at most until `deadline`
-    (None: none) while it reads.
+    (None: none) while it reads. `read_ahead_kib`: as `reader`'s.
 
     Raises:
         KafkaIOError: a read failed; or (retriable) `timeout` s passed without progress, or `deadline` passed.
     """
-    with reader(config, group_id) as consumer:
+    with reader(config, group_id, read_ahead_kib=read_ahead_kib) as consumer:
         yield from read_assigned(consumer, topic, bounds, timeout=timeout, progress=progress, deadline=deadline)
 
 

@@ -42,12 +42,12 @@ def write_report(config: KafkaConfig, namespace: str, consumer_group: str, first
             group. KafkaIOError: a read failed or made no progress for `timeout` s. OSError: cannot write `path`.
     """
     manifests = steps_between(config, namespace, consumer_group, first, last, timeout=timeout)
-    numbers = [m.step for m in manifests]
+    numbers = manifests.steps
     chosen = set(numbers[i] for i in {0, len(numbers) // 2, len(numbers) - 1}) if detail is None else \
         set(detail) & set(numbers)
     stats, details, zero = collect(read_steps(config, manifests, timeout=timeout, progress=progress), chosen,
                                    token_text=token_text)
-    stats = with_lags(config, manifests, stats, timeout=timeout)
+    stats = with_lags(config, manifests.heads, stats, timeout=timeout)
     data = ReportData(namespace, consumer_group, tuple(stats), details, zero, now_ms())
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")

@@ -7,20 +7,27 @@ the same decoding (`record_of`). Where `replay_step` keeps a step's taken record
 of the step's ranges (taken, filtered, duplicate, undecodable, requeued), so a filtered group can be looked
 at as closely as a taken one.
 
-Memory stays bounded for any number of steps: adjacent steps are read in one go (one fetch session, not
-one per step), each step is handed on and let go as soon as its last record is read, and partitions that
-run ahead of the oldest unfinished step are paused while too many records wait (`MAX_BUFFERED`). Every
-function blocks until its reads are done (no progress for `timeout` s is an error); an iterator must stay
-in the thread that reads it.
+Memory stays bounded for any number of steps: `steps_between` keeps where each chosen manifest lies on
+NS.steps (a `StepSpan`, a few hundred bytes a step), not the manifests (~0.5 KB per offset they cover), and
+reads them back a chunk of `MAX_RUN_OFFSETS` offsets at a time; adjacent steps are read from NS.rollouts in
+one go (one fetch session per run of at most `MAX_RUN_OFFSETS` offsets, not one per step), each step is handed
+on and let go as soon as its last record is read, and partitions that run ahead of the oldest unfinished step
+are paused while too many records wait (`MAX_BUFFERED`); librdkafka fetches at most `READ_AHEAD_KIB` ahead
+(a consumer's default is twice the largest record, 128 MiB: what a slower reader then holds). Every function
+blocks until its reads are done (no progress for `timeout` s is an error); an iterator must stay in the
+thread that reads it.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import chain
 
 from confluent_kafka import Consumer, TopicPartition
+from rollstream.consumers._ledger import StepLedger
+from rollstream.consumers._manifests import located_manifests
 from rollstream.consumers.forensics._replay import (
     Progress,
     ReplayedRecord,
@@ -28,12 +35,14 @@ from rollstream.consumers.forensics._replay import (
     record_of,
     replay_range,
 )
-from rollstream.infra import KafkaConfig
+from rollstream.infra import KafkaConfig, TopicNames
 from rollstream.infra.kafka_io import position_of, read_assigned, reader, watermarks
 from rollstream.schemas import OffsetDisposition, RollstreamError, StepManifest
 
 MAX_BUFFERED = 2000  # decoded records held waiting for their step, before partitions running ahead pause
 GAP_RECORDS = 1000  # offsets between steps a read fetches and drops rather than start a new read
+MAX_RUN_OFFSETS = 10_000  # offsets whose manifests are held at once (~5 MB): a run's, and a chunk read back
+READ_AHEAD_KIB = 32 * 1024  # what librdkafka may fetch ahead of a read: two of the consumer's fetches (16 MiB)
 
 
 @dataclass(frozen=True)
@@ -60,14 +69,70 @@ class CoveredStep:
     records: tuple[Covered, ...]
 
 
+@dataclass(frozen=True)
+class StepSpan:
+    """The effective manifests of a range of steps, by where they lie on NS.steps (`steps_between`).
+
+    Iterating reads them back from there in step order, `MAX_RUN_OFFSETS` offsets' worth at a time, so the
+    span costs a few ints per step until read, however long the range. Re-iterable: each iteration reads
+    NS.steps again (blocks while it reads; no progress for `timeout` s is an error). Not thread-safe.
+
+    Attributes:
+        heads: the manifests without their dispositions (step, ranges, time, versions), in step order.
+        located: where each manifest is, (partition, offset) on `topic` (NS.steps).
+        sizes: the offsets each manifest covers (what it weighs once read back).
+    """
+
+    config: KafkaConfig
+    topic: str
+    consumer_group: str
+    heads: tuple[StepManifest, ...]
+    located: tuple[tuple[int, int], ...]
+    sizes: tuple[int, ...]
+    timeout: float = 30.0
+
+    def __len__(self) -> int:
+        return len(self.heads)
+
+    @property
+    def steps(self) -> list[int]:
+        return [m.step for m in self.heads]
+
+    def __iter__(self) -> Iterator[StepManifest]:
+        for chunk in _chunks(self.located, self.sizes, MAX_RUN_OFFSETS):
+            wanted = set(chunk)
+            found: dict[tuple[int, int], StepManifest] = {}  # read whole before it is handed on: no reader
+            for partition in {p for p, _ in chunk}:  # stays open while the caller works
+                offsets = [o for p, o in chunk if p == partition]
+                bounds = {partition: (min(offsets), max(offsets) + 1)}
+                found.update((at, m) for at, m in located_manifests(
+                    self.config, self.topic, self.consumer_group, bounds=bounds, timeout=self.timeout)
+                    if at in wanted)
+            for at in chunk:
+                if at not in found:
+                    raise RollstreamError(f"{self.topic}[{at[0]}]@{at[1]}: the manifest of a step of "
+                                          f"{self.consumer_group} is gone (deleted by retention?)")
+                yield found[at]
+
+
 def steps_between(config: KafkaConfig, namespace: str, consumer_group: str, first: int | None, last: int | None,
-                  *, timeout: float = 30.0) -> list[StepManifest]:
-    """The group's effective manifests with ``first <= step <= last`` (None: open end), in step order.
+                  *, timeout: float = 30.0) -> StepSpan:
+    """The group's effective manifests with ``first <= step <= last`` (None: open end), in step order, as a
+    `StepSpan`: one read of NS.steps that keeps each manifest's place and ranges, not its dispositions.
 
     Raises:
         RollstreamError: the group has no step in that range (the message names the steps it has).
+        KafkaIOError: NS.steps does not exist, or the broker did not answer in time.
     """
-    effective = effective_manifests(config, namespace, consumer_group, timeout=timeout)
+    topic = TopicNames(namespace).steps
+    ledger = StepLedger(keep_manifests=True, remember_ids=False)
+    where: dict[int, tuple[tuple[int, int], int]] = {}  # by id() of a light manifest the ledger holds
+    for at, manifest in located_manifests(config, topic, consumer_group, timeout=timeout,
+                                          read_ahead_kib=READ_AHEAD_KIB):
+        light = replace(manifest, dispositions=())
+        ledger.add(manifest, keep=light)
+        where[id(light)] = (at, len(manifest.dispositions))
+    effective = ledger.effective()
     chosen = sorted((m for m in effective if (first is None or m.step >= first) and (last is None or m.step <= last)),
                     key=lambda m: m.step)
     if not chosen:
@@ -76,24 +141,28 @@ def steps_between(config: KafkaConfig, namespace: str, consumer_group: str, firs
         wanted = f"{'' if first is None else first}:{'' if last is None else last}"
         raise RollstreamError(f"group {consumer_group} in namespace {namespace} has no step in {wanted} ({known}); "
                               "check --steps, --group and --namespace")
-    return chosen
+    return StepSpan(config, topic, consumer_group, tuple(chosen),
+                    tuple(where[id(m)][0] for m in chosen), tuple(where[id(m)][1] for m in chosen), timeout)
 
 
-def read_steps(config: KafkaConfig, manifests: Sequence[StepManifest], *, max_buffered: int = MAX_BUFFERED,
+def read_steps(config: KafkaConfig, manifests: Iterable[StepManifest], *, max_buffered: int = MAX_BUFFERED,
                timeout: float = 30.0, progress: Progress | None = None) -> Iterator[CoveredStep]:
     """Each of `manifests` with every record its ranges cover, in the order given, each step as soon as its
-    last record is read. Lazy: one continuous read per run of adjacent steps (`_runs`).
+    last record is read. Lazy, also in `manifests` (a `StepSpan` is read back as the steps are): one
+    continuous read per run of adjacent steps (`_runs`).
 
     Raises:
         RollstreamError: an offset a step covered no longer exists (retention), or holds another group than
             its manifest says (the topic was recreated); KafkaIOError when a read fails.
     """
-    if not manifests:
+    pending = iter(manifests)
+    head = next(pending, None)
+    if head is None:
         return
     # One client under the steps' own group (never joined, never committed): a trainer granted only its
     # group may export. A fresh assignment per step would wait out a fetch in flight (up to fetch.wait.max.ms).
-    with reader(config, manifests[0].consumer_group) as consumer:
-        for run in _runs(manifests, GAP_RECORDS):
+    with reader(config, head.consumer_group, read_ahead_kib=READ_AHEAD_KIB) as consumer:
+        for run in _runs(chain([head], pending), GAP_RECORDS, MAX_RUN_OFFSETS):
             yield from _assemble(consumer, run, max_buffered, timeout, progress)
 
 
@@ -174,22 +243,37 @@ def read_range(config: KafkaConfig, namespace: str, consumer_group: str, bounds:
         yield Covered(record, disposition, manifest)
 
 
-def _runs(manifests: Sequence[StepManifest], gap: int) -> Iterator[list[StepManifest]]:
+def _runs(manifests: Iterable[StepManifest], gap: int, most: int) -> Iterator[list[StepManifest]]:
     """Consecutive manifests read in one go: a new run starts where the next step's ranges would add more
-    than `gap` offsets no step of the run covers (steps far apart, a seek back), so a read never fetches
-    much of what lies between. Runs grow with the steps; `_assemble` bounds the records held."""
+    than `gap` offsets no step of the run covers (steps far apart, a seek back), or would make the run cover
+    more than `most` offsets (its manifests and wanted offsets are held until its last step is out)."""
     run: list[StepManifest] = []
     span: dict[int, tuple[int, int]] = {}
     covered = 0
     for m in manifests:
-        wider = _span([m], span)
-        if run and _size(wider) - (covered + _size(_span([m]))) > gap:
+        wider, size = _span([m], span), _size(_span([m]))
+        if run and (_size(wider) - (covered + size) > gap or covered + size > most):
             yield run
             run, wider, covered = [], _span([m]), 0
         run.append(m)
-        span, covered = wider, covered + _size(_span([m]))
+        span, covered = wider, covered + size
     if run:
         yield run
+
+
+def _chunks(located: Sequence[tuple[int, int]], sizes: Sequence[int], most: int
+            ) -> Iterator[list[tuple[int, int]]]:
+    """`located` in order, cut where a chunk would weigh more than `most` offsets (at least one each)."""
+    chunk: list[tuple[int, int]] = []
+    weight = 0
+    for at, size in zip(located, sizes, strict=True):
+        if chunk and weight + size > most:
+            yield chunk
+            chunk, weight = [], 0
+        chunk.append(at)
+        weight += size
+    if chunk:
+        yield chunk
 
 
 def _span(manifests: Sequence[StepManifest], around: Mapping[int, tuple[int, int]] | None = None

@@ -142,6 +142,26 @@ def test_a_step_range_the_group_lacks_names_the_steps_it_has(two_steps, tmp_path
     assert not (tmp_path / "x.parquet").exists()
 
 
+def test_steps_read_back_a_chunk_at_a_time_are_the_same(two_steps, kafka_config, monkeypatch) -> None:
+    """`steps_between` keeps where the manifests are, not the manifests: read back (and read from NS.rollouts)
+    one step at a time, the steps are the same as read all at once, in order, with every disposition."""
+    from rollstream.consumers.forensics import _step_read
+
+    names, group, _ = two_steps
+    span = _step_read.steps_between(kafka_config, names.namespace, group, None, None)
+    assert span.steps == [0, 1] and all(not m.dispositions for m in span.heads)
+
+    def positions(max_buffered: int = 10_000) -> list[list[tuple[int, int, str]]]:
+        return [[(c.record.partition, c.record.offset, c.disposition.kind) for c in step.records]
+                for step in _step_read.read_steps(kafka_config, span, max_buffered=max_buffered, timeout=10)]
+
+    whole = positions()
+    monkeypatch.setattr(_step_read, "MAX_RUN_OFFSETS", 1)
+    assert positions() == positions(max_buffered=1) == whole  # one run per step, paused or not
+    assert [len(s) for s in whole] == [len(m.dispositions) for m in span]
+    assert [m.step for m in span] == [0, 1] and sum(map(len, whole)) == 10
+
+
 def test_steps_read_with_partitions_paused_are_the_same(two_steps, kafka_config) -> None:
     """A buffer of one record pauses whichever partition runs ahead of the first unfinished step at every
     turn: the steps come out the same, complete, in order, and the read never stalls."""

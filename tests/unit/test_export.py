@@ -120,8 +120,11 @@ def test_adjacent_steps_are_read_in_one_go_and_far_ones_apart() -> None:
     far = manifest(10, (0, 10_000, 10_010))  # a seek: not read across the gap
     back = manifest(11, (0, 0, 10))  # a seek back: a read of its own
     near = manifest(12, (0, 30, 40))  # within the gap allowed of the one before
-    assert [[m.step for m in run] for run in _runs([*steps, far, back, near], 35)] == [
+    assert [[m.step for m in run] for run in _runs([*steps, far, back, near], 35, 10_000)] == [
         list(range(10)), [10], [11, 12]]
+    # A run covers at most `most` offsets (its manifests are held until its last step is out), at least one step.
+    assert [[m.step for m in run] for run in _runs(iter(steps[:5]), 35, 30)] == [[0, 1], [2, 3], [4]]
+    assert [[m.step for m in run] for run in _runs(steps[:2], 35, 1)] == [[0], [1]]
 
 
 def test_parse_steps() -> None:
