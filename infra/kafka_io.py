@@ -45,6 +45,7 @@ from rollstream.schemas import ConfigError
 
 log = logging.getLogger(__name__)
 _BATCH = 500
+_AGAIN_S = 0.2  # before a metadata request that failed at once is sent again
 _FIRST_BACKOFF_S, _MAX_BACKOFF_S = 0.1, 1.0  # between attempts of a read retried within its deadline
 def produce_and_wait(producer: Producer, topic: str, records: Iterable[tuple[bytes | None, bytes]], *,
                      timeout: float | Deadline, on_acked: Callable[[int, int], None] | None = None) -> int:
@@ -188,11 +189,16 @@ def partitions_of(consumer: Consumer, topic: str, *, timeout: float | Deadline) 
     Raises:
         KafkaIOError: the topic does not exist (`missing_topic_error`), or (retriable) no answer.
     """
-    wait_s = time_left(Deadline.of(timeout), f"cannot read the partitions of {topic}", topic=topic)
-    try:
-        meta = consumer.list_topics(topic, timeout=wait_s)
-    except KafkaException as exc:
-        raise kafka_error(f"cannot read the partitions of {topic}", exc, topic=topic) from exc
+    deadline = Deadline.of(timeout)
+    while True:
+        wait_s = time_left(deadline, f"cannot read the partitions of {topic}", topic=topic)
+        try:
+            meta = consumer.list_topics(topic, timeout=wait_s)
+            break
+        except KafkaException as exc:  # a dropped connection (a TLS one under load) fails at once: try again
+            if not _dropped(exc) or deadline.remaining() <= _AGAIN_S:
+                raise kafka_error(f"cannot read the partitions of {topic}", exc, topic=topic) from exc
+            time.sleep(_AGAIN_S)
     info = meta.topics.get(topic)
     if info is not None and info.error is not None and info.error.name() in NOT_AUTHORIZED:
         raise not_authorized_error(info.error.name(), topic)
@@ -203,6 +209,12 @@ def partitions_of(consumer: Consumer, topic: str, *, timeout: float | Deadline) 
     if not info.partitions:
         raise missing_topic_error(topic)
     return sorted(info.partitions)
+
+
+def _dropped(exc: KafkaException) -> bool:
+    """True when librdkafka failed the request because the connection dropped (Broker transport failure)."""
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    return err is not None and err.code() == KafkaError._TRANSPORT
 
 
 def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float | Deadline
