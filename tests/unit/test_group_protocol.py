@@ -1,0 +1,49 @@
+"""The prompt group's protocol settings (`rollstream.infra.group_protocol`), without a broker.
+
+Pinned: each protocol gets its own member properties (librdkafka refuses the classic ones with
+``group.protocol=consumer``, whoever supplied them); a bad protocol is a ConfigError naming it, in the settings and
+on the command line; ``auto`` keeps a static member on the classic protocol without asking the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from rollstream.infra import KafkaConfig
+from rollstream.infra.clients import open_consumer
+from rollstream.infra.group_protocol import CLASSIC_ONLY, group_conf, heartbeat_ms, resolve_group_protocol
+from rollstream.producers import ProducerSettings
+from rollstream.schemas import ConfigError
+
+
+def test_classic_members_get_a_session_and_cooperative_sticky_assignment() -> None:
+    conf = group_conf("classic", {"fetch.wait.max.ms": 100}, 10.0)
+    assert conf["session.timeout.ms"] == 10_000 and conf["heartbeat.interval.ms"] == 2_500
+    assert conf["partition.assignment.strategy"] == "cooperative-sticky" and conf["group.protocol"] == "classic"
+    assert group_conf("classic", {"session.timeout.ms": 7000}, 10.0)["session.timeout.ms"] == 7000  # an override
+
+
+def test_consumer_members_get_none_of_the_classic_properties() -> None:
+    conf = group_conf("consumer", {"fetch.wait.max.ms": 100, **{key: "1" for key in CLASSIC_ONLY}}, 10.0)
+    assert conf == {"fetch.wait.max.ms": 100, "group.protocol": "consumer"}
+    # librdkafka accepts what is left (it refuses session.timeout.ms & co. with group.protocol=consumer).
+    open_consumer(KafkaConfig(bootstrap_servers="127.0.0.1:1").consumer("g", conf)).close()
+
+
+def test_heartbeats_every_quarter_session_at_least_100_ms() -> None:
+    assert heartbeat_ms(2.0) == 500 and heartbeat_ms(0.2) == 100
+
+
+def test_a_bad_protocol_is_named() -> None:
+    with pytest.raises(ConfigError, match="group_protocol='kip848'"):
+        ProducerSettings(group_protocol="kip848")  # type: ignore[arg-type]
+    assert ProducerSettings().group_protocol == "auto"
+
+
+def test_auto_keeps_static_members_on_the_classic_protocol_without_asking(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="rollstream.infra.group_protocol")
+    unreachable = KafkaConfig(bootstrap_servers="127.0.0.1:1")
+    assert resolve_group_protocol(unreachable, "auto", "g", 0.1, static=True) == "classic"
+    assert resolve_group_protocol(unreachable, "consumer", "g", 0.1, static=True) == "consumer"  # as configured
+    assert [r.getMessage() for r in caplog.records][0].startswith("prompt group g: classic rebalance protocol (auto")
