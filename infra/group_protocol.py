@@ -7,9 +7,8 @@ Contract:
   where the broker says it serves it (its ``group.coordinator.rebalance.protocols`` lists ``consumer``:
   Kafka 4.0 on by default, 3.7-3.9 only when enabled; from 5.0, which drops that setting, a broker with
   ``group.consumer.*`` settings) *and* `AUTO_PREFERS` is ``consumer``, for a dynamic member (a static one keeps
-  the classic protocol: `resolve_group_protocol`). It logs one line
-  saying what it chose and why. A broker whose configs cannot be read (no ``DESCRIBE_CONFIGS`` on the
-  cluster, an old broker) gets ``classic``, which every broker serves. Blocks up to ``timeout``.
+  the classic protocol). It says why, for the caller's one log line. A broker whose configs cannot be read
+  (no ``DESCRIBE_CONFIGS`` on the cluster) gets ``classic``, which every broker serves.
 - `group_conf` gives a member's protocol properties. librdkafka (>= 2.10) refuses ``session.timeout.ms``,
   ``heartbeat.interval.ms`` and ``partition.assignment.strategy`` with ``group.protocol=consumer`` (the broker
   owns the session and the assignor there), so they are removed from whatever else supplied them (the typed
@@ -17,8 +16,11 @@ Contract:
 - `set_group_session` gives a consumer-protocol group the session timeout a classic member would ask for
   itself, as the group's own config (``consumer.session.timeout.ms``, ``consumer.heartbeat.interval.ms``),
   best effort: a broker that refuses it (bounds, ACLs) keeps its own defaults, said in one line.
-- A broker without KIP-848 (3.x) makes a consumer-protocol member fail fast: librdkafka raises a fatal
-  ``_UNSUPPORTED_FEATURE`` error ("ConsumerGroupHeartbeatRequest not supported by broker") at its first poll.
+- A broker without KIP-848 (3.x) does not make a consumer-protocol member fail: librdkafka 2.16 logs
+  "ConsumerGroupHeartbeatRequest not supported by broker" at debug level, marks the coordinator dead and asks
+  again forever, with no error event, so the member silently never gets a partition. So an explicit
+  ``consumer`` is checked against the broker too: one whose configs say it does not serve the consumer
+  protocol is a ConfigError at start (one whose configs cannot be read is tried, with a warning).
 """
 
 from __future__ import annotations
@@ -95,28 +97,37 @@ def broker_protocols(kafka: KafkaConfig, timeout: float) -> tuple[str, ...] | No
     return ("classic", "consumer") if KIP848_SETTING in entries else ("classic",)
 
 
-def resolve_group_protocol(kafka: KafkaConfig, requested: GroupProtocol, group: str, timeout: float, *,
-                           static: bool = False) -> Resolved:
-    """`requested`, with ``auto`` decided (see the module docstring); logs one line. `static`: the member has a
-    ``group.instance.id``; ``auto`` then keeps the classic protocol, the only one under which a static member
-    restarted after a crash gets its partitions back at once (KIP-848 refuses it until the old session ends)."""
+def resolve_group_protocol(kafka: KafkaConfig, requested: GroupProtocol, timeout: float, *,
+                           static: bool = False) -> tuple[Resolved, str]:
+    """`requested`, with ``auto`` decided (see the module docstring), and why, for the caller's one log line.
+    `static`: the member has a ``group.instance.id``; ``auto`` then keeps the classic protocol, the only one under
+    which a static member restarted after a crash gets its partitions back at once (KIP-848 refuses it until the
+    old session ends). Blocks up to about 2 x `timeout` (not at all for ``classic``, or ``auto`` and `static`).
+
+    Raises:
+        ConfigError: `requested` is not a protocol, or is ``consumer`` and the broker says it does not serve it.
+    """
     check_group_protocol(requested)
-    if requested != "auto":
-        log.info("prompt group %s: %s rebalance protocol (as configured)", group, requested)
-        return requested
-    if static:
-        log.info("prompt group %s: classic rebalance protocol (auto: a static member, which the classic protocol "
-                 "alone lets take its partitions back at once after a crash)", group)
-        return "classic"
-    if AUTO_PREFERS == "classic":
-        log.info("prompt group %s: classic rebalance protocol (auto: measured faster; docs/benchmarks.md)", group)
-        return "classic"
+    if requested == "classic":
+        return "classic", "as configured"
+    if requested == "auto" and static:
+        return "classic", "auto: a static member, which only the classic protocol lets take its partitions back " \
+                          "at once after a crash"
+    if requested == "auto" and AUTO_PREFERS == "classic":
+        return "classic", "auto: measured faster (docs/benchmarks.md)"
     served = broker_protocols(kafka, timeout)
-    chosen: Resolved = "consumer" if served is not None and "consumer" in served else "classic"
-    why = (f"the broker's {BROKER_PROTOCOLS} is unreadable" if served is None
-           else f"the broker serves {','.join(served)}")
-    log.info("prompt group %s: %s rebalance protocol (auto: %s)", group, chosen, why)
-    return chosen
+    unreadable = f"the broker's {BROKER_PROTOCOLS} is unreadable"
+    if requested == "consumer":
+        if served is not None and "consumer" not in served:
+            raise ConfigError(f"group_protocol='consumer' (--group-protocol consumer): the broker does not serve the "
+                              f"consumer group protocol (KIP-848, Kafka >= 4.0; its {BROKER_PROTOCOLS} is "
+                              f"{','.join(served)}), and librdkafka would wait for it silently forever. Use auto or "
+                              "classic, or enable the protocol on the broker")
+        return "consumer", "as configured" if served is not None else (
+            f"as configured, though {unreadable}: on a broker without KIP-848 this producer never gets a partition")
+    if served is None:
+        return "classic", f"auto: {unreadable}"
+    return ("consumer" if "consumer" in served else "classic"), f"auto: the broker serves {','.join(served)}"
 
 
 def set_group_session(kafka: KafkaConfig, group: str, session_timeout_s: float, timeout: float) -> bool:

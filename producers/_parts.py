@@ -165,11 +165,12 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
 
 
 def intake_protocol(kafka: KafkaConfig, s: ProducerSettings, timeout: float) -> Resolved:
-    """The intake group's protocol, ``auto`` decided (one log line); under the consumer protocol the group gets
-    `ProducerSettings.session_timeout_s` as its own session where the broker allows it. Blocks up to ~3 x
-    `timeout`."""
-    protocol = resolve_group_protocol(kafka, s.group_protocol, s.effective_intake_group, timeout,
-                                      static=s.producer_id is not None)
+    """The intake group's protocol, ``auto`` decided (one log line saying which and why); under the consumer
+    protocol the group gets `ProducerSettings.session_timeout_s` as its own session where the broker allows it.
+    Blocks up to ~3 x `timeout`. Raises ConfigError for ``consumer`` on a broker without it."""
+    protocol, why = resolve_group_protocol(kafka, s.group_protocol, timeout, static=s.producer_id is not None)
+    (log.warning if "unreadable" in why and protocol == "consumer" else log.info)(
+        "prompt group %s: %s rebalance protocol (%s)", s.effective_intake_group, protocol, why)
     if protocol == "consumer":
         set_group_session(kafka, s.effective_intake_group, s.session_timeout_s, timeout)
     return protocol

@@ -186,9 +186,11 @@ def produce(
         min=1.0, help="Seconds before a dead producer's prompt partitions move to the others.",
         rich_help_panel=_LIFE)] = _D.session_timeout_s,
     group_protocol: Annotated[GroupProtocolName, typer.Option(
-        envvar="ROLLSTREAM_GROUP_PROTOCOL", help="The prompt group's rebalance protocol. classic: cooperative-sticky, assigned by a member; consumer: "
+        envvar="ROLLSTREAM_GROUP_PROTOCOL",
+        help="The prompt group's rebalance protocol. classic: cooperative-sticky, assigned by a member; consumer: "
              "KIP-848, assigned by the broker (Kafka >= 4.0); auto: decided once at start, the consumer protocol "
-             "where the broker serves it, classic otherwise (docs/operations.md#prompt-group-protocol).",
+             "where the broker serves it, classic otherwise and for a --producer-id (static member) "
+             "(docs/operations.md#prompt-group-protocol).",
         rich_help_panel=_LIFE)] = _GROUP_PROTOCOL,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
     summary_interval: Annotated[float, typer.Option(

