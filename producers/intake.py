@@ -149,8 +149,10 @@ class Intake(WorkerThread):
         self._drain_on_revoke_s = drain_on_revoke_s
         self._commits = IntakeCommits(topic, group_id, self._marks, self._state, interval_s=commit_interval_s,
                                       answer_s=stall_seconds(session_timeout_s))
-        self._client = IntakeClient(config.consumer(group_id, {**conf, **self._commits.conf()}), topic, group_id,
-                                    self._marks, metrics, session_timeout_s)
+        client_conf = config.consumer(group_id, {**conf, **self._commits.conf()})
+        if group_protocol == "consumer":  # also without what a --kafka-config file gave every client
+            client_conf = group_conf("consumer", client_conf, session_timeout_s)
+        self._client = IntakeClient(client_conf, topic, group_id, self._marks, metrics, session_timeout_s)
         self._lock = threading.Lock()
         self._credits = prefetch  # prompts the thread may still hand over before the loop takes some
         # Bounded: the credits keep at most `prefetch` prompts in it; the extra slot is for the halt marker.

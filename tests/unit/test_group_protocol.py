@@ -1,8 +1,8 @@
 """The prompt group's protocol settings (`rollstream.infra.group_protocol`), without a broker.
 
 Pinned: each protocol gets its own member properties (librdkafka refuses the classic ones with
-``group.protocol=consumer``, whoever supplied them); a bad protocol is a ConfigError naming it, in the settings and
-on the command line; ``auto`` keeps a static member on the classic protocol without asking the broker.
+``group.protocol=consumer``, whoever supplied them, a ``--kafka-config`` file too); a bad protocol is a
+ConfigError naming it; ``auto`` keeps a static member on the classic protocol without asking the broker.
 """
 
 from __future__ import annotations
@@ -12,6 +12,9 @@ from rollstream.infra import KafkaConfig
 from rollstream.infra.clients import open_consumer
 from rollstream.infra.group_protocol import CLASSIC_ONLY, group_conf, heartbeat_ms, resolve_group_protocol
 from rollstream.producers import ProducerSettings
+from rollstream.producers.gate import LagGate
+from rollstream.producers.intake import Intake
+from rollstream.producers.metrics import ProducerMetrics
 from rollstream.schemas import ConfigError
 
 
@@ -44,3 +47,16 @@ def test_auto_keeps_static_members_on_the_classic_protocol_without_asking() -> N
     protocol, why = resolve_group_protocol(unreachable, "auto", 0.1, static=True)
     assert protocol == "classic" and why.startswith("auto: a static member")
     assert resolve_group_protocol(unreachable, "classic", 0.1) == ("classic", "as configured")
+
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_intake_clients_open_under_either_protocol_whatever_the_kafka_config_file_says(protocol: str) -> None:
+    kafka = KafkaConfig(bootstrap_servers="127.0.0.1:1", extra={"session.timeout.ms": "7000"})  # a --kafka-config
+    metrics = ProducerMetrics()
+    gate = LagGate(kafka, "trainer", "ns.rollouts", max_lag=1, interval_s=1.0, metrics=metrics)
+    intake = Intake(kafka, "ns.prompts", "ns.producers", gate=gate, metrics=metrics, prefetch=2,
+                    session_timeout_s=4.0, group_protocol=protocol)  # type: ignore[arg-type]
+    conf = intake._client._conf
+    assert conf["group.protocol"] == protocol
+    assert conf.get("session.timeout.ms") == (4000 if protocol == "classic" else None)  # the typed setting wins
+    intake._client.open().close()  # librdkafka accepts it
