@@ -115,6 +115,14 @@ class IntakeClient:
                     "by their next owner)", self._group_id, why)
         self._replacement.failed(why)
 
+    def rejoin(self, why: str) -> None:
+        """Replace the current client after a fatal error that a fresh client may not meet (a static member
+        refused while its previous member is still in the group); its partitions, if any, are dropped as lost."""
+        self._marks.revoke(self._marks.owned())
+        self._wanting_since = None
+        log.info("prompt consumer of group %s: %s: joining again with a fresh client", self._group_id, why)
+        self._replacement.replace(why)
+
     def _waiting(self, consumer: Consumer, assignment: list[TopicPartition]) -> str | None:
         """Why `consumer`'s partitions look stalled (prompts wait there, or its group's offsets are unreadable);
         None: nothing waits that it did not take."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from rollstream.infra import KafkaConfig, LagReader
 from rollstream.infra.deadline import Deadline
+from rollstream.infra.group_protocol import Resolved, resolve_group_protocol, set_group_session
 from rollstream.infra.kafka_io import require_topics
 from rollstream.infra.threads import in_thread
 from rollstream.infra.topics import sized_to_topic
@@ -46,6 +47,7 @@ from rollstream.schemas import RollstreamError
 
 log = logging.getLogger(__name__)
 _CATCH_UP_S = 5.0  # reading NS.control to its end at startup (advice only: early samples may carry an older version)
+_PROTOCOL_S = 5.0  # reading the broker's group protocols (and setting the group's session) at startup
 _PROMPTS_CHECK_S = 5.0  # reading NS.prompts' offsets at startup (advice only: a slow answer is skipped)
 
 
@@ -135,8 +137,10 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
                                 on_position=gate.follow if s.backpressure == "pushed" else None)
         undo.push_async_callback(policy.close)
         await policy.start(catch_up_timeout=startup.seconds(_CATCH_UP_S))
+        protocol = await in_thread(lambda: intake_protocol(kafka, s, startup.seconds(_PROTOCOL_S)),
+                                   name="rollstream-startup")
         intake = Intake(kafka, names.prompts, s.effective_intake_group, gate=gate, metrics=metrics,
-                        prefetch=s.concurrency,
+                        prefetch=s.concurrency, group_protocol=protocol,
                         instance_id=s.producer_id, session_timeout_s=s.session_timeout_s,
                         commit_interval_s=s.commit_interval_s, producer_id=producer_id,
                         drain_on_revoke_s=s.drain_on_revoke_s, overrides=s.intake_overrides)
@@ -158,6 +162,18 @@ async def open_parts(settings: ProducerSettings, kafka: KafkaConfig, engine: Eng
              s.concurrency, s.effective_max_lag, s.trainer_group)
     return Parts(engine=engine, publisher=publisher, gate=gate, policy=policy, intake=intake, pipeline=pipeline,
                  threads=threads, inflight=inflight)
+
+
+def intake_protocol(kafka: KafkaConfig, s: ProducerSettings, timeout: float) -> Resolved:
+    """The intake group's protocol, ``auto`` decided (one log line saying which and why); under the consumer
+    protocol the group gets `ProducerSettings.session_timeout_s` as its own session where the broker allows it.
+    Blocks up to ~3 x `timeout`. Raises ConfigError for ``consumer`` on a broker without it."""
+    protocol, why = resolve_group_protocol(kafka, s.group_protocol, timeout, static=s.producer_id is not None)
+    (log.warning if "unreadable" in why and protocol == "consumer" else log.info)(
+        "prompt group %s: %s rebalance protocol (%s)", s.effective_intake_group, protocol, why)
+    if protocol == "consumer":
+        set_group_session(kafka, s.effective_intake_group, s.session_timeout_s, timeout)
+    return protocol
 
 
 async def _start_engine(engine: Engine, startup: Deadline) -> Deadline:

@@ -12,8 +12,8 @@ stays within max_lag + in flight, with no coordinator:
 - **Share** = max_lag x (partition part + consumption part) / 2, two fractions that each sum to at most
   one over the fleet:
   - partition part: the share of NS.prompts partitions this producer owns in the producers' consumer
-    group (`set_owned`, from its rebalance callbacks; the cooperative protocol revokes a partition
-    before it assigns it elsewhere, so no partition counts twice);
+    group (`set_owned`, from its rebalance callbacks; both group protocols, cooperative-sticky classic and
+    KIP-848, revoke a partition before they assign it elsewhere, so no partition counts twice);
   - consumption part: of the records the trainer committed between two pushed positions, the fraction
     that were this producer's, averaged over about `1 / _WEIGHT` trainer steps (an EWMA that starts, at the
     first pushed position, from the partition part). Every producer applies the same positions, so these

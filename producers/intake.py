@@ -1,7 +1,8 @@
 """Prompt intake: NS.prompts read as a consumer group by one named thread, handed to the event loop.
 
 Contract:
-- Any number of producers share the prompts (one consumer group, cooperative-sticky assignment); with a
+- Any number of producers share the prompts (one consumer group: cooperative-sticky assignment under the
+  classic protocol, the broker's incremental assignment under the consumer protocol, KIP-848); with a
   ``group.instance.id`` (``--producer-id``, static membership) a restarted producer gets its
   partitions back at once, and a dead one's move to the living after the session timeout.
 - A prompt's offset is committed only when the event loop acknowledged its group (`Watermarks`): per
@@ -34,6 +35,10 @@ Contract:
   while assigned nothing, or whose commit got no answer for the stall time, is replaced (`_intake_stall`): its
   partitions are dropped as lost (duplicates at worst, never a loss), and a fresh client joins the group.
   Only a spell in which intake wanted prompts counts: never one in which every slot was busy.
+- Under the consumer protocol a static member restarted after a crash is refused (``UNRELEASED_INSTANCE_ID``,
+  fatal for that client) until the crashed member's session expires: intake then joins again with a fresh
+  client every `_UNRELEASED_RETRY_S`, so the restarted producer gets its partitions once the session ended
+  (the classic protocol hands them over at once instead).
 - The watermarks and the credits are this object's own; every librdkafka call (poll, pause, commit,
   close) happens on its thread, never on the loop.
 """
@@ -53,6 +58,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from rollstream.infra import KafkaConfig
 from rollstream.infra.deadline import Deadline
+from rollstream.infra.group_protocol import Resolved, group_conf
 from rollstream.infra.kafka_errors import kafka_error
 from rollstream.infra.kafka_io import position_of
 from rollstream.infra.producer_state import ProducerState
@@ -72,6 +78,19 @@ _FULL_WAIT_S = 1.0
 DEFAULT_DRAIN_ON_REVOKE_S = 30.0
 _MAX_POLL_INTERVAL_MS = 300_000  # librdkafka's default; a revocation drain runs inside one poll
 _FINAL_COMMIT_S = 5.0  # how long closing waits for the answer to the last commit
+
+
+_UNRELEASED_RETRY_S = 2.0  # between joins of a static member whose previous member has not left (consumer protocol)
+
+
+class _InstanceNotReleased(Exception):
+    """The consumer protocol fenced this (joining) static member: another member holds its group.instance.id."""
+
+
+def _unreleased(err: KafkaError) -> bool:
+    # librdkafka raises it as a fatal error event (code _FATAL) whose text carries the broker's message.
+    return (err.code() == KafkaError.UNRELEASED_INSTANCE_ID or "UNRELEASED_INSTANCE_ID" in err.str()
+            or "instance ID is still used" in err.str())
 
 
 @dataclass(frozen=True)
@@ -96,6 +115,9 @@ class Intake(WorkerThread):
 
     Args:
         producer_id: this producer's id in the state it commits (default: `instance_id`, else ``host-pid``).
+        group_protocol: the group's rebalance protocol (`rollstream.infra.group_protocol`; resolved, never
+            ``auto``): ``classic`` (cooperative-sticky, a `session_timeout_s` session) or ``consumer`` (KIP-848:
+            the broker assigns, and the group's session is the broker's or the group's config).
         drain_on_revoke_s: how long a revocation waits for the started prompts of the revoked
             partitions to be acknowledged before giving them up (0: not at all). Keep it well below
             ``max.poll.interval.ms`` (300 s unless overridden).
@@ -107,13 +129,10 @@ class Intake(WorkerThread):
                  prefetch: int, instance_id: str | None = None, session_timeout_s: float = 10.0,
                  commit_interval_s: float = 0.2, producer_id: str | None = None,
                  drain_on_revoke_s: float = DEFAULT_DRAIN_ON_REVOKE_S,
-                 overrides: Mapping[str, Any] | None = None) -> None:
+                 overrides: Mapping[str, Any] | None = None, group_protocol: Resolved = "classic") -> None:
         super().__init__()
-        conf: dict[str, Any] = {"fetch.wait.max.ms": 100, "queued.min.messages": 1000,
-                                "session.timeout.ms": int(session_timeout_s * 1000),
-                                "heartbeat.interval.ms": max(100, int(session_timeout_s * 1000) // 4),
-                                **dict(overrides or {}),
-                                "partition.assignment.strategy": "cooperative-sticky"}
+        conf = group_conf(group_protocol, {"fetch.wait.max.ms": 100, "queued.min.messages": 1000,
+                                           **dict(overrides or {})}, session_timeout_s)
         poll_interval_s = int(conf.get("max.poll.interval.ms", _MAX_POLL_INTERVAL_MS)) / 1000
         if not 0 <= drain_on_revoke_s < poll_interval_s:
             raise ConfigError(f"drain_on_revoke_s={drain_on_revoke_s} must be >= 0 (0: give revoked partitions up at "
@@ -130,8 +149,10 @@ class Intake(WorkerThread):
         self._drain_on_revoke_s = drain_on_revoke_s
         self._commits = IntakeCommits(topic, group_id, self._marks, self._state, interval_s=commit_interval_s,
                                       answer_s=stall_seconds(session_timeout_s))
-        self._client = IntakeClient(config.consumer(group_id, {**conf, **self._commits.conf()}), topic, group_id,
-                                    self._marks, metrics, session_timeout_s)
+        client_conf = config.consumer(group_id, {**conf, **self._commits.conf()})
+        if group_protocol == "consumer":  # also without what a --kafka-config file gave every client
+            client_conf = group_conf("consumer", client_conf, session_timeout_s)
+        self._client = IntakeClient(client_conf, topic, group_id, self._marks, metrics, session_timeout_s)
         self._lock = threading.Lock()
         self._credits = prefetch  # prompts the thread may still hand over before the loop takes some
         # Bounded: the credits keep at most `prefetch` prompts in it; the extra slot is for the halt marker.
@@ -265,7 +286,16 @@ class Intake(WorkerThread):
         consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                            on_lost=self._on_lost)
         while not self._stop.is_set():
-            self._hand_over_all([taken for msg in self._step(consumer) if (taken := self._handle(msg))])
+            try:
+                self._hand_over_all([taken for msg in self._step(consumer) if (taken := self._handle(msg))])
+            except _InstanceNotReleased as exc:
+                # A fatal error of this client only: a fresh one joins once the old member is gone.
+                self._stop.wait(_UNRELEASED_RETRY_S)
+                if self._stop.is_set():
+                    return False
+                self._client.rejoin(f"the consumer protocol refused its group.instance.id ({exc}): its previous "
+                                    "member has not left (a crashed producer's session has not expired yet)")
+                return True
             self._state.watch()
             if not self._commits.tick(consumer):
                 self._client.give_up("its commits get no answer from the group coordinator")
@@ -342,6 +372,8 @@ class Intake(WorkerThread):
         """The prompt of `msg`, taken (its credit spent), or None: an error event, or a partition lost."""
         err = msg.error()
         if err is not None:
+            if (err.fatal() or err.code() == KafkaError._FATAL) and _unreleased(err):  # fatal events come as _FATAL
+                raise _InstanceNotReleased(err.str())
             if err.fatal():
                 raise kafka_error(f"prompt consumer of group {self.group_id}", err, topic=self.topic)
             if err.code() != KafkaError._PARTITION_EOF:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rollstream.infra import DEFAULT_TRAINER_GROUP, TopicNames
+from rollstream.infra.group_protocol import GroupProtocol, check_group_protocol
 from rollstream.producers.engines._retry import DEFAULT_GROUP_TIMEOUT_S
 from rollstream.producers.engines.base import EngineError, SamplingParams
 from rollstream.schemas import ConfigError
@@ -66,7 +67,15 @@ class ProducerSettings:
             gives up may take to finish and commit before the partitions move (0: at once; their next owner
             then generates them again, duplicates the trainer skips).
         startup_timeout_s: how long to wait for the broker at startup before a clear error.
-        session_timeout_s: consumer-group session timeout: how soon a dead producer's prompts move.
+        session_timeout_s: consumer-group session timeout: how soon a dead producer's prompts move. Under the
+            consumer protocol the broker keeps the session: it is set as the intake group's own config
+            (``consumer.session.timeout.ms``) where the broker allows it, else the broker's default applies.
+        group_protocol: the intake group's rebalance protocol (``--group-protocol``): ``classic``
+            (cooperative-sticky, assigned by a member), ``consumer`` (KIP-848, assigned by the broker; Kafka
+            >= 4.0), or ``auto`` (decided once at start: the consumer protocol where the broker serves it,
+            classic otherwise; `rollstream.infra.group_protocol`). A static member (`producer_id`) restarted
+            after a crash takes its partitions back at once only under classic: KIP-848 refuses a second member
+            with the same ``group.instance.id`` until the first one's session expired.
         metrics_port: serve Prometheus metrics on this port (None: no server; 0: any free port).
         summary_interval_s: period of the one-line log summary (0: never).
         watch_control: follow NS.control for the current policy version.
@@ -107,6 +116,7 @@ class ProducerSettings:
     drain_on_revoke_s: float = 30.0
     startup_timeout_s: float = 15.0
     session_timeout_s: float = 10.0
+    group_protocol: GroupProtocol = "auto"
     metrics_port: int | None = None
     summary_interval_s: float = 30.0
     watch_control: bool = True
@@ -122,6 +132,7 @@ class ProducerSettings:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
         if self.user_threads is not None and self.user_threads < 1:
             raise ConfigError(f"user_threads={self.user_threads} must be >= 1 (or None: concurrency)")
+        check_group_protocol(self.group_protocol)
         if self.max_lag is not None and self.max_lag < 0:
             raise ConfigError(f"max_lag={self.max_lag} must be >= 0")
         if self.checkpoint_max_staleness is not None and self.checkpoint_max_staleness < 0:

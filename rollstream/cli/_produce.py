@@ -37,10 +37,17 @@ class BackpressureName(StrEnum):
     poll = "poll"
 
 
+class GroupProtocolName(StrEnum):
+    auto = "auto"
+    classic = "classic"
+    consumer = "consumer"
+
+
 _D = ProducerSettings()  # every default below is the library's own, not a copy
 _E = EngineSettings()
 _PARTIAL = PartialRolloutsName(_E.http.partial_rollouts)
 _BACKPRESSURE = BackpressureName(_D.backpressure)
+_GROUP_PROTOCOL = GroupProtocolName(_D.group_protocol)
 _ENGINE = "Engine"
 _SAMPLING = "Sampling"
 _FLOW = "Flow control"
@@ -178,6 +185,13 @@ def produce(
     session_timeout: Annotated[float, typer.Option(
         min=1.0, help="Seconds before a dead producer's prompt partitions move to the others.",
         rich_help_panel=_LIFE)] = _D.session_timeout_s,
+    group_protocol: Annotated[GroupProtocolName, typer.Option(
+        envvar="ROLLSTREAM_GROUP_PROTOCOL",
+        help="The prompt group's rebalance protocol. classic: cooperative-sticky, assigned by a member; consumer: "
+             "KIP-848, assigned by the broker (Kafka >= 4.0); auto: decided once at start, the consumer protocol "
+             "where the broker serves it, classic otherwise and for a --producer-id (static member) "
+             "(docs/operations.md#prompt-group-protocol).",
+        rich_help_panel=_LIFE)] = _GROUP_PROTOCOL,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics on this port.")] = None,
     summary_interval: Annotated[float, typer.Option(
         min=0.0, help="Seconds between one-line progress summaries in the log (0: none).")] = _D.summary_interval_s,
@@ -194,6 +208,7 @@ def produce(
         exit_when_idle_s=exit_when_idle,
         max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, drain_timeout_s=drain_timeout,
         startup_timeout_s=startup_timeout, session_timeout_s=session_timeout, metrics_port=metrics_port,
+        group_protocol=group_protocol.value,
         summary_interval_s=summary_interval,
         generate_timeout_s=group_timeout if group_timeout is not None else 3 * request_timeout,
         max_attempts=max_attempts, drain_on_revoke_s=drain_on_revoke, checkpoint_interval_s=checkpoint_interval,

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from rollstream.infra import KafkaConfig, LagReader, TopicNames
+from rollstream.infra.group_protocol import GroupProtocol, check_group_protocol
 from rollstream.producers.prompts import publish_prompts
 from rollstream.schemas import Prompt, ScoredGroup, decode
 
@@ -100,6 +101,16 @@ def committed_everything(config: KafkaConfig, group: str, topic: str) -> bool:
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The prompt group's protocol for producers the tests start (in-process, and `rollstream produce`, whose
+# --group-protocol reads it too): ROLLSTREAM_GROUP_PROTOCOL=classic runs them all under the classic protocol.
+GROUP_PROTOCOL_ENV = "ROLLSTREAM_GROUP_PROTOCOL"
+
+
+def group_protocol() -> GroupProtocol:
+    """The protocol in-process producers of a test use unless the test picks one (default: auto)."""
+    value = os.environ.get(GROUP_PROTOCOL_ENV, "auto")
+    check_group_protocol(value)
+    return value  # type: ignore[return-value]  # checked
 
 
 def cli_env(bootstrap: str, **extra: str) -> dict[str, str]:

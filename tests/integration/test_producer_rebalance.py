@@ -30,16 +30,17 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient
 from rollstream.consumers import Batch, RolloutConsumer, TakeTimeout, audit
-from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.infra import KafkaConfig, LagReader, TopicNames
 from rollstream.infra.clients import open_producer
+from rollstream.infra.group_protocol import broker_protocols
 from rollstream.infra.kafka_io import produce_and_wait
 from rollstream.infra.producer_state import ProducerState
 from rollstream.producers import ProducerSettings, RolloutProducer
 from rollstream.schemas import Prompt, encode
 
-from tests.integration._kafka import lag, read_all, trainer_take, write_prompts
+from tests.integration._kafka import group_protocol, lag, read_all, trainer_take, write_prompts
 
-N = 240
+N = 360  # room for every phase: the first producer works through a good part alone before others join
 PARTITIONS = 6
 GEN_DELAY_S = 0.1  # per group: with concurrency 6 a producer always has prompts in flight when a partition moves
 SESSION_S = 2.0
@@ -62,7 +63,7 @@ async def until(condition: Callable[[], bool], what: str, timeout_s: float = 30.
 def producer(kafka_config: KafkaConfig, names: TopicNames, producer_id: str, **kw: Any) -> RolloutProducer:
     base: dict[str, Any] = {"namespace": names.namespace, "producer_id": producer_id, "n_samples": 2,
                             "concurrency": 6, "max_lag": 100_000, "session_timeout_s": SESSION_S,
-                            "summary_interval_s": 0, "watch_control": False,
+                            "summary_interval_s": 0, "watch_control": False, "group_protocol": group_protocol(),
                             # Small fetches (of small batches) interleave the partitions, so every partition has
                             # prompts in flight when it moves (with 1 MiB per partition a producer works through
                             # one partition's backlog at a time, and a rebalance would move only untouched ones).
@@ -85,6 +86,13 @@ def drained_groups(caplog: pytest.LogCaptureFixture) -> int:
     return sum(int(m.group(1)) for m in found if m)
 
 
+def committed_everywhere(config: KafkaConfig, names: TopicNames) -> bool:
+    """Whether the producers' group committed some prompts on every prompt partition."""
+    with LagReader(config) as reader:
+        partitions = reader.group_lag(f"{names.namespace}.producers", names.prompts).partitions
+    return all(p.committed is not None and p.committed > p.start for p in partitions)
+
+
 def take_everything(bootstrap: str, names: TopicNames, group: str) -> list[Batch]:
     with RolloutConsumer(bootstrap, group_id=group, namespace=names.namespace, filters=()) as trainer:
         batches = [trainer.take(60, timeout=30) for _ in range(N // 60)]
@@ -94,14 +102,17 @@ def take_everything(bootstrap: str, names: TopicNames, group: str) -> list[Batch
     return batches
 
 
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
 def test_scaling_producers_1_3_1_generates_every_prompt_once(kafka_config: KafkaConfig, bootstrap_servers: str,
                                                              namespace_factory: Any, group_id: str,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+                                                             caplog: pytest.LogCaptureFixture, protocol: str) -> None:
+    if protocol == "consumer" and "consumer" not in (broker_protocols(kafka_config, 5.0) or ()):
+        pytest.skip("this broker does not serve the consumer group protocol (KIP-848: Kafka >= 4.0)")
     caplog.set_level(logging.INFO, logger="rollstream.producers.intake")
     names = namespace_factory(partitions=PARTITIONS)
     ids = [f"r{i:03d}" for i in range(N)]
     write_in_small_batches(kafka_config, names, ids)
-    a, b, c = (producer(kafka_config, names, pid) for pid in ("a", "b", "c"))
+    a, b, c = (producer(kafka_config, names, pid, group_protocol=protocol) for pid in ("a", "b", "c"))
     published: dict[str, int] = {}
     t0 = time.monotonic()
     timings: dict[str, float] = {}
@@ -109,6 +120,11 @@ def test_scaling_producers_1_3_1_generates_every_prompt_once(kafka_config: Kafka
     async def scenario() -> None:
         run_a = asyncio.create_task(a.run())
         await until(lambda: a.stats().groups_published >= 30, "a to publish alone")
+        # Until a works on every partition: then whichever partitions move have groups in flight (a consumer's
+        # fetch order may leave some partitions untouched for a while, the consumer protocol's more often).
+        while not await asyncio.to_thread(committed_everywhere, kafka_config, names):
+            assert not run_a.done(), run_a.result()
+            await asyncio.sleep(0.1)
         timings["1 producer"] = time.monotonic() - t0
         runs = [asyncio.create_task(p.run()) for p in (b, c)]  # scale up: a's partitions move while in flight
         await until(lambda: min(b.stats().groups_published, c.stats().groups_published) >= 20, "b and c to publish")
@@ -134,7 +150,11 @@ def test_scaling_producers_1_3_1_generates_every_prompt_once(kafka_config: Kafka
           + ", ".join(f"{k} at {v:.1f} s" for k, v in timings.items()))
     assert set(by_producer) == {"a", "b", "c"}
     assert a.stats().groups_published > published["a at scale-down"]  # a took b's and c's partitions back
-    assert drained_groups(caplog) > 0  # partitions did move while groups were in flight
+    if protocol == "classic":  # cooperative-sticky moves partitions the producer has groups in flight on
+        assert drained_groups(caplog) > 0  # partitions did move while groups were in flight
+    # Under the consumer protocol the broker's assignor often moves only partitions whose prompts a had no
+    # group in flight for at that moment (seen in about half the runs): no drain to see then, and nothing to
+    # regenerate either; the assertions below hold all the same.
     assert not repeats, f"{len(repeats)} prompts generated twice: {sorted(repeats)}"
     assert sorted(g.prompt_id for g in groups) == ids and all(g.status == "ok" for g in groups)
 

@@ -7,6 +7,9 @@ expire, so the restarted producer publishes again well within the session timeou
 killed one left unacknowledged, so in the end NS.rollouts holds every prompt's group (deduplicated by
 group_id) and every prompt offset is committed.
 
+Under the consumer protocol (KIP-848) the broker refuses the restarted member while the killed one's session
+lasts: the restarted producer keeps joining and gets the partitions once that session expired, without failing.
+
 Contrast: the same kill and restart without a producer id (dynamic membership, shorter session timeout to
 keep the test short) waits for the dead member's session to expire before anyone gets the partitions.
 """
@@ -22,12 +25,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from confluent_kafka.admin import AdminClient
 from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.infra.group_protocol import broker_protocols
 
 from tests.integration._kafka import REPO_ROOT, cli_env, count, lag, read_all, until, write_prompts
 
 PARTITIONS = 3
+
+
+def broker_serves_consumer_protocol(kafka_config: KafkaConfig) -> bool:
+    return "consumer" in (broker_protocols(kafka_config, 5.0) or ())
 
 
 
@@ -131,8 +140,10 @@ def test_restarted_static_producer_takes_its_partitions_back_at_once(
     session_timeout_s = 45.0
     with producers(bootstrap_servers, tmp_path) as start:
         try:
-            restart = kill_and_restart(start, kafka_config, names, ["--producer-id", "A"], session_timeout_s,
-                                       resume_within_s=15.0, restart_args=("--exit-when-idle", "1.5"))
+            # The classic protocol's guarantee (auto picks it for static members: docs/operations.md).
+            restart = kill_and_restart(start, kafka_config, names, ["--producer-id", "A", "--group-protocol", "auto"],
+                                       session_timeout_s, resume_within_s=15.0,
+                                       restart_args=("--exit-when-idle", "1.5"))
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n--- restarted producer log:\n{tail(tmp_path / 'producer-1.log')}") from exc
         print(f"static restart: partitions back {restart.assigned_s:.2f} s, publishing {restart.resumed_s:.2f} s "
@@ -160,3 +171,28 @@ def test_restarted_dynamic_producer_waits_for_the_session_timeout(
         assert restart.new_member.instance_id is None
         # The dead member's session ends session_timeout after its last heartbeat (every session_timeout/4).
         assert restart.assigned_s > session_timeout_s * 0.5
+
+
+def test_restarted_static_producer_under_the_consumer_protocol_waits_for_the_session(
+        kafka_config: KafkaConfig, bootstrap_servers: str, namespace_factory, tmp_path: Path) -> None:
+    """KIP-848 refuses a second member with the same group.instance.id (UNRELEASED_INSTANCE_ID, fatal for that
+    client) while the first one is in the group: the restarted producer joins again until the crashed one's
+    session expired, then takes the partitions, instead of failing."""
+    if not broker_serves_consumer_protocol(kafka_config):
+        pytest.skip("this broker does not serve the consumer group protocol (KIP-848: Kafka >= 4.0)")
+    names = namespace_factory(partitions=PARTITIONS)
+    write_prompts(kafka_config, names, [f"c{i:02d}" for i in range(60)])
+    session_timeout_s = 6.0
+    with producers(bootstrap_servers, tmp_path) as start:
+        try:
+            restart = kill_and_restart(start, kafka_config, names,
+                                       ["--producer-id", "A", "--group-protocol", "consumer"], session_timeout_s,
+                                       resume_within_s=25.0)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- restarted producer log:\n{tail(tmp_path / 'producer-1.log')}") from exc
+        print(f"static restart (consumer protocol): partitions back {restart.assigned_s:.2f} s, publishing "
+              f"{restart.resumed_s:.2f} s after SIGKILL (session timeout {session_timeout_s:g} s)")
+        assert restart.new_member.instance_id == "A"
+        assert restart.restarted.poll() is None, tail(tmp_path / "producer-1.log")
+        assert restart.assigned_s > session_timeout_s * 0.5
+    assert "joining again with a fresh client" in (tmp_path / "producer-1.log").read_text(errors="replace")
