@@ -270,6 +270,7 @@ def _train(setup: _Setup, fleet: ProducerFleet) -> tuple[list[StepRow], TakenSte
                                filters=default_filters(dynamic_sampling=False), max_staleness=o.max_staleness,
                                announcer=announcer)
     with announcer, consumer, (o.out / "steps.jsonl").open("w", encoding="utf-8") as steps_file:
+        consumer.connect()  # within the consumer's timeout: a take's 2 s is for waiting, not for a TLS start
         started = time.monotonic()
         for i in range(o.steps):
             t0 = time.monotonic()
