@@ -14,6 +14,7 @@
 """
 
 from rollstream.consumers._batch import Batch, TensorBatch, grpo_advantages
+from rollstream.consumers._commit import commit_until_committed
 from rollstream.consumers._consumer import DEFAULT_GROUP, RolloutConsumer
 from rollstream.consumers._errors import CommitError, FilterError, GroupConflictError, TakeTimeout
 from rollstream.consumers._ledger import DedupeWindow
@@ -54,7 +55,7 @@ __all__ = [
     # the take path
     "DEFAULT_GROUP", "Batch", "CommitError", "ConsumerMetrics", "DedupeWindow", "FilterContext", "FilterError",
     "GroupConflictError", "GroupFilter", "RolloutConsumer", "TakeTimeout", "TensorBatch", "all_rewards_equal",
-    "default_filters", "failed_group", "grpo_advantages", "reward_missing", "stale",
+    "commit_until_committed", "default_filters", "failed_group", "grpo_advantages", "reward_missing", "stale",
     # forensics (rollstream.consumers.forensics)
     "AuditReport", "Diagnosis", "EpochAuditReport", "ExportSummary", "ReplayedRecord", "ReplayedStep",
     "ReportSummary", "StatusReport", "audit", "audit_epochs", "export_range", "export_steps", "group_to_json",

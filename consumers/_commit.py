@@ -371,3 +371,21 @@ class StepCommitter:
                                        f"{self.group_id}: {exc}")
             error.retriable = exc.retriable  # a run whose producer failed for good cannot commit again
             raise error from exc
+
+
+def commit_until_committed(commit: Callable[[Batch], object], batch: Batch,
+                           on_retry: Callable[[CommitError], None]) -> None:
+    """`commit(batch)` (a `RolloutConsumer.commit`), again after each retriable failure (a broker restart or stall
+    outlasting the consumer's timeout), until `batch` is committed: for a trainer that keeps its step in hand
+    meanwhile (as `rollstream take` does). Blocks until then, with no bound; `on_retry` hears each failure before
+    the next try.
+
+    Raises what `commit` raises that is not retriable (GroupConflictError, RunSupersededError, ...)."""
+    while True:
+        try:
+            commit(batch)
+            return
+        except CommitError as exc:
+            if not exc.retriable:
+                raise
+            on_retry(exc)

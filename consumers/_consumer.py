@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 
 from prometheus_client import CollectorRegistry
@@ -49,7 +49,7 @@ from rollstream.consumers._batch import Batch
 from rollstream.consumers._checkpoints import Checkpoints
 from rollstream.consumers._client import CLOSE_TIMEOUT_S, TrainerClient
 from rollstream.consumers._commit import StepCommitter
-from rollstream.consumers._errors import CommitError, TakeTimeout
+from rollstream.consumers._errors import TakeTimeout
 from rollstream.consumers._fetched import Fetched, unpublished
 from rollstream.consumers._gather import Gathering, stale_now
 from rollstream.consumers._ledger import DEFAULT_DEDUPE_WINDOW, DedupeWindow, StepLedger
@@ -407,21 +407,6 @@ class RolloutConsumer(Checkpoints):
         log.info("%s", batch.summary(seconds))
 
     # -- committing ------------------------------------------------------------------------------
-
-    def commit_until_committed(self, batch: Batch, on_retry: Callable[[CommitError], None]) -> None:
-        """`commit`, again after each retriable failure (a broker restart or stall outlasting the consumer's
-        timeout), until `batch` is committed: for a trainer that keeps its step in hand meanwhile (as `rollstream
-        take` does). Blocks until then, with no bound; `on_retry` hears each failure before the next try.
-
-        Raises what `commit` raises that is not retriable (GroupConflictError, RunSupersededError, ...)."""
-        while True:
-            try:
-                self.commit(batch)
-                return
-            except CommitError as exc:
-                if not exc.retriable:
-                    raise
-                on_retry(exc)
 
     def commit(self, batch: Batch) -> None:
         """Commit `batch` and every uncommitted batch taken before it (offsets are a prefix).

@@ -40,6 +40,7 @@ from rollstream.consumers import (
     TakeTimeout,
     audit,
     audit_epochs,
+    commit_until_committed,
     default_filters,
     group_to_json,
     parse_time,
@@ -180,7 +181,7 @@ def take(
                 except TakeTimeout as exc:
                     fail(_timed_out(exc, taken))
                 _write_step(sink, batch, durable)
-                consumer.commit_until_committed(batch, _say_commit_failed)  # a kill before it: taken again
+                commit_until_committed(consumer.commit, batch, _say_commit_failed)  # a kill before it: taken again
                 taken += 1
     except (RunSupersededError, GroupConflictError) as exc:
         if stop.signalled is not None:

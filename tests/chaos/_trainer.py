@@ -17,7 +17,13 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from rollstream.consumers import CommitError, RolloutConsumer, TakeTimeout, default_filters
+from rollstream.consumers import (
+    CommitError,
+    RolloutConsumer,
+    TakeTimeout,
+    commit_until_committed,
+    default_filters,
+)
 from rollstream.infra import KafkaConfig
 from rollstream.schemas import RollstreamError
 
@@ -60,7 +66,7 @@ def run(bootstrap: str, namespace: str, group: str, n: int, out: Path, timeout: 
                 time.sleep(RETRY_PAUSE_S)
                 continue
             _write_step(sink, batch, durable)
-            consumer.commit_until_committed(batch, _say_commit_failed)
+            commit_until_committed(consumer.commit, batch, _say_commit_failed)
             print(f"committed step {batch.step}", flush=True)
 
 
