@@ -153,7 +153,9 @@ def take(
     While it waits for a step it says so on stderr, first after 30 s and then less often (every 5 min at most):
     how long, how many of the N groups it has, and the likely cause with its fix (as `rollstream status`). A
     commit the broker cannot take (a restart, a stall) is tried again until it goes through, a line on stderr
-    for each failed try: the step stays in hand meanwhile.
+    for each failed try: the step stays in hand meanwhile. Connecting is tried again the same way when the
+    broker does not answer yet (restarting, still loading its groups, unreachable): for ever without --timeout,
+    else until it runs out (exit 2). A missing namespace or a refused authorization exits 2 at once.
 
     It is a run of its group: starting, it fences every older `rollstream take` (or RolloutConsumer) of the group,
     whose commits the broker refuses from then on, so a restarted job takes over from the one it replaces. A take

@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from rollstream.consumers import Batch, Diagnosis, RolloutConsumer, TakeTimeout
-from rollstream.schemas import ConfigError
+from rollstream.schemas import ConfigError, RollstreamError
 
 NOTICES_ENV = "ROLLSTREAM_TAKE_WAIT_NOTICES"
 _READ_AHEAD_S = 5.0  # the cluster read's own bound: started this long before a line is due, it is done by then
+_CONNECT_PAUSE_S = 2.0  # between two tries to connect, when the broker refused at once
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,11 @@ def take_saying_why(consumer: RolloutConsumer, n: int, timeout: float | None, no
 
     Raises:
         TakeTimeout: `timeout` passed, diagnosed as a timed-out `take` is.
-        RollstreamError: what `RolloutConsumer.connect` and `RolloutConsumer.poll_batch` raise.
+        RollstreamError: what `RolloutConsumer.connect` raises that is not retriable, or is once `timeout` passed
+            (`connect_saying_why`); what `RolloutConsumer.poll_batch` raises.
     """
     started = time.monotonic()
-    consumer.connect(timeout)  # the step's time covers connecting (a slice connects within the consumer's timeout)
+    connect_saying_why(consumer, timeout, say)  # the step's time covers connecting
     due = notices.times()
     notice, read = next(due), False
     while True:
@@ -96,6 +98,32 @@ def take_saying_why(consumer: RolloutConsumer, n: int, timeout: float | None, no
         if waited >= notice:
             say(waiting_line(consumer.timeout_error(n, waited), waited, committed))
             notice, read = next(due), False
+
+
+def connect_saying_why(consumer: RolloutConsumer, timeout: float | None, say: Callable[[str], None]) -> None:
+    """``consumer.connect``, tried again after each retriable failure (a broker restarting or still loading its
+    groups, an unreachable cluster) until `timeout` s passed (None: for ever, as the take waits for groups), with
+    a line to `say` for each failed try. Does nothing once connected. Blocks until connected; each try is bounded
+    by the consumer's timeout, and a try that failed at once is followed by a pause of up to 2 s.
+
+    Raises what `RolloutConsumer.connect` raises that is not retriable (a missing namespace, no authorization),
+    and a retriable failure once `timeout` passed."""
+    started = time.monotonic()
+    while True:
+        tried = time.monotonic()
+        left = None if timeout is None else max(0.0, timeout - (tried - started))
+        try:
+            consumer.connect(left)
+            return
+        except RollstreamError as exc:
+            if not exc.retriable or (timeout is not None and time.monotonic() - started >= timeout):
+                raise
+            say(f"cannot connect yet, trying again (Ctrl-C stops, losing nothing): {' '.join(str(exc).split())}")
+        pause = _CONNECT_PAUSE_S - (time.monotonic() - tried)
+        if timeout is not None:
+            pause = min(pause, timeout - (time.monotonic() - started))
+        if pause > 0:
+            time.sleep(pause)
 
 
 def waiting_line(exc: TakeTimeout, waited: float, committed: int) -> str:

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from rollstream.consumers import Diagnosis, TakeTimeout
 from rollstream.consumers.forensics._status_report import Cause
+from rollstream.infra import KafkaIOError, MissingNamespaceError
 from rollstream.schemas import ConfigError
 
-from rollstream.cli._waiting import NOTICES_ENV, WaitNotices, take_saying_why, waiting_line
+from rollstream.cli._waiting import NOTICES_ENV, WaitNotices, connect_saying_why, take_saying_why, waiting_line
 
 
 def test_lines_come_after_30_s_then_with_a_doubling_gap_up_to_5_min() -> None:
@@ -84,3 +85,41 @@ def test_a_batch_already_there_prints_nothing() -> None:
     fake, said = _Fake(ready_after=0), []
     assert take_saying_why(fake, 4, None, WaitNotices(), said.append) == "batch"  # type: ignore[arg-type]
     assert said == [] and fake.errors == []
+
+
+class _Refusing:
+    """connect: raises each of `errors` in turn (immediately), then connects; records the timeouts it was given."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors, self.timeouts = list(errors), []  # type: list[Exception], list[float | None]
+
+    def connect(self, timeout: float | None = None) -> None:
+        self.timeouts.append(timeout)
+        if self.errors:
+            raise self.errors.pop(0)
+
+
+_LOADING = KafkaIOError("cannot read committed offsets on ns.rollouts: Local: Timed out", code="_TIMED_OUT",
+                        retriable=True)
+
+
+def test_a_take_without_timeout_connects_again_after_retriable_failures_saying_so(monkeypatch: Any) -> None:
+    monkeypatch.setattr("rollstream.cli._waiting._CONNECT_PAUSE_S", 0.05)
+    fake, said = _Refusing(_LOADING, _LOADING), []
+    connect_saying_why(fake, None, said.append)  # type: ignore[arg-type]
+    assert fake.timeouts == [None, None, None] and len(said) == 2
+    assert all(line.startswith("cannot connect yet, trying again") and "Timed out" in line for line in said)
+
+
+def test_a_connect_failure_that_is_not_retriable_or_outlasts_the_timeout_is_raised(monkeypatch: Any) -> None:
+    monkeypatch.setattr("rollstream.cli._waiting._CONNECT_PAUSE_S", 0.05)
+    missing = MissingNamespaceError("namespace ns has no topics: rollstream topics create --namespace ns",
+                                    namespace="ns", existing=[])
+    with pytest.raises(MissingNamespaceError):
+        connect_saying_why(_Refusing(missing), None, [].append)  # type: ignore[arg-type]
+    fake, started = _Refusing(*[_LOADING] * 100), time.monotonic()
+    with pytest.raises(KafkaIOError, match="Timed out"):
+        connect_saying_why(fake, 0.3, [].append)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 1.0 and 2 <= len(fake.timeouts) <= 8
+    assert fake.timeouts[0] == pytest.approx(0.3, abs=0.01)
+    assert all(t is not None and 0 <= t <= 0.3 for t in fake.timeouts)
