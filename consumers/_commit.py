@@ -136,23 +136,30 @@ class StepCommitter:
                 log.warning("group %s: closing with %d records for %s/%s undelivered (writes that already failed)",
                             self.group_id, left, self.names.steps, self.names.prompts)
 
-    def record(self, batch: Batch, deadline: Deadline) -> StepManifest:
-        """Write the manifest of `batch`, taken and not committed, to NS.steps (acknowledged), after
-        checking the group's offsets and publishing its requeues; return it. Does nothing without
-        manifests. Blocks until `deadline` at most.
+    def record(self, batches: Sequence[Batch], deadline: Deadline) -> None:
+        """Write the manifest of the last of `batches` (the uncommitted ones up to it, oldest first) to NS.steps
+        (acknowledged), after checking the group's offsets and publishing its requeues; also those of the earlier
+        ones not recorded yet (`_to_write`). Does nothing without manifests. Blocks until `deadline` at most.
 
         Raises:
             CommitError (retriable): the offsets check or the write failed, or `deadline` passed first.
             GroupConflictError: another client committed for this group; nothing was written.
             RunSupersededError: a newer run committed for this group (the broker fenced this one); nothing written.
         """
-        manifest = batch.manifest()
-        if self.manifests:
-            self._check_sole_committer(batch, deadline, "recording")
-            self._publish_requeues([batch], deadline)
-            self._publish([manifest], batch, deadline)
-            self._recorded.add(id(batch))
-        return manifest
+        if not self.manifests:
+            return
+        batch, to_write = batches[-1], self._to_write(batches)
+        self._check_sole_committer(batch, deadline, "recording")
+        self._publish_requeues(to_write, deadline)
+        self._publish([b.manifest() for b in to_write], batch, deadline)
+        self._recorded.update(id(b) for b in to_write)
+
+    def _to_write(self, batches: Sequence[Batch]) -> Sequence[Batch]:
+        """The batches whose manifests are to be written, oldest first: from the first not recorded yet on, those
+        recorded after it again too (an older step's manifest written after a newer one's reads as a rewind to it,
+        superseding the newer; written again, the newer supersedes its own first copy)."""
+        first = next((i for i, b in enumerate(batches) if id(b) not in self._recorded), len(batches))
+        return batches[first:]
 
     def forget_recorded(self) -> None:
         """The uncommitted batches were dropped (`seek_to`): their manifests are superseded by the next."""
@@ -179,7 +186,7 @@ class StepCommitter:
         batch = batches[-1]
         self._check_sole_committer(batch, deadline)
         manifests = [b.manifest() for b in batches]
-        unwritten = [m for b, m in zip(batches, manifests, strict=True) if id(b) not in self._recorded]
+        unwritten = [b.manifest() for b in self._to_write(batches)]
         self._publish_requeues(batches, deadline)
         if self.manifests and unwritten:
             self._publish(unwritten, batch, deadline)

@@ -49,7 +49,7 @@ from rollstream.consumers._batch import Batch
 from rollstream.consumers._checkpoints import Checkpoints
 from rollstream.consumers._client import CLOSE_TIMEOUT_S, TrainerClient
 from rollstream.consumers._commit import StepCommitter
-from rollstream.consumers._errors import TakeTimeout
+from rollstream.consumers._errors import CommitError, TakeTimeout
 from rollstream.consumers._fetched import Fetched, unpublished
 from rollstream.consumers._gather import Gathering, stale_now
 from rollstream.consumers._ledger import DEFAULT_DEDUPE_WINDOW, DedupeWindow, StepLedger
@@ -282,8 +282,10 @@ class RolloutConsumer(Checkpoints):
         Raises:
             TakeTimeout: fewer than n acceptable groups within `timeout`; what was gathered is kept
                 (put back in order) for the next call. Nothing is committed.
-            CommitError: the step was taken but writing its manifest or committing failed;
-                ``err.batch`` is the batch, still uncommitted: retry ``commit(err.batch)``.
+            CommitError: with ``commit=True``, the step was taken but writing its manifest or committing failed;
+                ``err.batch`` is the batch, still uncommitted: retry ``commit(err.batch)``. With ``commit=False``
+                a manifest that could not be written in time is not raised (logged; `commit` writes it), so a
+                taken batch is always returned.
             GroupConflictError: another client committed for this group (two trainers on one group id).
             RunSupersededError: a newer consumer of the group connected, or (with ``announcer``) a newer trainer
                 run began; nothing was committed.
@@ -307,12 +309,13 @@ class RolloutConsumer(Checkpoints):
         write and, with ``commit=True``, the commit once n groups are there. A first call connects first, and a
         recorded step is read again, within the consumer's `timeout` from the call's start (a slice is usually shorter
         than those reads take; `connect` first to bound the connecting otherwise). A batch is returned exactly as
-        `take(n, timeout, commit)` returns it: manifest written; offsets committed with ``commit=True``, nothing
-        committed with ``commit=False`` (call `commit(batch)` after the optimizer step). None: fewer than n acceptable
-        groups came within `timeout`; nothing is committed and nothing is lost (every record looked at is put back, in
-        order, and judged again by the next call), requeues found are published (as by every take, before it waits for
-        more groups), and no diagnosis is built (no cluster read, no thread started). When the caller's own deadline
-        passes, raise `timeout_error(n, deadline_s)`. Not thread-safe.
+        `take(n, timeout, commit)` returns it: manifest written (with ``commit=False``: or, when it could not be,
+        left to `commit`); offsets committed with ``commit=True``, nothing committed with ``commit=False`` (call
+        `commit(batch)` after the optimizer step). None: fewer than n acceptable groups came within `timeout`; nothing
+        is committed and nothing is lost (every record looked at is put back, in order, and judged again by the next
+        call), requeues found are published (as by every take, before it waits for more groups), and no diagnosis is
+        built (no cluster read, no thread started). When the caller's own deadline passes, raise
+        `timeout_error(n, deadline_s)`. Not thread-safe.
 
         Raises:
             RollstreamError: what `take` raises, except TakeTimeout.
@@ -359,9 +362,27 @@ class RolloutConsumer(Checkpoints):
         if commit:
             self.commit(batch)
         elif self.manifests:
-            self._committer.retrying(lambda d: self._committer.record(batch, d), replacement=self._replacement)
-            self._progress.requeued(batch)
+            self._record(batch)
         return batch
+
+    def _record(self, batch: Batch) -> None:
+        """Write the manifest of `batch`, taken with ``commit=False`` (and of earlier uncommitted ones whose write
+        failed), so that a successor takes it again as recorded. A retriable failure is logged, not raised: the
+        batch is the caller's all the same (raised, a caller that went on taking would commit its offsets with the
+        next step, never having trained it), and `commit(batch)` writes the manifest first. Raises what is not
+        retriable (GroupConflictError, RunSupersededError)."""
+        batches = self._progress.through(batch, self.group_id)
+        try:
+            self._committer.retrying(lambda d: self._committer.record(batches, d), replacement=self._replacement)
+        except CommitError as exc:
+            if not exc.retriable:
+                raise
+            log.warning("group %s: step %d taken, its manifest not recorded yet (%s); commit(batch) writes it first. "
+                        "Until then a crash makes the next consumer take these offsets afresh, not as this step",
+                        self.group_id, batch.step, " ".join(str(exc).split()))
+            return
+        for b in batches:
+            self._progress.requeued(b)
 
     def _gather(self, n: int, deadline: Deadline, *, raising: bool) -> Gathering | None:
         """n groups gathered by `deadline`, or (timed out) everything put back and TakeTimeout raised, or None."""

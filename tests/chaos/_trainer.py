@@ -18,7 +18,6 @@ from pathlib import Path
 from types import FrameType
 
 from rollstream.consumers import (
-    Batch,
     CommitError,
     RolloutConsumer,
     TakeTimeout,
@@ -60,11 +59,6 @@ def run(bootstrap: str, namespace: str, group: str, n: int, out: Path, timeout: 
             except TakeTimeout as exc:
                 print(f"take timed out: {str(exc)[:300]}", file=sys.stderr, flush=True)
                 continue
-            except CommitError as exc:  # taken, its manifest not recorded: the batch is the caller's all the same
-                if not exc.retriable or not isinstance(exc.batch, Batch):
-                    raise
-                print(f"take's manifest not recorded, committing the step with it: {exc}", file=sys.stderr, flush=True)
-                batch = exc.batch
             except RollstreamError as exc:
                 if not exc.retriable:
                     raise

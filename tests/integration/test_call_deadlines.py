@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from rollstream.consumers import RolloutConsumer, TakeTimeout
+from rollstream.consumers import RolloutConsumer, TakeTimeout, audit, replay_step
 from rollstream.infra import KafkaConfig, KafkaIOError, LagReader, TopicNames, TopicPlan, create_topics
 from rollstream.infra.broker import free_port
 from rollstream.infra.deadline import GRACE_S
@@ -119,3 +119,39 @@ def test_calls_against_a_stopped_broker_keep_their_deadline(
     finally:
         started.close()
         fresh.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_take_whose_manifest_cannot_be_written_still_returns_its_batch(
+        freezable_broker: tuple[KafkaConfig, tuple[int, ...]], caplog: pytest.LogCaptureFixture) -> None:
+    """take(commit=False) of groups already fetched while the broker is frozen: the step is taken, its manifest
+    cannot be written. The batch is returned all the same (raised, a caller that went on taking would commit its
+    offsets with the next step without training it); commit writes the manifest first, and nothing is lost."""
+    config, pids = freezable_broker
+    names = TopicNames("unrecorded")
+    create_topics(TopicPlan(names=names, partitions=2), config)
+    groups = [g.group_id for g in publish_many(config, names, 8)]
+    group = f"{GROUP}-unrecorded"
+    with RolloutConsumer(config=config, group_id=group, namespace=names.namespace, filters=(), timeout=T) as trainer:
+        first = trainer.take(2, timeout=30)  # connected, committed; the rest is fetched meanwhile
+        time.sleep(2)  # librdkafka fetches the other 6 groups (a few hundred bytes) meanwhile
+        signal_all(pids, signal.SIGSTOP)
+        try:  # a stall shorter than the broker's session (9 s): it does not fence itself
+            started = time.monotonic()
+            unrecorded = trainer.take(2, timeout=T, commit=False)
+            took = time.monotonic() - started
+        finally:
+            signal_all(pids, signal.SIGCONT)
+        assert took <= T + GRACE_S, took
+        assert "step 1 taken, its manifest not recorded yet" in caplog.text
+        second = trainer.take(2, timeout=30, commit=False)
+        until(lambda: _succeeds(lambda: trainer.commit(second)), 60, "the commit after the stall")
+    assert (first.step, unrecorded.step, second.step) == (0, 1, 2)
+    report = audit(config, names.namespace, group, timeout=30)
+    assert report.ok and report.steps == (0, 1, 2), report.summary()
+    assert [g.group_id for g in replay_step(config, names.namespace, group, 1).groups] == unrecorded.group_ids
+    with RolloutConsumer(config=config, group_id=group, namespace=names.namespace, filters=(), timeout=30) as after:
+        rest = after.take(2, timeout=30)
+    assert rest.step == 3
+    taken = first.group_ids + unrecorded.group_ids + second.group_ids + rest.group_ids
+    assert sorted(taken) == sorted(groups)
