@@ -205,7 +205,8 @@ class GroupProgress:
                 versions=versions_array([self.version if v is None else v for v in state.versions]),
                 finish_reason=state.finish_reason,
                 policy_turns=state.policy_turns, environment_state=state.environment_state,
-                resume_points=state.resume_points, resumed_from=state.resumed_from, text=state.text)
+                resume_points=state.resume_points, resumed_from=state.resumed_from, text=state.text,
+                prompt_tokens=None if state.prompt_ids is None else int32_array(state.prompt_ids, "prompt_tokens"))
         except RollstreamError as exc:  # a state that does not fit a checkpoint must not fail the generation
             log.warning("sample %d of group %s not checkpointed: %s", index, self._prompt.group_id, exc)
             return
@@ -238,7 +239,7 @@ class GroupProgress:
             loss_mask=None if c.loss_mask is None else c.loss_mask.tolist(), versions=c.token_versions(),
             finish_reason=c.finish_reason, policy_turns=c.policy_turns, environment_state=c.environment_state,
             resume_points=(*c.resume_points, len(c.tokens)), resumed_from=(*c.resumed_from, c.producer_id),
-            text=c.text)
+            text=c.text, prompt_ids=None if c.prompt_tokens is None else c.prompt_tokens.tolist())
 
 
 async def open_checkpoints(kafka: KafkaConfig, topic: str, *, prompts_topic: str, intake_group: str, producer_id: str,

@@ -314,7 +314,8 @@ def _checkpoint_datum(c: InflightCheckpoint) -> dict[str, Any]:
             "resume_points": list(c.resume_points), "resumed_from": list(c.resumed_from), "text": c.text,
             "has_logprobs": c.logprobs is not None, "version_spans": _runs(c.versions).tobytes(),
             "loss_mask": b"" if c.loss_mask is None else c.loss_mask.tobytes(),
-            "logprobs": b"" if c.logprobs is None else c.logprobs.tobytes(), "tokens": c.tokens.tobytes()}
+            "logprobs": b"" if c.logprobs is None else c.logprobs.tobytes(), "tokens": c.tokens.tobytes(),
+            "prompt_tokens": b"" if c.prompt_tokens is None else c.prompt_tokens.tobytes()}
 
 
 def _checkpoint_from_datum(d: Mapping[str, Any]) -> InflightCheckpoint:
@@ -325,6 +326,7 @@ def _checkpoint_from_datum(d: Mapping[str, Any]) -> InflightCheckpoint:
         policy_turns=d["policy_turns"], environment_state=d["environment_state"],
         resume_points=tuple(d["resume_points"]), resumed_from=tuple(d["resumed_from"]), text=d["text"],
         tokens=unpack(d["tokens"], INT32_LE, "tokens"),
+        prompt_tokens=unpack(d["prompt_tokens"], INT32_LE, "prompt_tokens") if d["prompt_tokens"] else None,
         logprobs=unpack(d["logprobs"], FLOAT32_LE, "logprobs") if d["has_logprobs"] else None,
         loss_mask=unpack(d["loss_mask"], UINT8, "loss_mask") if d["loss_mask"] else None,
         versions=_expanded(unpack(d["version_spans"], np.dtype("<i8"), "version_spans"), len(d["tokens"]) // 4))

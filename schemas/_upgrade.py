@@ -91,6 +91,11 @@ def policy_version_v1(d: Mapping[str, Any]) -> Datum:
     return {**d, "run": 0, "run_id": None}
 
 
+def inflight_checkpoint_v1(d: Mapping[str, Any]) -> Datum:
+    """Version 1 kept no prompt token ids: not known (a text prompt's sample restarts, as it did)."""
+    return {**d, "prompt_tokens": b""}
+
+
 UPGRADERS: dict[str, Callable[[Mapping[str, Any]], Datum]] = {
     "scored_group.v1.avsc": scored_group_v1,
     "scored_group.v2.avsc": scored_group_v2,
@@ -102,5 +107,6 @@ UPGRADERS: dict[str, Callable[[Mapping[str, Any]], Datum]] = {
     "step_manifest.v2.avsc": step_manifest_v2,
     "prompt.v1.avsc": prompt_v1,
     "policy_version.v1.avsc": policy_version_v1,
+    "inflight_checkpoint.v1.avsc": inflight_checkpoint_v1,
 }
 """The upgrader of each file in ``avro/history/``, by file name."""

@@ -36,6 +36,8 @@ class InflightCheckpoint:
         resume_points, resumed_from: token indices where the sample was resumed before, and whose checkpoint
             each resume continued.
         text: the response so far, decoded, where the engine keeps it (a single generation); else empty.
+        prompt_tokens: the prompt's token ids the sample continues (int32), or None: not known (a text prompt
+            whose ids the engine never saw; its sample cannot be continued and restarts).
     Raises:
         InvalidRecordError: per-token fields of another length than `tokens`, or resume points that are not
             ascending indices within it, one producer each.
@@ -60,10 +62,13 @@ class InflightCheckpoint:
     resume_points: tuple[int, ...] = ()
     resumed_from: tuple[str, ...] = ()
     text: str = ""
+    prompt_tokens: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         tokens = int32_array(self.tokens, "tokens")
         object.__setattr__(self, "tokens", tokens)
+        if self.prompt_tokens is not None:
+            object.__setattr__(self, "prompt_tokens", int32_array(self.prompt_tokens, "prompt_tokens"))
         object.__setattr__(self, "logprobs", float32_array(self.logprobs, "logprobs"))
         if self.loss_mask is not None:
             object.__setattr__(self, "loss_mask", np.asarray(self.loss_mask, dtype=np.uint8))

@@ -12,6 +12,7 @@ so a resumed sample's checkpointed tokens keep the version their producer gave t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from rollstream.producers.engines._samples import PartialRollout
@@ -34,8 +35,10 @@ def restore(rollout: PartialRollout, state: SampleState) -> Completion | None:
     return None if done is None else resumed(done, state, None)
 
 
-def state_of(completion: Completion, restored: SampleState | None, *, finished: bool) -> SampleState:
-    """What a checkpoint of the sample holds now (`completion`: its output so far, joined)."""
+def state_of(completion: Completion, restored: SampleState | None, *, finished: bool,
+             prompt_ids: Sequence[int] | None = None) -> SampleState:
+    """What a checkpoint of the sample holds now (`completion`: its output so far, joined; `prompt_ids`: the
+    prompt's token ids it continues, where known)."""
     versions: list[int | None] = [None] * len(completion.tokens)
     for span in completion.version_spans:
         versions[span.start:span.end] = [span.version] * (span.end - span.start)
@@ -43,7 +46,8 @@ def state_of(completion: Completion, restored: SampleState | None, *, finished: 
                        logprobs=None if completion.logprobs is None else [float(x) for x in completion.logprobs],
                        versions=versions, finish_reason=completion.finish_reason if finished else None,
                        resume_points=restored.resume_points if restored else (),
-                       resumed_from=restored.resumed_from if restored else (), text=completion.text)
+                       resumed_from=restored.resumed_from if restored else (), text=completion.text,
+                       prompt_ids=None if prompt_ids is None else [int(t) for t in prompt_ids])
 
 
 def resumed(completion: Completion, restored: SampleState, version: int | None) -> Completion:
@@ -59,10 +63,13 @@ def resumed(completion: Completion, restored: SampleState, version: int | None) 
 
 class StreamSaver:
     """Saves a streaming sample's state at most every `Progress.interval_s` seconds (a `StreamedChoice`'s
-    ``on_tokens``): the rollout's segments so far, then the output of the request streaming."""
+    ``on_tokens``): the rollout's segments so far, then the output of the request streaming, and the prompt's
+    token ids as `prompt_ids` knows them when it saves (None: not known)."""
 
-    def __init__(self, progress: Progress, index: int, rollout: PartialRollout, restored: SampleState | None) -> None:
+    def __init__(self, progress: Progress, index: int, rollout: PartialRollout, restored: SampleState | None,
+                 prompt_ids: Callable[[], Sequence[int] | None] = lambda: None) -> None:
         self._progress, self._index, self._rollout, self._restored = progress, index, rollout, restored
+        self._prompt_ids = prompt_ids
         self._last = time.monotonic()
 
     def __call__(self, streamed: object) -> None:
@@ -74,8 +81,10 @@ class StreamSaver:
             partial = getattr(streamed, "partial")()  # noqa: B009 - any engine's streamed answer
         except EngineError:
             return  # a chunk that does not add up yet: the next one may
-        self._progress.save(self._index, state_of(self._rollout.so_far(partial), self._restored, finished=False))
+        self._progress.save(self._index, state_of(self._rollout.so_far(partial), self._restored, finished=False,
+                                                  prompt_ids=self._prompt_ids()))
 
     def finished(self, completion: Completion) -> None:
         """Save the finished sample (kept as it is if the group is taken over before it is published)."""
-        self._progress.save(self._index, state_of(completion, self._restored, finished=True))
+        self._progress.save(self._index, state_of(completion, self._restored, finished=True,
+                                                  prompt_ids=self._prompt_ids()))

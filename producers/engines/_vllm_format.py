@@ -222,6 +222,14 @@ class StreamedChoice:
             choice["token_ids"] = []
         return {"choices": [choice]}
 
+    def prompt_ids(self) -> list[int] | None:
+        """The prompt's token ids, once a chunk brought them (the first, from vLLM 0.10.2); None before."""
+        ids = self._last.get("prompt_token_ids")
+        try:
+            return None if ids is None else [int(t) for t in ids]
+        except (TypeError, ValueError):
+            return None  # `parse_response` of the joined answer says what is wrong with them
+
     def partial(self) -> Completion:
         """The output so far, as a sample aborted here (finish reason ``abort``). Raises EngineError as
         `parse_response`."""

@@ -30,6 +30,8 @@ class SampleState:
         resume_points, resumed_from: where the sample was resumed from a checkpoint (token indices), and the
             producer whose checkpoint each resume continued; a restored state ends in its own resume point.
         text: the response so far, decoded, where the engine has it (a single generation); else empty.
+        prompt_ids: the prompt's token ids the sample continues, where the engine knows them (sent, or as the
+            server tokenized a text prompt); None: not known.
     """
 
     tokens: Sequence[int]
@@ -42,6 +44,7 @@ class SampleState:
     resume_points: tuple[int, ...] = field(default=())
     resumed_from: tuple[str, ...] = field(default=())
     text: str = ""
+    prompt_ids: Sequence[int] | None = None
 
 
 class Progress(Protocol):

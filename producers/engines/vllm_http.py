@@ -109,9 +109,13 @@ class _Sample:
 
     def parse(self, out: Any) -> tuple[Completion, str]:
         completion, prompt_ids = parse_response(out)
-        if self.prompt_ids is None and prompt_ids is not None:
-            self.prompt_ids = prompt_ids
+        self.learn(prompt_ids)
         return completion, ""
+
+    def learn(self, prompt_ids: Sequence[int] | None) -> None:
+        """The prompt's token ids, from an answer or a checkpoint, unless known already."""
+        if self.prompt_ids is None and prompt_ids is not None:
+            self.prompt_ids = [int(t) for t in prompt_ids]
 
     def continued(self, prefix: Sequence[int]) -> dict[str, Any] | None:
         return None if self.prompt_ids is None else continue_body(self.body, self.prompt_ids, prefix)
@@ -242,16 +246,25 @@ class VLLMHTTPEngine(TokenizedSession):
         rollout = new_rollout()
         restored = progress.restored(index) if progress is not None else None
         if restored is not None and progress is not None:
-            if sample.prompt_ids is None:  # a text prompt: its token ids come with the first answer
-                progress.restarted(index, "continuing needs the prompt's token ids (give --tokenizer)")
+            sample.learn(restored.prompt_ids)  # a text prompt: as the server tokenized it for the checkpoint's writer
+            if sample.prompt_ids is None:
+                progress.restarted(index, "continuing needs the prompt's token ids: its checkpoint has none (a "
+                                          "vLLM before 0.10.2 returns none; give --tokenizer)")
                 restored = None
             elif (kept := restore(rollout, restored)) is not None:
                 return kept
-        saver = StreamSaver(progress, index, rollout, restored) if progress is not None else None
+        saver = (StreamSaver(progress, index, rollout, restored, lambda: sample.prompt_ids)
+                 if progress is not None else None)
         streams = saver is not None and bool(sample.body.get("stream"))
+
+        def on_tokens(chunks: StreamedChoice) -> None:  # a text prompt's ids come with its first chunk
+            sample.learn(chunks.prompt_ids())
+            if saver is not None:
+                saver(chunks)
+
         endpoint = Endpoint(label=f"vllm {_COMPLETIONS}", path=_COMPLETIONS, parse=sample.parse,
                             paused=is_paused_answer, not_run=is_not_run, ticket=self._ticket,
-                            stream=(lambda: StreamedChoice(saver)) if streams else None)
+                            stream=(lambda: StreamedChoice(on_tokens)) if streams else None)
         done = await run_sample(self._http, self._servers, endpoint, rollout, retry=r, deadline=deadline,
                                 rng=self._rng)
         if saver is not None:

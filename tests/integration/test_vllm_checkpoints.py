@@ -4,7 +4,9 @@ A vLLM producer process (`tests.integration._vllm_producer`: ``--checkpoint-inte
 every sample is long) P1 streams each sample (``"stream": true``) and
 checkpoints it on NS.inflight as its tokens come. Once a checkpoint holds a good part of a sample, P1 is
 SIGKILLed; P2 takes the prompts over and continues every checkpointed sample from its checkpoint (prompt +
-tokens so far, as a weight update's partial rollout is continued). We check:
+tokens so far, as a weight update's partial rollout is continued). Neither has a tokenizer: the prompts go out as
+text, and P2 continues from the prompt ids vLLM streamed to P1 (its first chunk's), which the checkpoints keep.
+We check:
 
 - every prompt ends as one ok group of full-length samples (0 lost); each checkpointed sample P2 published
   starts with exactly the checkpoint's tokens and logprobs, and says where it resumed and from whose
@@ -42,8 +44,8 @@ def produce(bootstrap: str, names: TopicNames, vllm: RealVLLM, producer_id: str,
             *idle_s: str) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.integration._vllm_producer", names.namespace, vllm.url, str(vllm.model_dir),
-             producer_id, str(TOKENS), str(SAMPLES), str(len(PROMPTS)), *idle_s],
+            [sys.executable, "-m", "tests.integration._vllm_producer", names.namespace, vllm.url, "-", producer_id,
+             str(TOKENS), str(SAMPLES), str(len(PROMPTS)), *idle_s],
             cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, env=cli_env(bootstrap))
 
 
@@ -80,6 +82,7 @@ def test_a_producer_killed_mid_generation_leaves_checkpoints_its_successor_conti
         assert sample.logprobs is not None and checkpoint.logprobs is not None
         assert sample.logprobs[:n].tolist() == pytest.approx(checkpoint.logprobs.tolist())
         assert list(sample.resume_points) == [n] and list(sample.resumed_from) == ["P1"]
+        assert checkpoint.prompt_tokens is not None and len(checkpoint.prompt_tokens) > 0  # as vLLM tokenized it
         resumed += checkpoint.finish_reason is None
         saved += n
     assert resumed >= 1, f"checkpoints at the kill: {[(c.key, len(c.tokens)) for c in left.values()]}"

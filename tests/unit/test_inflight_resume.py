@@ -20,16 +20,20 @@ Pinned here:
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+import fastavro
 import numpy as np
 import pytest
 from rollstream.producers.engines.base import Completion, SamplingParams
 from rollstream.producers.engines.progress import SampleState
 from rollstream.producers.multiturn import Episode, run_episodes
-from rollstream.schemas import InflightCheckpoint, InvalidRecordError, decode, encode
+from rollstream.schemas import InflightCheckpoint, InvalidRecordError, decode, encode, fingerprint
+from rollstream.schemas.codec import MAGIC, SCHEMA_DIR
 
 SAMPLING = SamplingParams(max_new_tokens=2)
 
@@ -159,9 +163,10 @@ def test_checkpoints_round_trip_and_are_checked() -> None:
     c = InflightCheckpoint(group_id="p#0", prompt_id="p", attempt=1, sample_index=2, prompt_partition=0,
                            prompt_offset=5, producer_id="a", written_at_ms=1, policy_run=3, tokens=[4, 5, 6],
                            logprobs=[-0.5, 0.0, -1.0], loss_mask=[1, 0, 1], versions=[2, 2, -1], policy_turns=2,
-                           environment_state=b"{}", resume_points=(1,), resumed_from=("b",))
+                           environment_state=b"{}", resume_points=(1,), resumed_from=("b",), prompt_tokens=[7, 8])
     back = decode(encode(c), InflightCheckpoint)
     assert back.key == "p#0/2" and back.token_versions() == [2, 2, None]
+    assert back.prompt_tokens is not None and back.prompt_tokens.tolist() == [7, 8]
     assert back.tokens.tolist() == [4, 5, 6] and np.allclose(back.logprobs, [-0.5, 0.0, -1.0])  # type: ignore[arg-type]
     assert back.loss_mask.tolist() == [1, 0, 1] and back.environment_state == b"{}"  # type: ignore[union-attr]
     assert (back.resume_points, back.resumed_from, back.finish_reason) == ((1,), ("b",), None)
@@ -169,6 +174,17 @@ def test_checkpoints_round_trip_and_are_checked() -> None:
         InflightCheckpoint("p#0", "p", 0, 0, 0, 0, "a", 1, 0, tokens=[1, 2, 3], logprobs=[0.0])
     with pytest.raises(InvalidRecordError, match="resume points"):
         InflightCheckpoint("p#0", "p", 0, 0, 0, 0, "a", 1, 0, tokens=[1], resume_points=(2,), resumed_from=("b",))
+
+
+def test_a_version_1_checkpoint_reads_with_its_prompt_ids_not_known() -> None:
+    schema = fastavro.parse_schema(json.loads((SCHEMA_DIR / "history" / "inflight_checkpoint.v1.avsc").read_text()))
+    datum = {"group_id": "p#0", "prompt_id": "p", "attempt": 0, "sample_index": 0, "prompt_partition": 0,
+             "prompt_offset": 1, "producer_id": "a", "written_at_ms": 1, "policy_run": 0, "has_logprobs": False,
+             "version_spans": b"", "loss_mask": b"", "logprobs": b"", "tokens": np.asarray([4, 5], "<i4").tobytes()}
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, schema, datum)
+    old = decode(MAGIC + fingerprint(schema) + body.getvalue(), InflightCheckpoint)
+    assert old.tokens.tolist() == [4, 5] and old.prompt_tokens is None and old.text == ""
 
 
 def _vllm_run(url: str, progress: Recorder, *, tokenizer: Any = None, n: int = 2) -> Any:
@@ -215,5 +231,18 @@ def test_vllm_samples_stream_resume_from_their_checkpoint_and_keep_finished_ones
         assert list(kept.tokens) == expected and kept.text == "done" and list(kept.resume_points) == [6]
 
         progress = Recorder({0: partial})
-        text_only = _vllm_run(vllm.url, progress, n=1)  # no tokenizer: its prompt ids are not known here
+        text_only = _vllm_run(vllm.url, progress, n=1)  # no tokenizer, no prompt ids in the checkpoint
         assert progress.restarts == [0] and not list(text_only.completions[0].resume_points)
+
+        # A text prompt: its streamed checkpoints keep the ids the server tokenized it into (the first chunk's), and
+        # a producer without a tokenizer continues from them.
+        text_saves = Recorder()
+        text_saves.interval_s = 0.001
+        _vllm_run(vllm.url, text_saves, n=1)
+        assert text_saves.saved and all(list(s.prompt_ids or ()) == ids for _, s in text_saves.saved)
+        before = len(vllm.completions())
+        progress = Recorder({0: replace(partial, prompt_ids=ids)})
+        continued = _vllm_run(vllm.url, progress, n=1)
+        [body] = vllm.completions()[before:]
+        assert progress.restarts == [] and body["prompt"] == [*ids, *expected[:2]] and body["max_tokens"] == 4
+        assert list(continued.completions[0].tokens) == expected and list(continued.completions[0].resume_points) == [2]
