@@ -12,6 +12,7 @@ so a resumed sample's checkpointed tokens keep the version their producer gave t
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from rollstream.producers.engines._samples import PartialRollout
@@ -19,6 +20,27 @@ from rollstream.producers.engines.base import Completion, EngineError
 from rollstream.producers.engines.progress import Progress, SampleState
 from rollstream.producers.multiturn import version_spans
 from rollstream.schemas import VersionSpan
+
+
+async def checkpointed(progress: Progress | None, index: int, rollout: PartialRollout, *, continuable: bool,
+                       run: Callable[[StreamSaver | None], Awaitable[Completion]]) -> Completion:
+    """Sample `index` with its checkpoints: kept as `progress` restores it when it had finished, else continued
+    from its checkpoint (`restore`; when `continuable` is False, the prompt's token ids are not known and it
+    starts again, said through `Progress.restarted`), run (`run` gets the `StreamSaver` the request's stream
+    reports to; None without `progress`), saved once finished, and saying where it resumed (`resumed`).
+    Raises what `run` raises."""
+    if progress is None:
+        return await run(None)
+    restored = progress.restored(index)
+    if restored is not None and not continuable:
+        progress.restarted(index, "continuing needs the prompt's token ids (give --tokenizer)")
+        restored = None
+    if restored is not None and (kept := restore(rollout, restored)) is not None:
+        return kept
+    saver = StreamSaver(progress, index, rollout, restored)
+    done = await run(saver)
+    saver.finished(done)
+    return done if restored is None else resumed(done, restored, progress.version)
 
 
 def restore(rollout: PartialRollout, state: SampleState) -> Completion | None:
@@ -74,8 +96,14 @@ class StreamSaver:
             partial = getattr(streamed, "partial")()  # noqa: B009 - any engine's streamed answer
         except EngineError:
             return  # a chunk that does not add up yet: the next one may
-        self._progress.save(self._index, state_of(self._rollout.so_far(partial), self._restored, finished=False))
+        self._progress.save(self._index, state_of(self._versioned(self._rollout.so_far(partial)), self._restored,
+                                                  finished=False))
 
     def finished(self, completion: Completion) -> None:
         """Save the finished sample (kept as it is if the group is taken over before it is published)."""
-        self._progress.save(self._index, state_of(completion, self._restored, finished=True))
+        self._progress.save(self._index, state_of(self._versioned(completion), self._restored, finished=True))
+
+    def _versioned(self, completion: Completion) -> Completion:
+        """`completion` with the versions its result will have: a restored sample's checkpointed tokens keep
+        theirs when the new ones carry none (`resumed`)."""
+        return completion if self._restored is None else resumed(completion, self._restored, self._progress.version)
