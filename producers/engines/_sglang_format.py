@@ -47,7 +47,7 @@ from rollstream.schemas import VersionSpan
 _MAX_NEW_DEFAULT = 128  # SGLang's max_new_tokens when a request gives none
 # what --incremental-streaming-output sends only the new part of (tokenizer_manager.py
 # _INCREMENTAL_STREAMING_META_INFO_KEYS), besides text and output_ids
-_INCREMENTAL_META = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs",
+INCREMENTAL_META = ("output_token_logprobs", "output_top_logprobs", "output_token_ids_logprobs",
                      "output_token_sampling_mask", "output_token_sampling_logprobs")
 
 
@@ -219,7 +219,7 @@ class StreamedGenerate:
         self._on_tokens = on_tokens
         self._text: list[str] = []
         self._ids: list[int] = []
-        self._lists: dict[str, list[Any]] = {}  # the _INCREMENTAL_META lists so far
+        self._lists: dict[str, list[Any]] = {}  # the INCREMENTAL_META lists so far
         self._last: dict[str, Any] = {}  # the newest chunk, as sent
         self._first_version: Any = None  # meta_info.weight_version of the first chunk
 
@@ -236,11 +236,11 @@ class StreamedGenerate:
         before = len(self._ids)
         if not self._ids or len(ids) == meta.get("completion_tokens", len(ids)):
             self._text, self._ids = [str(chunk.get("text") or "")], [int(t) for t in ids]
-            self._lists = {k: list(meta[k]) for k in _INCREMENTAL_META if k in meta}
+            self._lists = {k: list(meta[k]) for k in INCREMENTAL_META if k in meta}
         elif len(self._ids) + len(ids) == meta.get("completion_tokens"):
             self._text.append(str(chunk.get("text") or ""))
             self._ids += [int(t) for t in ids]
-            for key in (k for k in _INCREMENTAL_META if k in meta):
+            for key in (k for k in INCREMENTAL_META if k in meta):
                 self._lists.setdefault(key, []).extend(meta[key])
         else:
             raise EngineError(f"SGLang stream chunk of {len(ids)} output_ids after {len(self._ids)} does not add up "
