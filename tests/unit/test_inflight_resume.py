@@ -402,3 +402,20 @@ def test_in_process_sglang_streams_saves_and_resumes(monkeypatch: pytest.MonkeyP
              for i in (0, 1)}
     assert saved[0] == [(k, None, [2, 2] + [3] * (k - 2)) for k in range(3, 7)] + [(6, "length", [2, 2, 3, 3, 3, 3])]
     assert saved[1] == [(k, None, [3] * k) for k in range(1, 7)] + [(6, "length", [3] * 6)]
+
+
+def test_a_streamed_sglang_partial_takes_the_servers_version_only_while_it_did_not_change() -> None:
+    from rollstream.producers.engines._sglang_format import StreamedGenerate
+
+    def chunk(k: int, version: str) -> dict[str, Any]:
+        return {"text": "x" * k, "output_ids": list(range(k)), "meta_info": {
+            "finish_reason": None, "completion_tokens": k, "weight_version": version,
+            "output_token_logprobs": [[-0.5, t, None] for t in range(k)]}}
+
+    stream = StreamedGenerate()
+    stream.add(chunk(1, "3"))
+    stream.add(chunk(2, "3"))
+    assert [(s.version, s.start, s.end) for s in stream.partial().version_spans] == [(3, 0, 2)]
+    stream.add(chunk(3, "4"))  # an update while it ran (SGLang's retract): which tokens had which is not said
+    partial = stream.partial()
+    assert partial.finish_reason == "abort" and list(partial.tokens) == [0, 1, 2] and not partial.version_spans
