@@ -83,9 +83,9 @@ class ProducerSettings:
             and the prompt consumer; rollstream's guarantees still win (see `KafkaConfig`).
         checkpoint_interval_s: in-flight checkpoints on NS.inflight (`rollstream.producers._inflight`), so that
             the producer that takes a prompt over after a crash continues its samples: an engine that saves
-            progress (``--environment`` episodes) checkpoints each sample at every turn boundary and when it
-            finishes; this interval is for long single generations, which are checkpointed only once finished
-            for now. 0 (the default, for now): no checkpoints (and none resumed); 30 is a good start.
+            progress checkpoints each sample: an ``--environment`` episode at every turn boundary and when it
+            ends, a single generation on vLLM or SGLang (streamed) every this many seconds and when it
+            finishes. 0 (the default, for now): no checkpoints (and none resumed); 30 is a good start.
         checkpoint_max_staleness: a checkpoint whose oldest token is more than this many policy versions behind
             the one followed is discarded and its sample generated again (None: any age; a checkpoint of
             another trainer run is always discarded).

@@ -12,7 +12,7 @@ so a resumed sample's checkpointed tokens keep the version their producer gave t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from rollstream.producers.engines._samples import PartialRollout
@@ -20,6 +20,35 @@ from rollstream.producers.engines.base import Completion, EngineError
 from rollstream.producers.engines.progress import Progress, SampleState
 from rollstream.producers.multiturn import version_spans
 from rollstream.schemas import VersionSpan
+
+PromptIds = Callable[[], Sequence[int] | None]
+"""The prompt's token ids a sample continues, as far as its engine knows them now (None: not known)."""
+
+
+async def checkpointed(progress: Progress | None, index: int, rollout: PartialRollout, *, prompt_ids: PromptIds,
+                       run: Callable[[StreamSaver | None], Awaitable[Completion]],
+                       learn: Callable[[Sequence[int] | None], None] | None = None) -> Completion:
+    """Sample `index` with its checkpoints: kept as `progress` restores it when it had finished, else continued
+    from its checkpoint (`restore`), run (`run` gets the `StreamSaver` the request's stream reports to; None
+    without `progress`), saved once finished with the prompt's token ids (`prompt_ids`), and saying where it
+    resumed (`resumed`). Continuing needs those ids: `learn` is handed the restored checkpoint's (an engine that
+    sends text learns the ids its server tokenized it into); still not known, the sample starts again, said
+    through `Progress.restarted`. Raises what `run` raises."""
+    if progress is None:
+        return await run(None)
+    restored = progress.restored(index)
+    if restored is not None and learn is not None:
+        learn(restored.prompt_ids)
+    if restored is not None and prompt_ids() is None:
+        progress.restarted(index, "continuing needs the prompt's token ids, which its checkpoint does not hold "
+                                  "(give --tokenizer)")
+        restored = None
+    if restored is not None and (kept := restore(rollout, restored)) is not None:
+        return kept
+    saver = StreamSaver(progress, index, rollout, restored, prompt_ids)
+    done = await run(saver)
+    saver.finished(done)
+    return done if restored is None else resumed(done, restored, progress.version)
 
 
 def restore(rollout: PartialRollout, state: SampleState) -> Completion | None:
@@ -67,7 +96,7 @@ class StreamSaver:
     token ids as `prompt_ids` knows them when it saves (None: not known)."""
 
     def __init__(self, progress: Progress, index: int, rollout: PartialRollout, restored: SampleState | None,
-                 prompt_ids: Callable[[], Sequence[int] | None] = lambda: None) -> None:
+                 prompt_ids: PromptIds = lambda: None) -> None:
         self._progress, self._index, self._rollout, self._restored = progress, index, rollout, restored
         self._prompt_ids = prompt_ids
         self._last = time.monotonic()
@@ -81,10 +110,16 @@ class StreamSaver:
             partial = getattr(streamed, "partial")()  # noqa: B009 - any engine's streamed answer
         except EngineError:
             return  # a chunk that does not add up yet: the next one may
-        self._progress.save(self._index, state_of(self._rollout.so_far(partial), self._restored, finished=False,
-                                                  prompt_ids=self._prompt_ids()))
+        self._save(self._rollout.so_far(partial), finished=False)
 
     def finished(self, completion: Completion) -> None:
         """Save the finished sample (kept as it is if the group is taken over before it is published)."""
-        self._progress.save(self._index, state_of(completion, self._restored, finished=True,
+        self._save(completion, finished=True)
+
+    def _save(self, completion: Completion, *, finished: bool) -> None:
+        """Save `completion` with the versions its result will have: a restored sample's checkpointed tokens keep
+        theirs when the new ones carry none (`resumed`)."""
+        if self._restored is not None:
+            completion = resumed(completion, self._restored, self._progress.version)
+        self._progress.save(self._index, state_of(completion, self._restored, finished=finished,
                                                   prompt_ids=self._prompt_ids()))

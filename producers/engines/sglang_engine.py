@@ -2,7 +2,10 @@
 
 ``sglang`` is imported lazily in `start`, so nothing else in rollstream needs it. Requests and
 responses have the same shape as over HTTP (`_sglang_format`); aborted samples are continued from their
-partial output (or restarted, ``partial_rollouts="restart"``).
+partial output (or restarted, ``partial_rollouts="restart"``). With in-flight checkpoints (a `Progress`),
+each request streams (``async_generate(..., stream=True)``: the chunks the HTTP server sends, joined by
+`_sglang_format.StreamedGenerate`), its output so far saved every `Progress.interval_s` seconds and once it
+finishes, and a restored sample is continued from prompt + its tokens (`_resume`), as over HTTP.
 
 Nobody but this producer can reach an in-process engine, so it is a `ReloadableEngine`: each newer
 version announced on NS.control with a ``weights_path`` is loaded the way SGLang's server does it
@@ -25,16 +28,20 @@ from pathlib import Path
 from typing import Any
 
 from rollstream.infra.threads import ThreadPool, in_thread
-from rollstream.producers.engines._samples import PARTIAL_ROLLOUTS, PartialRollouts
+from rollstream.producers.engines._resume import StreamSaver, checkpointed
+from rollstream.producers.engines._samples import PARTIAL_ROLLOUTS, PartialRollout, PartialRollouts
 from rollstream.producers.engines._sampling import sglang_options
 from rollstream.producers.engines._sglang_format import (
+    StreamedGenerate,
     parse_completion,
     partial_rollout,
+    refused,
     request_payload,
     seeded,
 )
 from rollstream.producers.engines._tokenize import PromptEncoder, load_tokenizer
 from rollstream.producers.engines.base import Completion, EngineCapabilities, EngineError, Generation, SamplingParams
+from rollstream.producers.engines.progress import Progress
 from rollstream.producers.engines.sglang_http import gather_or_cancel
 from rollstream.schemas import ConfigError, read_policy_version
 
@@ -64,7 +71,7 @@ class SGLangEngine:
     """
 
     name = "sglang-engine"
-    capabilities = EngineCapabilities(checks_sampling=True, reloads_weights=True)
+    capabilities = EngineCapabilities(checks_sampling=True, reloads_weights=True, saves_progress=True)
 
     def __init__(self, model_path: str | Path, *, tokenizer: str | Path | None = None, chat_template: bool = True,
                  abort_attempts: int = 20, max_continuations: int = 4, partial_rollouts: PartialRollouts = "continue",
@@ -134,12 +141,18 @@ class SGLangEngine:
         """The policy version of the weights serving now (None when unknown)."""
         return self._version
 
-    async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams) -> Generation:
-        """`n` concurrent ``async_generate`` calls. Raises EngineError when one fails or keeps aborting."""
+    async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams, *,
+                       progress: Progress | None = None) -> Generation:
+        """`n` concurrent ``async_generate`` calls; with `progress` (checkpoints), streamed and saved as they go,
+        each sample resumed from its checkpoint (the module docstring). Raises EngineError when one fails or
+        keeps aborting."""
         if self._engine is None or self._encoder is None or self._threads is None:
             raise EngineError("SGLangEngine.generate called before start()", retriable=False)
         text, ids = await self._threads.run(self._encoder.encode, prompt)
-        completions = await self._samples(request_payload(text, ids, sampling.to_dict()), n)
+        payload = request_payload(text, ids, sampling.to_dict())
+        if progress is not None and progress.interval_s > 0:
+            payload["stream"] = True  # the state is saved as it streams
+        completions = await self._samples(payload, n, progress)
         return Generation(completions=completions, prompt_text=text, prompt_tokens=ids)
 
     @property
@@ -163,21 +176,26 @@ class SGLangEngine:
             raise EngineError("SGLangEngine.generate_tokens called before start()", retriable=False)
         return await self._samples(request_payload("", [int(t) for t in input_ids], sampling.to_dict()), n)
 
-    async def _samples(self, payload: Mapping[str, Any], n: int) -> list[Completion]:
-        return await gather_or_cancel([self._sample(seeded(payload, i)) for i in range(n)])
+    async def _samples(self, payload: Mapping[str, Any], n: int, progress: Progress | None = None) -> list[Completion]:
+        return await gather_or_cancel([self._sample(seeded(payload, i), i, progress) for i in range(n)])
 
-    async def _sample(self, payload: Mapping[str, Any]) -> Completion:
+    async def _sample(self, payload: Mapping[str, Any], index: int = 0, progress: Progress | None = None) -> Completion:
         rollout = partial_rollout(payload, mode=self._partial, max_continuations=self._max_continuations,
                                  abort_attempts=self._abort_attempts)
+        return await checkpointed(progress, index, rollout, prompt_ids=lambda: payload["input_ids"],
+                                  run=lambda saver: self._run(rollout, saver))
+
+    async def _run(self, rollout: PartialRollout, saver: StreamSaver | None) -> Completion:
+        """The requests of `rollout` until one finishes it, streamed into `saver` when the body asks to stream."""
         while True:
             request = rollout.payload()
             try:
-                out = await self._engine.async_generate(input_ids=request["input_ids"],
-                                                        sampling_params=request["sampling_params"],
-                                                        return_logprob=True)
+                out = await self._answer(request, saver if request.get("stream") else None)
             except (TypeError, ValueError) as exc:  # a request SGLang refuses: it will refuse it again
                 raise EngineError(f"sglang.Engine.async_generate refused the request: {type(exc).__name__}: {exc}",
                                   retriable=False) from exc
+            except EngineError:
+                raise
             except Exception as exc:
                 raise EngineError(f"sglang.Engine.async_generate raised {type(exc).__name__}: {exc}",
                                   retriable=True) from exc
@@ -186,6 +204,21 @@ class SGLangEngine:
                 return done
             log.info("in-process sglang aborted a sample; issuing it again (%d continuations so far)",
                      rollout.continuations)
+
+    async def _answer(self, request: Mapping[str, Any], saver: StreamSaver | None) -> Any:
+        """One ``async_generate`` answer; with `saver`, streamed (its chunks joined, `saver` told of each).
+        Raises what ``async_generate`` raises, and EngineError for a stream that ended refused."""
+        kwargs = {"input_ids": request["input_ids"], "sampling_params": request["sampling_params"],
+                  "return_logprob": True}
+        if saver is None:
+            return await self._engine.async_generate(**kwargs)
+        joined = StreamedGenerate(saver)
+        async for chunk in await self._engine.async_generate(**kwargs, stream=True):
+            joined.add(chunk)
+        out = joined.result()
+        if (failure := refused(out)) is not None:
+            raise failure
+        return out
 
     async def reload(self, weights_path: str, version: int) -> bool:
         """Load `weights_path` as `version`: pause (samples in flight are aborted and continued afterwards),

@@ -10,6 +10,11 @@ request (finish_reason ``abort``, e.g. a weight update) is never returned as a f
 prompt + tokens on the new weights, at most `RetryPolicy.max_continuations` times; with ``"restart"`` it
 is issued again from scratch, at most `RetryPolicy.abort_attempts` times (see `_samples.PartialRollout`).
 
+In-flight checkpoints (a `Progress`, ``--checkpoint-interval``): each request streams (``"stream": true``,
+joined by `_sglang_format.StreamedGenerate` into the answer a request that does not stream gets) and the
+sample's output so far is saved every `Progress.interval_s` seconds and once it finishes; a sample restored
+from a checkpoint is continued from prompt + its tokens as an aborted one is, a finished one kept (`_resume`).
+
 Whose job the weights are: by default the trainer updates the servers itself (SGLang's
 ``/update_weights_from_disk`` or its NCCL path) and the producer only reads the versions SGLang reports.
 `SGLangSyncEngine` (``rollstream produce --sglang-sync-weights``) is a `ReloadableEngine`: the producer
@@ -21,24 +26,28 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from rollstream.producers.engines._http import HTTPSession, RoundRobin, TokenizedSession, base_urls
+from rollstream.producers.engines._resume import StreamSaver, checkpointed
 from rollstream.producers.engines._retry import Deadline, RetryPolicy
 from rollstream.producers.engines._samples import (
     PARTIAL_ROLLOUTS,
     Endpoint,
+    PartialRollout,
     PartialRollouts,
     gather_or_cancel,
     run_sample,
 )
 from rollstream.producers.engines._sampling import sglang_options
 from rollstream.producers.engines._sglang_format import (
+    StreamedGenerate,
     abort_message,
     parse_completion,
     partial_rollout,
+    refused,
     request_payload,
     seeded,
 )
@@ -51,6 +60,7 @@ from rollstream.producers.engines.base import (
     Generation,
     SamplingParams,
 )
+from rollstream.producers.engines.progress import Progress
 from rollstream.schemas import ConfigError
 
 __all__ = ["PARTIAL_ROLLOUTS", "PartialRollouts", "RetryPolicy", "SGLangHTTPEngine", "SGLangSyncEngine", "WeightSync",
@@ -65,9 +75,16 @@ def normalize_url(url: str) -> str:
 
 
 def parse_answer(out: Any) -> tuple[Completion, str]:
-    """One ``/generate`` answer (SGLang may wrap it in a list of one) -> (completion, why it was aborted)."""
+    """One ``/generate`` answer (SGLang may wrap it in a list of one) -> (completion, why it was aborted).
+
+    Raises:
+        EngineError: not of SGLang's shape (not retriable), or a streamed answer that ended refused
+            (`_sglang_format.refused`: retriable as its HTTP status would be).
+    """
     if isinstance(out, list) and len(out) == 1:
         out = out[0]
+    if (failure := refused(out)) is not None:
+        raise failure
     completion = parse_completion(out)
     return completion, abort_message(out["meta_info"]) if completion.finish_reason == "abort" else ""
 
@@ -89,7 +106,7 @@ class SGLangHTTPEngine(TokenizedSession):
     """
 
     name = "sglang"
-    capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=True)
+    capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=True, saves_progress=True)
 
     def __init__(self, urls: Sequence[str], *, tokenizer: str | Path | Any | None = None, chat_template: bool = True,
                  timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, connect_timeout_s: float = 10.0,
@@ -127,9 +144,11 @@ class SGLangHTTPEngine(TokenizedSession):
         await self._http.close()
 
     async def generate(self, prompt: Mapping[str, Any], n: int, sampling: SamplingParams, *,
-                       deadline: Deadline | None = None) -> Generation:
+                       deadline: Deadline | None = None, progress: Progress | None = None) -> Generation:
         """`n` concurrent requests for `prompt`, all within `deadline` (None: each request's own timeout
-        only); if one gives up, the others are cancelled.
+        only); if one gives up, the others are cancelled. With `progress` (checkpoints), a sample with a
+        checkpoint continues from it (with the prompt's token ids: a tokenizer), and each request streams,
+        its state saved every `Progress.interval_s` seconds and once finished (`_resume`).
 
         Raises:
             EngineError: a sample failed after its retries (not retriable: the engine already retried);
@@ -139,7 +158,10 @@ class SGLangHTTPEngine(TokenizedSession):
         if self._http.client is None:
             raise EngineError("SGLangHTTPEngine.generate called before start()", retriable=False)
         text, ids = await self._http.prompt_input(prompt)
-        completions = await self._samples(request_payload(text, ids, sampling.to_dict()), n, deadline)
+        payload = request_payload(text, ids, sampling.to_dict())
+        if progress is not None and progress.interval_s > 0:
+            payload["stream"] = True  # the state is saved as it streams
+        completions = await self._samples(payload, n, deadline, progress)
         return Generation(completions=completions, prompt_text=text, prompt_tokens=ids or ())
 
     async def generate_tokens(self, input_ids: Sequence[int], n: int, sampling: SamplingParams, *,
@@ -151,15 +173,27 @@ class SGLangHTTPEngine(TokenizedSession):
         return await self._samples(request_payload("", [int(t) for t in input_ids], sampling.to_dict()), n,
                                    deadline)
 
-    async def _samples(self, payload: Mapping[str, Any], n: int, deadline: Deadline | None) -> list[Completion]:
+    async def _samples(self, payload: Mapping[str, Any], n: int, deadline: Deadline | None,
+                       progress: Progress | None = None) -> list[Completion]:
         deadline = deadline or Deadline.after(None)
-        return await gather_or_cancel([self._sample(seeded(payload, i), deadline) for i in range(n)])
+        return await gather_or_cancel([self._sample(seeded(payload, i), deadline, i, progress) for i in range(n)])
 
-    async def _sample(self, payload: Mapping[str, Any], deadline: Deadline) -> Completion:
+    async def _sample(self, payload: Mapping[str, Any], deadline: Deadline, index: int = 0,
+                      progress: Progress | None = None) -> Completion:
+        """One sample, retried and continued as the module docstring says; resumed from its checkpoint and
+        saved as it streams, with `progress`."""
         r = self._retry
         rollout = partial_rollout(payload, mode=self._partial, max_continuations=r.max_continuations,
                                  abort_attempts=r.abort_attempts)
-        return await run_sample(self._http, self._servers, _GENERATE, rollout, retry=r, deadline=deadline,
+        return await checkpointed(progress, index, rollout, prompt_ids=lambda: payload.get("input_ids"),
+                                  run=lambda saver: self._run(payload, rollout, deadline, saver))
+
+    async def _run(self, payload: Mapping[str, Any], rollout: PartialRollout, deadline: Deadline,
+                   saver: StreamSaver | None) -> Completion:
+        """The requests of `rollout` (`run_sample`), streamed into `saver` when the body asks to stream."""
+        streams = saver is not None and bool(payload.get("stream"))
+        endpoint = replace(_GENERATE, stream=lambda: StreamedGenerate(saver)) if streams else _GENERATE
+        return await run_sample(self._http, self._servers, endpoint, rollout, retry=self._retry, deadline=deadline,
                                 rng=self._rng)
 
 
@@ -193,7 +227,8 @@ class SGLangSyncEngine(FleetEngine, SGLangHTTPEngine):
     Arguments as `SGLangHTTPEngine`, and `sync` (`WeightSync`: pause mode, timeouts, load format).
     """
 
-    capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=True, reloads_weights=True)
+    capabilities = EngineCapabilities(takes_deadline=True, checks_sampling=True, reloads_weights=True,
+                                      saves_progress=True)
 
     def __init__(self, urls: Sequence[str], *, tokenizer: str | Path | Any | None = None, chat_template: bool = True,
                  timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, connect_timeout_s: float = 10.0,

@@ -49,7 +49,7 @@ from typing import Any
 
 import httpx
 from rollstream.producers.engines._http import HTTPSession, RoundRobin, TokenizedSession, base_urls
-from rollstream.producers.engines._resume import StreamSaver, restore, resumed
+from rollstream.producers.engines._resume import StreamSaver, checkpointed
 from rollstream.producers.engines._retry import Deadline, RetryPolicy
 from rollstream.producers.engines._samples import (
     PARTIAL_ROLLOUTS,
@@ -237,27 +237,20 @@ class VLLMHTTPEngine(TokenizedSession):
         """One sample, retried, waited out, continued or re-issued as the module docstring says; resumed from
         its checkpoint and saved as it streams, with `progress`."""
         r = self._retry
+        rollout = PartialRollout(sample.body, continued=sample.continued, mode=self._partial,
+                                 max_new=int(sample.body.get("max_tokens", VLLM_MAX_TOKENS_DEFAULT)),
+                                 max_continuations=r.max_continuations, abort_attempts=r.abort_attempts)
+        # a text prompt's token ids come with its first answer, or with the checkpoint of a producer that had it
+        return await checkpointed(progress, index, rollout, prompt_ids=lambda: sample.prompt_ids, learn=sample.learn,
+                                  run=lambda saver: self._run(sample, rollout, deadline, saver))
 
-        def new_rollout() -> PartialRollout:
-            return PartialRollout(sample.body, continued=sample.continued, mode=self._partial,
-                                  max_new=int(sample.body.get("max_tokens", VLLM_MAX_TOKENS_DEFAULT)),
-                                  max_continuations=r.max_continuations, abort_attempts=r.abort_attempts)
-
-        rollout = new_rollout()
-        restored = progress.restored(index) if progress is not None else None
-        if restored is not None and progress is not None:
-            sample.learn(restored.prompt_ids)  # a text prompt: as the server tokenized it for the checkpoint's writer
-            if sample.prompt_ids is None:
-                progress.restarted(index, "continuing needs the prompt's token ids: its checkpoint has none (a "
-                                          "vLLM before 0.10.2 returns none; give --tokenizer)")
-                restored = None
-            elif (kept := restore(rollout, restored)) is not None:
-                return kept
-        saver = (StreamSaver(progress, index, rollout, restored, lambda: sample.prompt_ids)
-                 if progress is not None else None)
+    async def _run(self, sample: _Sample, rollout: PartialRollout, deadline: Deadline,
+                   saver: StreamSaver | None) -> Completion:
+        """The requests of `rollout` (`run_sample`), streamed into `saver` when the body asks to stream (learning a
+        text prompt's token ids from its first chunk)."""
         streams = saver is not None and bool(sample.body.get("stream"))
 
-        def on_tokens(chunks: StreamedChoice) -> None:  # a text prompt's ids come with its first chunk
+        def on_tokens(chunks: StreamedChoice) -> None:
             sample.learn(chunks.prompt_ids())
             if saver is not None:
                 saver(chunks)
@@ -265,11 +258,8 @@ class VLLMHTTPEngine(TokenizedSession):
         endpoint = Endpoint(label=f"vllm {_COMPLETIONS}", path=_COMPLETIONS, parse=sample.parse,
                             paused=is_paused_answer, not_run=is_not_run, ticket=self._ticket,
                             stream=(lambda: StreamedChoice(on_tokens)) if streams else None)
-        done = await run_sample(self._http, self._servers, endpoint, rollout, retry=r, deadline=deadline,
+        return await run_sample(self._http, self._servers, endpoint, rollout, retry=self._retry, deadline=deadline,
                                 rng=self._rng)
-        if saver is not None:
-            saver.finished(done)
-        return done if restored is None else resumed(done, restored, progress.version if progress else None)
 
     async def _served_model(self, url: str) -> str | None:
         if self._http.client is None:

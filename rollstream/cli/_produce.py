@@ -173,8 +173,8 @@ def produce(
         min=0.0, help="In-flight checkpoints on NS.inflight, so that the producer taking a prompt over after a "
                       "crash continues its samples rather than generating them again: --environment episodes are "
                       "checkpointed at every turn boundary and when they finish (with the environment's snapshot() "
-                      "if it has one). The seconds apply to long single generations, which are checkpointed only "
-                      "once finished for now. 0 (the default): no checkpoints, none resumed; try 30.",
+                      "if it has one); a single generation on vLLM or SGLang streams and is checkpointed every this "
+                      "many seconds and when it finishes. 0 (the default): no checkpoints, none resumed; try 30.",
         rich_help_panel=_LIFE)] = _D.checkpoint_interval_s,
     checkpoint_max_staleness: Annotated[int | None, typer.Option(
         min=0, help="Discard a checkpoint whose oldest token is more than this many policy versions behind the "

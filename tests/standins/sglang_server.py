@@ -29,7 +29,8 @@ ours; only names and behaviours are SGLang's):
 - ``python/sglang/srt/managers/tokenizer_manager.py`` (same commit): ``meta_info`` = ``id``,
   ``finish_reason``, ``prompt_tokens``, ``weight_version`` (the server's version when the response is
   made), ``num_retractions``, ``completion_tokens``, ``cached_tokens``, ``output_token_logprobs``
-  (``[[logprob, token_id, null], ...]`` with ``return_logprob``), ``e2e_latency``. ``pause_generation``
+  (``[[logprob, token_id, null], ...]`` with ``return_logprob``) and ``output_token_logprobs_length``,
+  ``e2e_latency``. ``pause_generation``
   with mode ``abort`` aborts every request in flight (each returns what it generated so far, finish
   reason abort) and returns once none is left; other modes hold them in the scheduler. While paused, a
   new request waits until ``continue_generation``. An update while not paused waits for the requests in
@@ -38,6 +39,18 @@ ours; only names and behaviours are SGLang's):
   ``meta_info.weight_versions`` = spans ``{"version", "start", "end"}`` over the output tokens (one per
   change of version while the request ran; an empty first span when nothing was generated) and
   ``weight_version`` = the last span's version. `report_spans=False` answers like an older SGLang.
+- 0.5.23 ``"stream": true`` (``srt/entrypoints/http_server.py`` ``serve_generate_request``,
+  ``srt/managers/tokenizer_manager.py`` ``_handle_batch_output``, ``_stream_one_response`` and
+  ``add_logprob_to_meta_info``, ``srt/managers/scheduler_components/output_streamer.py`` ``accept``):
+  server-sent events, ``data: {chunk}`` per chunk, then ``data: [DONE]``. A chunk every ``stream_interval``
+  tokens (the request's ``sampling_params.stream_interval``, else the server's ``--stream-interval``,
+  default 1; the first token at once), the last one finished: the non-streamed answer itself. Each chunk has
+  the answer's shape, cumulative (``text``, ``output_ids``, ``meta_info.output_token_logprobs`` hold the
+  whole output so far); with ``--incremental-streaming-output`` (`incremental_streaming_output`) those three
+  hold only what is new. ``meta_info`` of a chunk before the last: ``finish_reason`` null,
+  ``completion_tokens`` and ``output_token_logprobs_length`` of the whole output so far, ``weight_version``
+  (no ``weight_versions``: only the finished chunk has them), ``response_sent_to_client_ts`` on the first.
+  The stand-in sends them all at once when the generation ends (it does not stream as it generates).
 - ``python/sglang/srt/managers/schedule_batch.py``: finish reasons ``{"type": "length", "length": n}``,
   ``{"type": "abort", "message", "status_code", "err_type"}``.
 
@@ -58,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.standins._http_server import StandInServer
+from tests.standins._http_server import Events, StandInServer
 
 _PAUSE_MODES = ("abort", "retract", "in_place")
 _ABORT = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
@@ -116,9 +129,10 @@ LEGACY_ROUTES = {**{k: v for k, v in ROUTES.items() if k[1] not in ("/model_info
 
 
 class SGLangStandIn(StandInServer):
-    """One stand-in server. Knobs (`token_delay_s`, `fail_updates`, `abort_after_tokens`, `report_spans`)
-    may be changed from any thread; `requests` logs ``(path, body)`` of every request in arrival order.
-    `legacy` answers as an SGLang before ``/model_info`` (`LEGACY_ROUTES`)."""
+    """One stand-in server. Knobs (`token_delay_s`, `fail_updates`, `abort_after_tokens`, `report_spans`, and
+    the server options `stream_interval` and `incremental_streaming_output`) may be changed from any thread;
+    `requests` logs ``(path, body)`` of every request in arrival order. `legacy` answers as an SGLang before
+    ``/model_info`` (`LEGACY_ROUTES`)."""
 
     def __init__(self, *, weight_version: str = "default", model_path: str = "/models/base",
                  token_delay_s: float = 0.005, update_delay_s: float = 0.0, abort_after_tokens: int | None = None,
@@ -131,6 +145,8 @@ class SGLangStandIn(StandInServer):
         self.update_delay_s = update_delay_s
         self.abort_after_tokens = abort_after_tokens
         self.report_spans = report_spans
+        self.stream_interval = 1
+        self.incremental_streaming_output = False
         self.fail_updates = False
         self.tokens_generated = 0
         self._paused = False
@@ -182,8 +198,6 @@ class SGLangStandIn(StandInServer):
         if unknown and not self.legacy:  # api_contract.generate_contract_error: serde's unknown_field text
             return 400, {"error": f"unknown field `{unknown[0]}`, expected one of "
                                   f"{', '.join(f'`{k}`' for k in SAMPLING_FIELDS)}"}
-        if body.get("stream"):
-            return 400, {"error": {"message": "the stand-in does not stream"}}
         ids = body.get("input_ids")
         if ids is None:
             ids = [ord(ch) for ch in body.get("text") or ""]
@@ -202,7 +216,8 @@ class SGLangStandIn(StandInServer):
             self._by_rid.pop(request.rid, None)
             await self._notify()
         finish = _ABORT if request.aborted else {"type": "length", "length": max_new}
-        return 200, self._response(body, request, len(ids), tokens, finish, time.monotonic() - started)
+        response = self._response(body, request, len(ids), tokens, finish, time.monotonic() - started)
+        return 200, self._events(body, response, request.versions) if body.get("stream") else response
 
     async def _decode(self, request: _Request, prompt_len: int, max_new: int) -> list[int]:
         tokens: list[int] = []
@@ -231,7 +246,30 @@ class SGLangStandIn(StandInServer):
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[logprob_at(prompt_len + i, v), t, None]
                                              for i, (t, v) in enumerate(zip(tokens, request.versions, strict=True))]
-        return {"text": "".join(f"<{t}>" for t in tokens), "output_ids": tokens, "meta_info": meta}
+            meta["output_token_logprobs_length"] = len(tokens)
+        return {"text": "".join(_piece(t) for t in tokens), "output_ids": tokens, "meta_info": meta}
+
+    def _events(self, body: dict[str, Any], response: dict[str, Any], versions: list[str]) -> Events:
+        """`response` streamed: a chunk at each of `_chunk_ends`, the last one `response` itself (sliced to
+        what is new with `incremental_streaming_output`)."""
+        interval = int(body["sampling_params"].get("stream_interval") or self.stream_interval)
+        tokens, meta = response["output_ids"], response["meta_info"]
+        chunks, sent = [], 0
+        for end in _chunk_ends(len(tokens), interval):
+            last = end == len(tokens)
+            part = meta if last else {k: meta[k] for k in _CHUNK_META if k in meta}
+            part = {**part, "completion_tokens": end, "weight_version": versions[end - 1] if end and not last
+                    else meta["weight_version"], **({"finish_reason": None} if not last else {})}
+            start = sent if self.incremental_streaming_output else 0
+            if "output_token_logprobs" in meta:
+                part.update(output_token_logprobs=meta["output_token_logprobs"][start:end],
+                            output_token_logprobs_length=end)
+            if not chunks:
+                part["response_sent_to_client_ts"] = time.time()
+            chunks.append({"text": "".join(_piece(t) for t in tokens[start:end]), "output_ids": tokens[start:end],
+                           "meta_info": part})
+            sent = end
+        return Events(chunks)
 
     async def _pause(self, body: dict[str, Any]) -> tuple[int, Any]:
         mode = body.get("mode", "abort")
@@ -279,6 +317,22 @@ class SGLangStandIn(StandInServer):
         finally:
             self._updating = False
             await self._notify()
+
+
+_CHUNK_META = ("id", "prompt_tokens", "num_retractions", "cached_tokens")  # a chunk's meta_info before the last
+
+
+def _piece(token: int) -> str:
+    """The stand-in's text of one token."""
+    return f"<{token}>"
+
+
+def _chunk_ends(n: int, interval: int) -> list[int]:
+    """How many output tokens each chunk of a request that made `n` ends at: the first token at once, then
+    every `interval` (output_streamer.py ``accept``), and the finished one at `n` (an abort without tokens:
+    only that)."""
+    ends = [1, *range(1 + interval, n, interval)] if n > 1 else []
+    return [*ends, n]
 
 
 def _spans(versions: list[str], current: str) -> list[dict[str, Any]]:

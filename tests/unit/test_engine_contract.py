@@ -156,10 +156,11 @@ def test_built_in_engines_and_custom_generate_declare_their_capabilities() -> No
     cases = {make_engine("vllm", vllm_urls=["h:1"]): EngineCapabilities(**http, saves_progress=True),
              make_engine("vllm", vllm_urls=["h:1"], vllm_sync_weights=True): EngineCapabilities(
                  **http, reloads_weights=True, saves_progress=True),
-             make_engine("sglang", sglang_urls=["h:1"]): EngineCapabilities(**http),
+             make_engine("sglang", sglang_urls=["h:1"]): EngineCapabilities(**http, saves_progress=True),
              make_engine("sglang", sglang_urls=["h:1"], sglang_sync_weights=True): EngineCapabilities(
-                 **http, reloads_weights=True),
-             make_engine("sglang", model="/m"): EngineCapabilities(checks_sampling=True, reloads_weights=True),
+                 **http, reloads_weights=True, saves_progress=True),
+             make_engine("sglang", model="/m"): EngineCapabilities(checks_sampling=True, reloads_weights=True,
+                                                                   saves_progress=True),
              make_engine("hf", model="/m"): EngineCapabilities(reloads_weights=True),
              make_engine(generate="tests.plugins:instant"): EngineCapabilities(runs_user_code=True)}
     for engine, declared in cases.items():

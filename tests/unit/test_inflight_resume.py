@@ -14,7 +14,13 @@ Pinned here:
 5. the vLLM engine (against the stand-in) streams every request when checkpoints are on and saves each sample
    finished; a restored sample is continued from prompt + its tokens (``max_tokens`` reduced), its text,
    resume points and versions kept (the new tokens take the group's version); a finished one is kept without
-   a request; a text prompt's checkpoint (no token ids to continue from) starts again.
+   a request; a text prompt's checkpoint (no token ids to continue from) starts again;
+6. the SGLang engine (against the stand-in) the same way: its streamed chunks (cumulative, or new only with
+   ``--incremental-streaming-output``, every ``stream_interval`` tokens) join into exactly the answer a request
+   that does not stream gets; each sample is saved as it streams and once finished; a restored sample is
+   continued from prompt ids + its tokens (``max_new_tokens`` reduced), its checkpointed versions kept in
+   every later save; without checkpoints nothing streams; a stream that ends refused fails as that HTTP
+   status would. The in-process SGLang engine (a stub ``sglang.Engine`` streaming as SGLang does) the same.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 import fastavro
+import httpx
 import numpy as np
 import pytest
 from rollstream.producers.engines.base import Completion, SamplingParams
@@ -190,8 +197,10 @@ def test_a_version_1_checkpoint_reads_with_its_prompt_ids_not_known() -> None:
 def _vllm_run(url: str, progress: Recorder, *, tokenizer: Any = None, n: int = 2) -> Any:
     from rollstream.producers.engines import VLLMHTTPEngine
 
-    engine = VLLMHTTPEngine([url], tokenizer=tokenizer)
+    return _generate(VLLMHTTPEngine([url], tokenizer=tokenizer), progress, n)
 
+
+def _generate(engine: Any, progress: Recorder | None, n: int) -> Any:
     async def go() -> Any:
         await engine.start()
         try:
@@ -246,3 +255,196 @@ def test_vllm_samples_stream_resume_from_their_checkpoint_and_keep_finished_ones
         [body] = vllm.completions()[before:]
         assert progress.restarts == [] and body["prompt"] == [*ids, *expected[:2]] and body["max_tokens"] == 4
         assert list(continued.completions[0].tokens) == expected and list(continued.completions[0].resume_points) == [2]
+
+
+def _sglang_run(url: str, progress: Recorder | None, *, tokenizer: Any = None, n: int = 2) -> Any:
+    from rollstream.producers.engines import SGLangHTTPEngine
+
+    return _generate(SGLangHTTPEngine([url], tokenizer=tokenizer), progress, n)
+
+
+def _fields(c: Completion) -> tuple[Any, ...]:
+    return (list(c.tokens), list(c.logprobs or ()), c.text, c.finish_reason, c.policy_version, c.version_spans)
+
+
+@pytest.mark.parametrize(("incremental", "interval"), [(False, 1), (True, 1), (False, 4), (True, 4)])
+def test_sglang_streams_join_into_the_unstreamed_answer_and_are_saved(incremental: bool, interval: int) -> None:
+    from tests.standins.sglang_server import CharTokenizer, SGLangStandIn
+
+    with SGLangStandIn(weight_version="5") as sglang:
+        sglang.incremental_streaming_output, sglang.stream_interval = incremental, interval
+        plain = _sglang_run(sglang.url, None, tokenizer=CharTokenizer())
+        assert not any("stream" in body for _, body in sglang.requests)  # checkpoints off: nothing streams
+        progress = Recorder()
+        progress.interval_s = 1e-9
+        streamed = _sglang_run(sglang.url, progress, tokenizer=CharTokenizer())
+        bodies = sglang.requests[2:]
+        assert len(bodies) == 2 and all(body["stream"] is True for _, body in bodies)
+    assert [_fields(c) for c in streamed.completions] == [_fields(c) for c in plain.completions]
+    for index, completion in enumerate(streamed.completions):
+        states = [s for i, s in progress.saved if i == index]
+        assert [len(s.tokens) for s in states] == [*([1, 5] if interval == 4 else range(1, 6)), 6, 6]
+        assert [s.finish_reason for s in states] == [None] * (len(states) - 1) + ["length"]
+        assert all(list(s.tokens) == list(completion.tokens)[:len(s.tokens)] for s in states)
+        assert all(list(s.versions) == [5] * len(s.tokens) and s.text for s in states)
+
+
+def test_sglang_chunks_join_field_for_field() -> None:
+    from rollstream.producers.engines._http import post_json
+    from rollstream.producers.engines._sglang_format import StreamedGenerate
+
+    from tests.standins.sglang_server import SGLangStandIn
+
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 7}, "return_logprob": True}
+    timestamps = ("id", "e2e_latency", "response_sent_to_client_ts")
+
+    async def answers(url: str) -> tuple[Any, Any]:
+        async with httpx.AsyncClient() as client:
+            plain = await post_json(client, url, "/generate", body)
+            streamed = await post_json(client, url, "/generate", {**body, "stream": True}, stream=StreamedGenerate())
+        return plain.out, streamed.out
+
+    with SGLangStandIn() as sglang:
+        for incremental in (False, True):
+            sglang.incremental_streaming_output = incremental
+            plain, streamed = asyncio.run(answers(sglang.url))
+            for out in (plain, streamed):
+                for key in timestamps:
+                    out["meta_info"].pop(key, None)
+            assert streamed == plain and len(plain["output_ids"]) == 7
+
+
+def test_sglang_samples_resume_from_their_checkpoint_and_keep_finished_ones() -> None:
+    from tests.standins.sglang_server import CharTokenizer, SGLangStandIn
+
+    ids = [ord(ch) for ch in "2+2?"]
+    with SGLangStandIn() as sglang:
+        plain = _sglang_run(sglang.url, None, tokenizer=CharTokenizer())
+        expected = list(plain.completions[0].tokens)
+        partial = SampleState(tokens=expected[:2], logprobs=list(plain.completions[0].logprobs[:2]),
+                              versions=(4, 4), text="ab", resume_points=(2,), resumed_from=("P1",))
+        finished = SampleState(tokens=expected, logprobs=list(plain.completions[1].logprobs), versions=(4,) * 6,
+                               finish_reason="length", text="done", resume_points=(6,), resumed_from=("P1",))
+        before = len(sglang.requests)
+        progress = Recorder({0: partial, 1: finished})
+        progress.interval_s = 1e-9
+        out = _sglang_run(sglang.url, progress, tokenizer=CharTokenizer())
+        [(_, body)] = sglang.requests[before:]  # the finished sample was kept: one request, the continuation
+        assert body["input_ids"] == [*ids, *expected[:2]] and body["sampling_params"]["max_new_tokens"] == 4
+        assert body["stream"] is True
+        first, kept = out.completions
+        assert list(first.tokens) == expected and first.text.startswith("ab")
+        assert list(first.logprobs) == list(plain.completions[0].logprobs)
+        assert (list(first.resume_points), list(first.resumed_from)) == ([2], ["P1"])
+        assert [(s.version, s.start, s.end) for s in first.version_spans] == [(4, 0, 2), (9, 2, 6)]
+        assert list(kept.tokens) == expected and kept.text == "done" and list(kept.resume_points) == [6]
+        saved = [s for i, s in progress.saved if i == 0]
+        assert [len(s.tokens) for s in saved] == [3, 4, 5, 6, 6]
+        assert all(list(s.versions) == [4, 4] + [9] * (len(s.tokens) - 2) for s in saved)
+        assert all(s.resume_points == (2,) and s.resumed_from == ("P1",) for s in saved)
+
+        sglang.weight_version = "5"  # versions the server reports win over the group's
+        out = _sglang_run(sglang.url, Recorder({0: partial}), tokenizer=CharTokenizer(), n=1)
+        assert [(s.version, s.start, s.end) for s in out.completions[0].version_spans] == [(4, 0, 2), (5, 2, 6)]
+
+        progress = Recorder({0: partial})
+        text_only = _sglang_run(sglang.url, progress, n=1)  # no tokenizer: its prompt ids are not known here
+        assert progress.restarts == [0] and not list(text_only.completions[0].resume_points)
+
+
+def test_sglang_streams_that_end_refused_fail_as_their_http_status_would() -> None:
+    from rollstream.producers.engines import EngineError
+    from rollstream.producers.engines._sglang_format import StreamedGenerate
+    from rollstream.producers.engines.sglang_http import parse_answer
+
+    def ended(chunk: dict[str, Any]) -> EngineError:
+        stream = StreamedGenerate()
+        stream.add({"text": "<7>", "output_ids": [7], "meta_info": {"finish_reason": None, "completion_tokens": 1}})
+        stream.add(chunk)
+        with pytest.raises(EngineError) as caught:
+            parse_answer(stream.result())
+        return caught.value
+
+    refused = ended({"error": {"message": "bad input", "type": "invalid_request_error", "code": 400}})
+    assert not refused.retriable and "HTTP 400: bad input" in str(refused)
+    busy = ended({"text": "", "output_ids": [], "meta_info": {"completion_tokens": 1, "finish_reason": {
+        "type": "abort", "message": "overloaded", "status_code": 503, "err_type": None}}})
+    assert busy.retriable and "HTTP 503: overloaded" in str(busy)
+    stream = StreamedGenerate()
+    stream.add({"output_ids": [1, 2], "meta_info": {"completion_tokens": 2}})
+    with pytest.raises(EngineError, match="does not add up"):
+        stream.add({"output_ids": [1, 2, 3], "meta_info": {"completion_tokens": 9}})
+
+
+def test_in_process_sglang_streams_saves_and_resumes(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import sys
+    import types
+
+    from rollstream.producers.engines import SGLangEngine
+
+    from tests.standins.sglang_server import CharTokenizer
+
+    calls: list[dict[str, Any]] = []
+
+    class StubEngine:
+        """Streams cumulative chunks, a token each: token 100 + its absolute position, version "3"."""
+
+        def __init__(self, model_path: str, **kwargs: Any) -> None:
+            pass
+
+        async def async_generate(self, **kwargs: Any) -> Any:
+            calls.append(kwargs)
+            start, n = len(kwargs["input_ids"]), kwargs["sampling_params"]["max_new_tokens"]
+            tokens = [100 + start + i for i in range(n)]
+
+            def chunk(k: int) -> dict[str, Any]:
+                finish = {"type": "length", "length": n} if k == n else None
+                meta = {"finish_reason": finish, "completion_tokens": k, "weight_version": "3",
+                        "output_token_logprobs": [[-0.5, t, None] for t in tokens[:k]]}
+                if finish:
+                    meta["weight_versions"] = [{"version": "3", "start": 0, "end": n}]
+                return {"text": "x" * k, "output_ids": tokens[:k], "meta_info": meta}
+
+            async def chunks() -> Any:
+                for k in range(1, n + 1):
+                    yield chunk(k)
+            return chunks() if kwargs.get("stream") else chunk(n)
+
+        def shutdown(self) -> None:
+            pass
+
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=StubEngine))
+    monkeypatch.setattr("rollstream.producers.engines.sglang_engine.load_tokenizer", lambda path: CharTokenizer())
+    ids = [ord(ch) for ch in "2+2?"]
+    partial = SampleState(tokens=[104, 105], logprobs=[-0.5, -0.5], versions=(2, 2), text="ab", resume_points=(2,),
+                          resumed_from=("P1",))
+    progress = Recorder({0: partial})
+    progress.interval_s = 1e-9
+    plain = _generate(SGLangEngine(tmp_path), None, 1).completions[0]
+    [resumed, fresh] = _generate(SGLangEngine(tmp_path), progress, 2).completions
+    assert "stream" not in calls[0] and all(c["stream"] is True for c in calls[1:])
+    assert calls[1]["input_ids"] == [*ids, 104, 105] and calls[1]["sampling_params"]["max_new_tokens"] == 4
+    assert _fields(fresh) == _fields(plain) and list(resumed.tokens) == list(plain.tokens)
+    assert [(s.version, s.start, s.end) for s in resumed.version_spans] == [(2, 0, 2), (3, 2, 6)]
+    assert list(resumed.resume_points) == [2] and resumed.text == "abxxxx"
+    saved = {i: [(len(s.tokens), s.finish_reason, list(s.versions)) for j, s in progress.saved if j == i]
+             for i in (0, 1)}
+    assert saved[0] == [(k, None, [2, 2] + [3] * (k - 2)) for k in range(3, 7)] + [(6, "length", [2, 2, 3, 3, 3, 3])]
+    assert saved[1] == [(k, None, [3] * k) for k in range(1, 7)] + [(6, "length", [3] * 6)]
+
+
+def test_a_streamed_sglang_partial_takes_the_servers_version_only_while_it_did_not_change() -> None:
+    from rollstream.producers.engines._sglang_format import StreamedGenerate
+
+    def chunk(k: int, version: str) -> dict[str, Any]:
+        return {"text": "x" * k, "output_ids": list(range(k)), "meta_info": {
+            "finish_reason": None, "completion_tokens": k, "weight_version": version,
+            "output_token_logprobs": [[-0.5, t, None] for t in range(k)]}}
+
+    stream = StreamedGenerate()
+    stream.add(chunk(1, "3"))
+    stream.add(chunk(2, "3"))
+    assert [(s.version, s.start, s.end) for s in stream.partial().version_spans] == [(3, 0, 2)]
+    stream.add(chunk(3, "4"))  # an update while it ran (SGLang's retract): which tokens had which is not said
+    partial = stream.partial()
+    assert partial.finish_reason == "abort" and list(partial.tokens) == [0, 1, 2] and not partial.version_spans

@@ -11,7 +11,10 @@ manager makes them; unknown keys a TypeError there). Control bodies are parsed i
 
 from __future__ import annotations
 
+import ast
 import sys
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from tests.upstream._checking import declared_routes, run_checks
@@ -92,11 +95,24 @@ def responses() -> dict[str, Any]:
             "sampling_fields": list(t.SamplingParams.__struct_fields__)}
 
 
+def incremental_meta() -> list[str]:
+    """``_INCREMENTAL_STREAMING_META_INFO_KEYS`` of the tokenizer manager (the ``meta_info`` lists that
+    ``--incremental-streaming-output`` sends only the new part of), read from its source: importing it needs a
+    GPU."""
+    source = metadata.distribution("sglang").locate_file("sglang/srt/managers/tokenizer_manager.py")
+    for node in ast.parse(Path(str(source)).read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_INCREMENTAL_STREAMING_META_INFO_KEYS"
+                                                for t in node.targets):
+            return [str(e.value) for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)]
+    return []
+
+
 def checks(todo: dict[str, Any], result: dict[str, Any]) -> None:
     result["generate"] = [check_generate(b) for b in todo["generate"]]
     result["control"] = [check_control(p, b) for p, b in todo["control"]]
     result["in_process"] = [check_in_process(c) for c in todo["in_process"]]
     result["responses"] = responses()
+    result["incremental_meta"] = incremental_meta()
     result["routes"] = declared_routes("sglang", ["sglang/srt/entrypoints/http_server.py"])
 
 

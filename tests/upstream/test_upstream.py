@@ -34,7 +34,7 @@ import pytest
 from rollstream.producers.engines import RetryPolicy, SamplingParams, SGLangHTTPEngine, SGLangSyncEngine, VLLMHTTPEngine
 from rollstream.producers.engines import sglang_engine as sglang_engine_module
 from rollstream.producers.engines._sampling import SGLANG_OPTIONS, VLLM_OPTIONS, VLLM_RENAMES
-from rollstream.producers.engines._sglang_format import parse_policy_version
+from rollstream.producers.engines._sglang_format import INCREMENTAL_META, parse_policy_version
 from rollstream.producers.engines._vllm_format import is_paused_answer, parse_response
 from rollstream.producers.engines.sglang_engine import SGLangEngine
 from rollstream.producers.engines.sglang_http import parse_answer
@@ -42,6 +42,7 @@ from rollstream.producers.engines.sglang_http import parse_answer
 from tests.standins import sglang_server, vllm_server
 from tests.standins.sglang_server import CharTokenizer, SGLangStandIn
 from tests.standins.vllm_server import VLLMStandIn
+from tests.unit.test_inflight_resume import Recorder
 from tests.upstream._env import ROOT, installed, target, versions, why_not_installed
 
 pytestmark = pytest.mark.slow
@@ -94,6 +95,10 @@ def _sglang_bodies(tmp: Path) -> dict[str, Any]:
         _run(SGLangHTTPEngine([server.url], tokenizer=CharTokenizer(), retry=FAST),
              lambda e: e.generate(PROMPT, 1, SGLANG_SAMPLING))
         server.abort_after_tokens = None
+        checkpointed = Recorder()  # in-flight checkpoints on: the request streams
+        checkpointed.interval_s = 30.0
+        _run(SGLangHTTPEngine([server.url], tokenizer=CharTokenizer(), retry=FAST),
+             lambda e: e.generate(PROMPT, 1, SGLANG_SAMPLING, progress=checkpointed))
         _run(SGLangSyncEngine([server.url], retry=FAST), lambda e: e.reload(str(tmp), 2))
         for path, body in server.requests:
             if path == "/generate":
@@ -102,6 +107,7 @@ def _sglang_bodies(tmp: Path) -> dict[str, Any]:
                 control.append((path, body))
     assert len(generate) >= 5 and any("text" in b for b in generate) and len(control) == 3
     assert any(b["sampling_params"]["max_new_tokens"] == 2 for b in generate)  # the continuation
+    assert any(b.get("stream") is True for b in generate)
     return {"generate": generate, "control": control, "in_process": _in_process_calls(tmp)}
 
 
@@ -184,6 +190,10 @@ def test_sglang_option_table_and_stand_in_follow_the_package(sglang: dict[str, A
     with SGLangStandIn() as server:
         info = httpx.get(server.url + "/model_info", timeout=10).json()
     assert set(info) <= set(responses["model_info_fields"]) and "weight_version" in info
+
+
+def test_sglang_stream_joiner_follows_the_package(sglang: dict[str, Any]) -> None:
+    assert list(INCREMENTAL_META) == sglang["result"]["incremental_meta"]
 
 
 def test_sglang_stand_in_routes_are_the_packages(sglang: dict[str, Any]) -> None:
