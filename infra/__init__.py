@@ -8,7 +8,7 @@ the error mapping, threads) lives in the modules that define it, for rollstream'
 from rollstream.infra.acls import AclRule, apply_acls, plan_acls
 from rollstream.infra.config import BOOTSTRAP_ENV, DEFAULT_TRAINER_GROUP, KafkaConfig
 from rollstream.infra.deadline import GRACE_S, Deadline
-from rollstream.infra.kafka_errors import KafkaIOError, MissingNamespaceError
+from rollstream.infra.kafka_errors import KafkaIOError, MissingNamespaceError, UnreachableClusterError
 from rollstream.infra.lag import GroupLag, LagReader, PartitionLag
 from rollstream.infra.runs import GroupRun, PolicyAnnouncer, RunSupersededError, announce_policy_version
 from rollstream.infra.topics import (
@@ -36,5 +36,5 @@ __all__ = [
     # deadlines
     "Deadline", "GRACE_S",
     # errors
-    "KafkaIOError", "MissingNamespaceError",
+    "KafkaIOError", "MissingNamespaceError", "UnreachableClusterError",
 ]

@@ -17,6 +17,7 @@ from rollstream.infra.deadline import Deadline
 from rollstream.infra.kafka_errors import (
     NOT_AUTHORIZED,
     KafkaIOError,
+    UnreachableClusterError,
     authentication_error,
     error_text,
     kafka_error,
@@ -56,7 +57,7 @@ def require_topics(config: KafkaConfig, topics: Sequence[str], *, namespace: str
         metadata = _list_or_refused(admin, seen, config, deadline)
     except KafkaException as exc:
         cause = kafka_error("list topics", exc)
-        raise KafkaIOError(
+        raise UnreachableClusterError(
             f"cannot reach Kafka at {config.bootstrap_servers} within {deadline.total_s:g} s ({error_text(exc)}); "
             f"start one (rollstream broker start) or set {BOOTSTRAP_ENV} / --bootstrap-servers to a running "
             "broker", code=cause.code, fatal=cause.fatal, retriable=True) from exc

@@ -142,6 +142,12 @@ def missing_topic_error(topic: str, namespace: str | None = None) -> KafkaIOErro
                         code="UNKNOWN_TOPIC_OR_PART")
 
 
+class UnreachableClusterError(KafkaIOError):
+    """No broker of the cluster answered at all within the reach timeout: a wrong address, or a cluster that is
+    down. Retriable (a cluster that starts answers), but a command that has never reached the cluster says so
+    and stops rather than waiting for one that may never come."""
+
+
 class MissingNamespaceError(KafkaIOError):
     """No topic of a namespace exists: a misspelt ``--namespace``, or topics never created there.
 

@@ -154,8 +154,9 @@ def take(
     how long, how many of the N groups it has, and the likely cause with its fix (as `rollstream status`). A
     commit the broker cannot take (a restart, a stall) is tried again until it goes through, a line on stderr
     for each failed try: the step stays in hand meanwhile. Connecting is tried again the same way when the
-    broker does not answer yet (restarting, still loading its groups, unreachable): for ever without --timeout,
-    else until it runs out (exit 2). A missing namespace or a refused authorization exits 2 at once.
+    cluster answers but not yet in full (a broker still loading its groups after a restart): for ever without
+    --timeout, else until it runs out (exit 2). A cluster that does not answer at all, a missing namespace or a
+    refused authorization exits 2 at once.
 
     It is a run of its group: starting, it fences every older `rollstream take` (or RolloutConsumer) of the group,
     whose commits the broker refuses from then on, so a restarted job takes over from the one it replaces. A take

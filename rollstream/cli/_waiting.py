@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from rollstream.consumers import Batch, Diagnosis, RolloutConsumer, TakeTimeout
+from rollstream.infra import UnreachableClusterError
 from rollstream.schemas import ConfigError, RollstreamError
 
 NOTICES_ENV = "ROLLSTREAM_TAKE_WAIT_NOTICES"
@@ -101,13 +102,15 @@ def take_saying_why(consumer: RolloutConsumer, n: int, timeout: float | None, no
 
 
 def connect_saying_why(consumer: RolloutConsumer, timeout: float | None, say: Callable[[str], None]) -> None:
-    """``consumer.connect``, tried again after each retriable failure (a broker restarting or still loading its
-    groups, an unreachable cluster) until `timeout` s passed (None: for ever, as the take waits for groups), with
-    a line to `say` for each failed try. Does nothing once connected. Blocks until connected; each try is bounded
-    by the consumer's timeout, and a try that failed at once is followed by a pause of up to 2 s.
+    """``consumer.connect``, tried again after each retriable failure of a cluster that answers (a broker still
+    loading its groups after a restart, a coordinator moving) until `timeout` s passed (None: for ever, as the take
+    waits for groups), with a line to `say` for each failed try. Does nothing once connected. Blocks until
+    connected; each try is bounded by the consumer's timeout, and a try that failed at once is followed by a pause
+    of up to 2 s.
 
     Raises what `RolloutConsumer.connect` raises that is not retriable (a missing namespace, no authorization),
-    and a retriable failure once `timeout` passed."""
+    `UnreachableClusterError` (no broker answered at all: a wrong address or a cluster that is down, said at once
+    rather than waited for), and a retriable failure once `timeout` passed."""
     started = time.monotonic()
     while True:
         tried = time.monotonic()
@@ -116,7 +119,8 @@ def connect_saying_why(consumer: RolloutConsumer, timeout: float | None, say: Ca
             consumer.connect(left)
             return
         except RollstreamError as exc:
-            if not exc.retriable or (timeout is not None and time.monotonic() - started >= timeout):
+            if (not exc.retriable or isinstance(exc, UnreachableClusterError)
+                    or (timeout is not None and time.monotonic() - started >= timeout)):
                 raise
             say(f"cannot connect yet, trying again (Ctrl-C stops, losing nothing): {' '.join(str(exc).split())}")
         pause = _CONNECT_PAUSE_S - (time.monotonic() - tried)

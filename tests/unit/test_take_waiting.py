@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rollstream.consumers import Diagnosis, TakeTimeout
 from rollstream.consumers.forensics._status_report import Cause
-from rollstream.infra import KafkaIOError, MissingNamespaceError
+from rollstream.infra import KafkaIOError, MissingNamespaceError, UnreachableClusterError
 from rollstream.schemas import ConfigError
 
 from rollstream.cli._waiting import NOTICES_ENV, WaitNotices, connect_saying_why, take_saying_why, waiting_line
@@ -117,6 +117,9 @@ def test_a_connect_failure_that_is_not_retriable_or_outlasts_the_timeout_is_rais
                                     namespace="ns", existing=[])
     with pytest.raises(MissingNamespaceError):
         connect_saying_why(_Refusing(missing), None, [].append)  # type: ignore[arg-type]
+    unreachable = UnreachableClusterError("cannot reach Kafka at 127.0.0.1:1 within 15 s", retriable=True)
+    with pytest.raises(UnreachableClusterError):  # never reached: said at once, not waited for
+        connect_saying_why(_Refusing(unreachable), None, [].append)  # type: ignore[arg-type]
     fake, started = _Refusing(*[_LOADING] * 100), time.monotonic()
     with pytest.raises(KafkaIOError, match="Timed out"):
         connect_saying_why(fake, 0.3, [].append)  # type: ignore[arg-type]
