@@ -85,7 +85,8 @@ class ProducerSettings:
             the producer that takes a prompt over after a crash continues its samples: an engine that saves
             progress checkpoints each sample: an ``--environment`` episode at every turn boundary and when it
             ends, a single generation on vLLM or SGLang (streamed) every this many seconds and when it
-            finishes. 0 (the default, for now): no checkpoints (and none resumed); 30 is a good start.
+            finishes (not at all when it finishes within the first interval). Default 30; 0: no checkpoints
+            (and none resumed, nothing streamed).
         checkpoint_max_staleness: a checkpoint whose oldest token is more than this many policy versions behind
             the one followed is discarded and its sample generated again (None: any age; a checkpoint of
             another trainer run is always discarded).
@@ -122,7 +123,7 @@ class ProducerSettings:
     watch_control: bool = True
     producer_overrides: Mapping[str, Any] = field(default_factory=dict)
     intake_overrides: Mapping[str, Any] = field(default_factory=dict)
-    checkpoint_interval_s: float = 0.0
+    checkpoint_interval_s: float = 30.0
     checkpoint_max_staleness: int | None = None
 
     def __post_init__(self) -> None:

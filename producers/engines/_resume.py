@@ -93,13 +93,16 @@ def resumed(completion: Completion, restored: SampleState, version: int | None) 
 class StreamSaver:
     """Saves a streaming sample's state at most every `Progress.interval_s` seconds (a `StreamedChoice`'s
     ``on_tokens``): the rollout's segments so far, then the output of the request streaming, and the prompt's
-    token ids as `prompt_ids` knows them when it saves (None: not known)."""
+    token ids as `prompt_ids` knows them when it saves (None: not known). A sample that finishes within its first
+    interval is not saved at all: generating it again costs less than the interval, the bound a checkpoint keeps,
+    so a workload of short samples writes no checkpoint."""
 
     def __init__(self, progress: Progress, index: int, rollout: PartialRollout, restored: SampleState | None,
                  prompt_ids: PromptIds = lambda: None) -> None:
         self._progress, self._index, self._rollout, self._restored = progress, index, rollout, restored
         self._prompt_ids = prompt_ids
-        self._last = time.monotonic()
+        self._last = self._started = time.monotonic()
+        self._saved = False
 
     def __call__(self, streamed: object) -> None:
         now = time.monotonic()
@@ -113,8 +116,11 @@ class StreamSaver:
         self._save(self._rollout.so_far(partial), finished=False)
 
     def finished(self, completion: Completion) -> None:
-        """Save the finished sample (kept as it is if the group is taken over before it is published)."""
-        self._save(completion, finished=True)
+        """Save the finished sample (kept as it is if the group is taken over before it is published), unless it
+        finished within its first interval, unsaved and not restored (generated again, it costs less)."""
+        short = time.monotonic() - self._started < self._progress.interval_s
+        if self._saved or self._restored is not None or not short:
+            self._save(completion, finished=True)
 
     def _save(self, completion: Completion, *, finished: bool) -> None:
         """Save `completion` with the versions its result will have: a restored sample's checkpointed tokens keep
@@ -123,3 +129,4 @@ class StreamSaver:
             completion = resumed(completion, self._restored, self._progress.version)
         self._progress.save(self._index, state_of(completion, self._restored, finished=finished,
                                                   prompt_ids=self._prompt_ids()))
+        self._saved = True

@@ -174,7 +174,8 @@ def produce(
                       "crash continues its samples rather than generating them again: --environment episodes are "
                       "checkpointed at every turn boundary and when they finish (with the environment's snapshot() "
                       "if it has one); a single generation on vLLM or SGLang streams and is checkpointed every this "
-                      "many seconds and when it finishes. 0 (the default): no checkpoints, none resumed; try 30.",
+                      "many seconds and when it finishes (a sample done within the first interval: never, it costs "
+                      "less to generate again). 0: no checkpoints, none resumed, nothing streamed.",
         rich_help_panel=_LIFE)] = _D.checkpoint_interval_s,
     checkpoint_max_staleness: Annotated[int | None, typer.Option(
         min=0, help="Discard a checkpoint whose oldest token is more than this many policy versions behind the "

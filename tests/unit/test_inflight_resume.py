@@ -257,6 +257,22 @@ def test_vllm_samples_stream_resume_from_their_checkpoint_and_keep_finished_ones
         assert list(continued.completions[0].tokens) == expected and list(continued.completions[0].resume_points) == [2]
 
 
+def test_a_sample_that_finishes_within_its_first_interval_writes_no_checkpoint() -> None:
+    from tests.standins.sglang_server import CharTokenizer
+    from tests.standins.vllm_server import VLLMStandIn
+
+    with VLLMStandIn() as vllm:
+        short = Recorder()
+        short.interval_s = 60.0
+        out = _vllm_run(vllm.url, short, tokenizer=CharTokenizer())
+        assert all(b["stream"] is True for b in vllm.completions()) and len(out.completions) == 2
+        assert short.saved == []  # generated again, each costs less than the 60 s a checkpoint would bound
+        resumed = Recorder({0: SampleState(tokens=list(out.completions[0].tokens[:2]), versions=(4, 4))})
+        resumed.interval_s = 60.0
+        _vllm_run(vllm.url, resumed, tokenizer=CharTokenizer())
+        assert [(i, s.finish_reason) for i, s in resumed.saved] == [(0, "length")]  # a resumed one: saved finished
+
+
 def _sglang_run(url: str, progress: Recorder | None, *, tokenizer: Any = None, n: int = 2) -> Any:
     from rollstream.producers.engines import SGLangHTTPEngine
 
