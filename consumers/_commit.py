@@ -186,7 +186,7 @@ class StepCommitter:
         batch = batches[-1]
         self._check_sole_committer(batch, deadline)
         manifests = [b.manifest() for b in batches]
-        unwritten = [b.manifest() for b in self._to_write(batches)]
+        unwritten = manifests[len(batches) - len(self._to_write(batches)):]
         self._publish_requeues(batches, deadline)
         if self.manifests and unwritten:
             self._publish(unwritten, batch, deadline)
