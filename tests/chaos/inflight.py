@@ -170,8 +170,7 @@ def run(args: argparse.Namespace, server: Server, config: KafkaConfig, interval:
     if server.pace and bound is not None and lost_s > bound:  # exact on the paced stand-in: enforced
         failures.append(f"{lost_s:.2f} sample-seconds lost per kill, over the bound of {bound:g}")
     return RunReport(checkpoints=f"{label} ({interval:g} s)" if interval else label, server=args.server,
-                     kills=args.kills,
-                     prompts=args.prompts, groups_published=len(groups), resumed_samples=resumed,
+                     kills=args.kills, prompts=args.prompts, groups_published=len(groups), resumed_samples=resumed,
                      tokens_generated=generated, tokens_needed=needed, tokens_published_twice=twice,
                      tokens_lost=generated - needed - twice,
                      tokens_per_sample_second=round(rate, 1), lost_sample_seconds_per_kill=round(lost_s, 2),

@@ -2,7 +2,7 @@
 daemon thread, minimal HTTP/1.1 (keep-alive, Content-Length bodies: what httpx sends; `Events` as server-sent
 events, all at once, `LiveEvents` as they come), a request log,
 and a condition the simulated engine waits on. A stand-in subclasses `StandInServer` and implements
-`_route`."""
+`_route` (and `_watches_clients` to cancel a request whose client has gone away, as engines abort it)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any, Self, TypeVar
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error",
             503: "Service Unavailable"}
 _WATCH_S = 0.01  # how often a request is checked for its client having gone away (`_watches_clients`)
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 class Events(list):
@@ -143,7 +143,7 @@ class StandInServer:
             writer.close()
 
 
-async def _unless_gone(reader: asyncio.StreamReader, answering: Awaitable[T]) -> T | None:
+async def _unless_gone(reader: asyncio.StreamReader, answering: Awaitable[_T]) -> _T | None:
     """`answering`'s result, or None (it cancelled) once the client has closed its end."""
     task = asyncio.ensure_future(answering)
     while not task.done():

@@ -267,9 +267,9 @@ class VLLMStandIn(StandInServer):
         prompt = body["prompt"]
         ids = list(prompt) if isinstance(prompt, list) else [ord(ch) for ch in prompt]
         await self._wait_for(lambda: self._paused is None)  # keep (0.32: every mode): queued until /resume
-        run = self._begin(len(ids), int(body.get("max_tokens", 16)))
         if body.get("stream") and self.tokens_per_s:
-            return 200, LiveEvents(self._live(body, ids, run))
+            return 200, LiveEvents(self._live(body, ids))
+        run = self._begin(len(ids), int(body.get("max_tokens", 16)))
         try:
             while await self._next_token(run):
                 pass
@@ -309,9 +309,10 @@ class VLLMStandIn(StandInServer):
         self.tokens_generated += 1
         return True
 
-    async def _live(self, body: dict[str, Any], ids: list[int], run: _Run) -> AsyncGenerator[dict[str, Any], None]:
-        """`run` streamed as it generates: each token's chunk when it is made, then the finish chunk. Closed
-        early (its client gone), it makes no more tokens."""
+    async def _live(self, body: dict[str, Any], ids: list[int]) -> AsyncGenerator[dict[str, Any], None]:
+        """The request streamed as it generates: each token's chunk when it is made, then the finish chunk.
+        Closed early (its client gone), it makes no more tokens."""
+        run = self._begin(len(ids), int(body.get("max_tokens", 16)))
         try:
             while await self._next_token(run):
                 yield self._token_chunk(body, ids, run, len(run.tokens) - 1)
