@@ -42,10 +42,12 @@ compat: install
 	$(COMPAT_ENV) $(PY) -m pytest $(PYTEST_ARGS) $(COMPAT_TESTS)
 
 # Seeded randomized faults against a private local broker, then 0 lost / 0 duplicated / audit green (not in `test`);
-# then producers SIGKILLed mid-generation on a real vLLM server, generation lost with checkpoints off and on.
+# then producers SIGKILLed mid-generation, generation lost with checkpoints off and on: on the paced vLLM stand-in
+# (exact, bound enforced), then on a real vLLM server.
 chaos: install install-vllm jars
 	$(PY) -m tests.chaos $(CHAOS_ARGS)
 	$(PY) -m tests.chaos.abandon --level status --rounds 10 --seconds 120
+	$(PY) -m tests.chaos.inflight --server standin
 	$(PY) -m tests.chaos.inflight
 
 # A trainer fed by one producer for 30 min (SOAK_ARGS: --minutes, --rate, --producer raw); RSS of both each minute

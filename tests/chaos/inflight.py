@@ -19,6 +19,14 @@ both cores, restarts take 10-20 s and sessions lapse, and the groups published t
 dominate what is lost, so the comparison is noisy (`tests/integration/test_vllm_checkpoints.py` pins the exact
 property instead: after a kill the server generates only what the checkpoints did not hold). The report goes to
 stdout and ``chaos-out/inflight.json``.
+
+``--server standin`` (report in ``chaos-out/inflight-standin.json``): the same runs on the vLLM stand-in
+(`tests.standins.vllm_server.VLLMStandIn`, in this process) generating each sample at a fixed pace (``--pace``
+tokens a second, streamed a chunk per token as vLLM does, a request stopped when its producer dies) and counting
+what it generated; the producers send text prompts (no tokenizer: checkpoints keep the prompt ids of the first
+chunk). Generation costs no CPU, so restarts take seconds and sessions hold, and the tokens lost turn into
+sample-seconds exactly (tokens / pace): the bound is enforced, exit status 1 when the run with checkpoints loses
+more per kill (the run without is reported only).
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,26 +54,50 @@ from rollstream.vllm_server import VLLMServer, vllm_python
 from tests.chaos._cluster import Cluster
 from tests.integration._kafka import REPO_ROOT, cli_env, read_all, write_prompts
 from tests.integration._vllm import RealVLLM, build_model
+from tests.standins.vllm_server import VLLMStandIn
 
 PRODUCERS, SAMPLES, CONCURRENCY, PARTITIONS = 2, 2, 2, 2
+TOKENS = {"vllm": 1200, "standin": 600}  # --tokens by default
+
+
+@dataclass
+class Server:
+    """What a run needs of the server the producers generate on."""
+
+    url: str
+    tokenizer: str  # the producers' TOKENIZER argument: "-" for none (text prompts)
+    generated_tokens: Callable[[], float]  # the tokens it generated so far
+    pace: float | None  # tokens a second of each sample, when fixed (the stand-in's); None: measured per run
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.inflight", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server", choices=("vllm", "standin"), default="vllm",
+                        help="a real vLLM server (default), or the paced stand-in (see above)")
+    parser.add_argument("--pace", type=float, default=50.0,
+                        help="--server standin: tokens a second each sample is generated at (default 50)")
     parser.add_argument("--kills", type=int, default=4, help="producers SIGKILLed per run (default 4)")
     parser.add_argument("--prompts", type=int, default=16, help="prompts per run (default 16)")
-    parser.add_argument("--tokens", type=int, default=1200, help="tokens per sample (default 1200)")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help="tokens per sample (default 1200 on vLLM, 600 on the stand-in)")
     parser.add_argument("--interval", type=float, default=1.0,
                         help="--checkpoint-interval of the run with checkpoints (default 1 s)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the kills' timing and victims (default 1)")
-    parser.add_argument("--out", type=Path, default=Path("chaos-out/inflight.json"))
-    return parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the report (default chaos-out/inflight.json, chaos-out/inflight-standin.json)")
+    args = parser.parse_args(argv)
+    if args.tokens is None:
+        args.tokens = TOKENS[args.server]
+    if args.out is None:
+        args.out = Path("chaos-out/inflight.json" if args.server == "vllm" else "chaos-out/inflight-standin.json")
+    return args
 
 
 @dataclass
 class RunReport:
     checkpoints: str
+    server: str
     kills: int
     prompts: int
     groups_published: int
@@ -79,7 +113,7 @@ class RunReport:
     failures: list[str]
 
 
-def run(args: argparse.Namespace, vllm: RealVLLM, config: KafkaConfig, interval: float, logs: Path) -> RunReport:
+def run(args: argparse.Namespace, server: Server, config: KafkaConfig, interval: float, logs: Path) -> RunReport:
     """One run: producers, kills and restarts, then the accounting (see the module docstring)."""
     label = "on" if interval else "off"
     names = TopicNames(f"inflight-{label}-{int(time.time())}")
@@ -87,13 +121,13 @@ def run(args: argparse.Namespace, vllm: RealVLLM, config: KafkaConfig, interval:
     prompts = [f"p{i}" for i in range(args.prompts)]
     write_prompts(config, names, prompts)
     rng = random.Random(args.seed)
-    started, generated_before = time.monotonic(), vllm.generated_tokens()
+    started, generated_before = time.monotonic(), server.generated_tokens()
     env = cli_env(config.bootstrap_servers, ROLLSTREAM_TEST_CHECKPOINT_S=str(interval))
 
     def start(producer: str) -> subprocess.Popen[bytes]:
         with open(logs / f"{label}-{producer}.log", "ab") as out:
             return subprocess.Popen([sys.executable, "-m", "tests.integration._vllm_producer", names.namespace,
-                                     vllm.url, str(vllm.model_dir), producer, str(args.tokens), str(SAMPLES),
+                                     server.url, server.tokenizer, producer, str(args.tokens), str(SAMPLES),
                                      str(CONCURRENCY), "5"], cwd=REPO_ROOT, env=env, stdout=out,
                                     stderr=subprocess.STDOUT)
 
@@ -117,7 +151,7 @@ def run(args: argparse.Namespace, vllm: RealVLLM, config: KafkaConfig, interval:
     failures = [f"{name} exited {proc.wait(600)}" for name, proc in procs.items() if proc.wait(600) != 0]
     records = read_all(config, names.rollouts)
     groups = _first_of_each(records)
-    generated = int(vllm.generated_tokens() - generated_before)
+    generated = int(server.generated_tokens() - generated_before)
     needed = sum(len(s.tokens) for g in groups.values() for s in g.samples)
     # a group published and not yet committed at a kill (or whose partition a stalled session lost) is generated
     # again whole, checkpoints or not: counted apart, as the trainer skips it
@@ -125,16 +159,18 @@ def run(args: argparse.Namespace, vllm: RealVLLM, config: KafkaConfig, interval:
     if sorted(g.prompt_id for g in groups.values()) != sorted(prompts):
         failures.append(f"prompts without a group: {sorted(set(prompts) - {g.prompt_id for g in groups.values()})}")
     failures += [f"group {g.group_id} failed: {g.error}" for g in groups.values() if g.status != "ok"]
-    rate = statistics.median(args.tokens / max(0.001, (g.finished_at_ms - g.started_at_ms) / 1000)
-                             for g in groups.values())
+    rate = server.pace or statistics.median(args.tokens / max(0.001, (g.finished_at_ms - g.started_at_ms) / 1000)
+                                            for g in groups.values())
     resumed = sum(1 for g in groups.values() for s in g.samples if len(s.resume_points))
     lost_s = (generated - needed - twice) / rate / args.kills
     # with checkpoints: each sample in flight at a kill loses at most one interval, and what it generated after
     # its last checkpoint before the kill reached it (another interval): 2 intervals a sample
     in_flight = CONCURRENCY * SAMPLES
     bound = in_flight * 2 * interval if interval else None
-    return RunReport(checkpoints=f"{label} ({interval:g} s)" if interval else label, kills=args.kills,
-                     prompts=args.prompts, groups_published=len(groups), resumed_samples=resumed,
+    if server.pace and bound is not None and lost_s > bound:  # exact on the paced stand-in: enforced
+        failures.append(f"{lost_s:.2f} sample-seconds lost per kill, over the bound of {bound:g}")
+    return RunReport(checkpoints=f"{label} ({interval:g} s)" if interval else label, server=args.server,
+                     kills=args.kills, prompts=args.prompts, groups_published=len(groups), resumed_samples=resumed,
                      tokens_generated=generated, tokens_needed=needed, tokens_published_twice=twice,
                      tokens_lost=generated - needed - twice,
                      tokens_per_sample_second=round(rate, 1), lost_sample_seconds_per_kill=round(lost_s, 2),
@@ -173,29 +209,44 @@ def _first_of_each(groups: list[ScoredGroup]) -> dict[str, ScoredGroup]:
     return out
 
 
+@contextmanager
+def serving(args: argparse.Namespace, run_dir: Path) -> Iterator[Server]:
+    """The server the runs generate on: a real vLLM server on a tiny model, or the paced stand-in."""
+    if args.server == "standin":
+        with VLLMStandIn(tokens_per_s=args.pace) as standin:
+            yield Server(standin.url, "-", lambda: standin.tokens_generated, args.pace)
+        return
+    model = build_model(run_dir / "model")
+    with VLLMServer(model, log_path=run_dir / "vllm.log", max_model_len=2048, startup_timeout_s=300.0,
+                    extra_args=("--logprobs-mode", "processed_logprobs")) as server:
+        vllm = RealVLLM(server, model)
+        yield Server(vllm.url, str(model), vllm.generated_tokens, None)
+
+
+def _summary(r: RunReport) -> str:
+    return (f"{r.server} checkpoints {r.checkpoints:>10}: {r.kills} kills, {r.tokens_lost} tokens of unpublished "
+            f"samples generated again ({r.tokens_generated} generated for {r.tokens_needed}, "
+            f"{r.tokens_published_twice} in groups published twice), {r.lost_sample_seconds_per_kill:.1f} "
+            f"sample-seconds lost per kill at {r.tokens_per_sample_second:g} tokens/s (bound "
+            f"{r.bound_sample_seconds_per_kill}), {r.resumed_samples} samples resumed, {r.seconds:.0f} s"
+            f"{'; FAIL: ' + '; '.join(r.failures) if r.failures else ''}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    vllm_python()  # ConfigError naming `make install-vllm` when vLLM's environment is missing
+    if args.server == "vllm":
+        vllm_python()  # ConfigError naming `make install-vllm` when vLLM's environment is missing
     run_dir = Path(tempfile.mkdtemp(prefix="inflight-", dir="/tmp"))
     (run_dir / "logs").mkdir()
     cluster = Cluster(BrokerSpec(port=free_port(1), nodes=1, data_dir=run_dir / "broker", heap_mb=512))
-    model = build_model(run_dir / "model")
-    server = VLLMServer(model, log_path=run_dir / "vllm.log", max_model_len=2048, startup_timeout_s=300.0,
-                        extra_args=("--logprobs-mode", "processed_logprobs"))
     try:
         config = KafkaConfig.load(cluster.start())
-        with server:
-            vllm = RealVLLM(server, model)
-            reports = [run(args, vllm, config, interval, run_dir / "logs") for interval in (0.0, args.interval)]
+        with serving(args, run_dir) as server:
+            reports = [run(args, server, config, interval, run_dir / "logs") for interval in (0.0, args.interval)]
     finally:
         cluster.stop()
     for r in reports:
-        print(f"checkpoints {r.checkpoints:>10}: {r.kills} kills, {r.tokens_lost} tokens of unpublished samples "
-              f"generated again ({r.tokens_generated} generated for {r.tokens_needed}, {r.tokens_published_twice} "
-              f"in groups published twice), {r.lost_sample_seconds_per_kill:.1f} "
-              f"sample-seconds lost per kill (bound {r.bound_sample_seconds_per_kill}), {r.resumed_samples} "
-              f"samples resumed, {r.seconds:.0f} s{'; FAIL: ' + '; '.join(r.failures) if r.failures else ''}",
-              flush=True)
+        print(_summary(r), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps([asdict(r) for r in reports], indent=2) + "\n")
     ok = not any(r.failures for r in reports)

@@ -1,8 +1,8 @@
 """What the HTTP stand-ins of engine servers share: a server on 127.0.0.1 run by its own event loop in a
 daemon thread, minimal HTTP/1.1 (keep-alive, Content-Length bodies: what httpx sends; `Events` as server-sent
-events, all at once), a request log,
+events, all at once, `LiveEvents` as they come), a request log,
 and a condition the simulated engine waits on. A stand-in subclasses `StandInServer` and implements
-`_route`."""
+`_route` (and `_watches_clients` to cancel a request whose client has gone away, as engines abort it)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,29 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Self
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, Self, TypeVar
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error",
             503: "Service Unavailable"}
+_WATCH_S = 0.01  # how often a request is checked for its client having gone away (`_watches_clients`)
+_T = TypeVar("_T")
 
 
 class Events(list):
     """A reply sent as server-sent events: ``data: {json}`` per chunk, then ``data: [DONE]``."""
+
+
+class LiveEvents:
+    """A reply sent as server-sent events as `chunks` yields them (chunked transfer encoding), then ``data:
+    [DONE]``. Once the client has gone away `chunks` is closed: the generation stops."""
+
+    def __init__(self, chunks: AsyncGenerator[Any, None]) -> None:
+        self.chunks = chunks
+
+
+def _event(chunk: Any) -> bytes:
+    return b"data: [DONE]\n\n" if chunk == "[DONE]" else f"data: {json.dumps(chunk)}\n\n".encode()
 
 
 class StandInServer:
@@ -87,6 +101,10 @@ class StandInServer:
 
     # -- HTTP/1.1 -------------------------------------------------------------------------------------
 
+    def _watches_clients(self) -> bool:
+        """Whether a request is cancelled once its client has gone away (as vLLM aborts it), not answered."""
+        return False
+
     async def _route(self, method: str, path: str, query: str, raw: bytes) -> tuple[int, Any] | None:
         """The answer to one request: (status, JSON body or None), or None to close the connection
         without answering."""
@@ -102,14 +120,18 @@ class StandInServer:
                     headers[name.strip().lower()] = value.strip()
                 raw = await reader.readexactly(int(headers.get("content-length", 0)))
                 path, _, query = target.partition("?")
-                answer = await self._route(method, path, query, raw)
+                answering = self._route(method, path, query, raw)
+                answer = await (_unless_gone(reader, answering) if self._watches_clients() else answering)
                 if answer is None:
                     break  # closed without an answer: httpx sees RemoteProtocolError
                 status, reply = answer
+                if isinstance(reply, LiveEvents):
+                    if not await _send_live(reader, writer, status, reply):
+                        break
+                    continue
                 kind = "text/event-stream" if isinstance(reply, Events) else "application/json"
                 if isinstance(reply, Events):
-                    data = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in [*reply, "[DONE]"]).replace(
-                        'data: "[DONE]"', "data: [DONE]").encode()
+                    data = b"".join(_event(chunk) for chunk in [*reply, "[DONE]"])
                 else:
                     data = b"" if reply is None else json.dumps(reply).encode()
                 writer.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {kind}\r\n"
@@ -119,3 +141,37 @@ class StandInServer:
             pass
         finally:
             writer.close()
+
+
+async def _unless_gone(reader: asyncio.StreamReader, answering: Awaitable[_T]) -> _T | None:
+    """`answering`'s result, or None (it cancelled) once the client has closed its end."""
+    task = asyncio.ensure_future(answering)
+    while not task.done():
+        await asyncio.wait({task}, timeout=_WATCH_S)
+        if not task.done() and reader.at_eof():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return None
+    return task.result()
+
+
+async def _send_live(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, status: int,
+                     reply: LiveEvents) -> bool:
+    """`reply`'s events, each as its chunk comes; False when the client went away before the end."""
+    writer.write(f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: text/event-stream\r\n"
+                 "Transfer-Encoding: chunked\r\n\r\n".encode())
+    try:
+        async for chunk in reply.chunks:
+            writer.write(_http_chunk(_event(chunk)))
+            await writer.drain()
+            if reader.at_eof():  # the client closed its end (a process killed: the kernel closed it)
+                return False
+        writer.write(_http_chunk(_event("[DONE]")) + b"0\r\n\r\n")
+        await writer.drain()
+        return True
+    finally:
+        await reply.chunks.aclose()
+
+
+def _http_chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"

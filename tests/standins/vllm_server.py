@@ -61,9 +61,14 @@ as read in the stored copies on 2026-12-01 (the code is ours; only names and beh
 Deterministic generation: the token at absolute position ``p`` (prompt and output together) is
 `token_at(p, w)`, its logprob `logprob_at(p, w)`, where ``w`` numbers the weights serving when it is made: 0
 for the model the server started with, then each other ``weights_path`` ``reload_weights`` loaded, in the order
-first loaded (`weights`); a request runs to ``max_tokens`` (finish ``length``), or to
-``stop_after`` tokens (finish ``stop``, EOS: ``stop_reason`` null) when that knob is set. A text prompt is
-tokenised one id per character. Knobs to inject failures (each a count of the next requests it hits, in
+first loaded (`weights`); a request runs to ``max_tokens`` (finish ``length``), or to ``stop_after`` tokens
+(finish ``stop``, EOS: ``stop_reason`` null) when that knob is set. Its tokens come at once, ``token_delay_s``
+apart, or at a fixed pace of ``tokens_per_s`` (token ``k`` of a request ``k / tokens_per_s`` after it began,
+each request at that pace as each sample of a vLLM batch is). With a pace, a streamed request sends each
+token's chunk as it is made (as vLLM does by default), and a request stops being generated once its client has
+gone away (as vLLM aborts it, streamed or not). `tokens_generated` counts the tokens made, as vLLM's
+``vllm:generation_tokens_total`` does. A text prompt is tokenised one id per character. Knobs to inject
+failures (each a count of the next requests it hits, in
 this order): `drop_next` (the connection closes without an answer), `fail_next` (HTTP 503),
 `slow_next` (answers after `slow_s`), `abort_next` (the choice comes back aborted after
 `abort_after_tokens` tokens).
@@ -75,11 +80,13 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
-from tests.standins._http_server import Events, StandInServer
+from tests.standins._http_server import Events, LiveEvents, StandInServer
 
 _PAUSE_MODES = ("abort", "wait", "keep")
 # (method, path) -> handler, as vLLM 0.33.0 routes them: entrypoints/openai/completion/api_router.py,
@@ -108,6 +115,25 @@ def piece(token: int) -> str:
     return f"<{token}>"
 
 
+@dataclass
+class _Run:
+    """One request's generation so far: its tokens and the (label, weights) each was made under."""
+
+    rid: str
+    prompt_len: int
+    max_tokens: int
+    limit: int  # max_tokens, or stop_after when fewer
+    abort_after: int | None
+    tokens: list[int] = field(default_factory=list)
+    made: list[tuple[str | None, int]] = field(default_factory=list)
+    began: float = field(default_factory=time.monotonic)
+
+    def finish(self) -> str:
+        if len(self.tokens) < self.limit:
+            return "abort"
+        return "length" if self.limit == self.max_tokens else "stop"
+
+
 def _rpc_error(error: str) -> dict[str, Any]:
     """serve/dev/rpc/api_router.py: a worker's exception, as the HTTP 500 a real 0.32.0 server answered."""
     return _error(f"Call to collective_rpc method failed: Worker failed with error '{error}', please check the "
@@ -117,11 +143,12 @@ def _rpc_error(error: str) -> dict[str, Any]:
 class VLLMStandIn(StandInServer):
     """One stand-in server. Knobs may be changed from any thread; `requests` logs ``(path, body)`` of every
     request in arrival order (``/pause`` with its query as the body). `version` is ``"0.33"`` or ``"0.32"``;
-    `fail_reloads` makes ``reload_weights`` fail as it does for a path without weights."""
+    `fail_reloads` makes ``reload_weights`` fail as it does for a path without weights; `tokens_per_s` paces
+    generation and streams it live (the module docstring)."""
 
     def __init__(self, *, model: str = "/models/base", token_delay_s: float = 0.0, old_vllm: bool = False,
                  stop_after: int | None = None, abort_after_tokens: int = 1, slow_s: float = 1.0,
-                 version: str = "0.33", dev_mode: bool = True) -> None:
+                 version: str = "0.33", dev_mode: bool = True, tokens_per_s: float | None = None) -> None:
         super().__init__("vLLM")
         if version not in VERSIONS:
             raise ValueError(f"version {version!r}: the stand-in answers as {' or '.join(VERSIONS)}")
@@ -133,6 +160,7 @@ class VLLMStandIn(StandInServer):
         self.weights = 0  # the index in weights_paths of the weights serving now
         self.tokens_generated = 0
         self.token_delay_s = token_delay_s
+        self.tokens_per_s = tokens_per_s
         self.old_vllm = old_vllm
         self.stop_after = stop_after
         self.abort_after_tokens = abort_after_tokens
@@ -150,6 +178,9 @@ class VLLMStandIn(StandInServer):
     def in_flight(self) -> int:
         """How many ``/v1/completions`` requests are generating now."""
         return len(self._running)
+
+    def _watches_clients(self) -> bool:
+        return bool(self.tokens_per_s)
 
     async def _route(self, method: str, path: str, query: str, raw: bytes) -> tuple[int, Any] | None:
         try:
@@ -236,39 +267,82 @@ class VLLMStandIn(StandInServer):
         prompt = body["prompt"]
         ids = list(prompt) if isinstance(prompt, list) else [ord(ch) for ch in prompt]
         await self._wait_for(lambda: self._paused is None)  # keep (0.32: every mode): queued until /resume
-        rid = uuid.uuid4().hex
+        if body.get("stream") and self.tokens_per_s:
+            return 200, LiveEvents(self._live(body, ids))
+        run = self._begin(len(ids), int(body.get("max_tokens", 16)))
+        try:
+            while await self._next_token(run):
+                pass
+        finally:
+            await self._end(run)
+        response = self._response(body, ids, run)
+        return 200, self._events(body, ids, run, response) if body.get("stream") else response
+
+    def _begin(self, prompt_len: int, max_tokens: int) -> _Run:
+        """A request starts generating (one `abort_next` hits it)."""
         abort_after = None
         if self.abort_next > 0:
             self.abort_next -= 1
             abort_after = self.abort_after_tokens
-        self._running.add(rid)
-        try:
-            tokens, finish, made = await self._decode(rid, len(ids), int(body.get("max_tokens", 16)), abort_after)
-        finally:
-            self._running.discard(rid)
-            self._aborting.discard(rid)
-            await self._notify()
-        response = self._response(body, ids, tokens, finish, made)
-        return 200, _events(response) if body.get("stream") else response
-
-    async def _decode(self, rid: str, prompt_len: int, max_tokens: int, abort_after: int | None
-                      ) -> tuple[list[int], str, list[tuple[str | None, int]]]:
-        """The tokens, the finish reason, and (label, weights) of each token."""
-        tokens: list[int] = []
-        made: list[tuple[str | None, int]] = []
         limit = max_tokens if self.stop_after is None else min(max_tokens, self.stop_after)
-        while len(tokens) < limit:
-            if rid in self._aborting or (abort_after is not None and len(tokens) >= abort_after):
-                return tokens, "abort", made
-            if self.token_delay_s:
-                await asyncio.sleep(self.token_delay_s)
-            tokens.append(token_at(prompt_len + len(tokens), self.weights))
-            made.append((self.weight_version, self.weights))
-            self.tokens_generated += 1
-        return tokens, "length" if limit == max_tokens else "stop", made
+        run = _Run(uuid.uuid4().hex, prompt_len, max_tokens, limit, abort_after)
+        self._running.add(run.rid)
+        return run
 
-    def _response(self, body: dict[str, Any], ids: list[int], tokens: list[int], finish: str,
-                  made: list[tuple[str | None, int]]) -> dict[str, Any]:
+    async def _end(self, run: _Run) -> None:
+        self._running.discard(run.rid)
+        self._aborting.discard(run.rid)
+        await self._notify()
+
+    async def _next_token(self, run: _Run) -> bool:
+        """Make `run`'s next token, when it is due; False when the run is over (finished or aborted)."""
+        if len(run.tokens) >= run.limit or run.rid in self._aborting or (
+                run.abort_after is not None and len(run.tokens) >= run.abort_after):
+            return False
+        if self.tokens_per_s:
+            due = run.began + (len(run.tokens) + 1) / self.tokens_per_s
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+        elif self.token_delay_s:
+            await asyncio.sleep(self.token_delay_s)
+        run.tokens.append(token_at(run.prompt_len + len(run.tokens), self.weights))
+        run.made.append((self.weight_version, self.weights))
+        self.tokens_generated += 1
+        return True
+
+    async def _live(self, body: dict[str, Any], ids: list[int]) -> AsyncGenerator[dict[str, Any], None]:
+        """The request streamed as it generates: each token's chunk when it is made, then the finish chunk.
+        Closed early (its client gone), it makes no more tokens."""
+        run = self._begin(len(ids), int(body.get("max_tokens", 16)))
+        try:
+            while await self._next_token(run):
+                yield self._token_chunk(body, ids, run, len(run.tokens) - 1)
+        finally:
+            await self._end(run)
+        yield _finish_chunk(self._response(body, ids, run), streamed=bool(run.tokens))
+
+    def _events(self, body: dict[str, Any], ids: list[int], run: _Run, response: dict[str, Any]) -> Events:
+        """`run` streamed (``"stream": true``; serving.py ``completion_stream_generator``): a chunk per token
+        with its text, ``token_ids`` and ``logprobs``, the first with ``prompt_token_ids``, then one with the
+        finish reason (and ``weight_versions``). Sent at once when the generation ends (unpaced: the stand-in
+        does not stream as it generates)."""
+        chunks = [self._token_chunk(body, ids, run, i) for i in range(len(run.tokens))]
+        return Events([*chunks, _finish_chunk(response, streamed=bool(chunks))])
+
+    def _token_chunk(self, body: dict[str, Any], ids: list[int], run: _Run, i: int) -> dict[str, Any]:
+        """The streamed chunk of `run`'s token `i`."""
+        token, (_, weights) = run.tokens[i], run.made[i]
+        token_ids = body.get("return_token_ids") and not self.old_vllm
+        part: dict[str, Any] = {"index": 0, "text": piece(token), "finish_reason": None, "stop_reason": None,
+                                "token_ids": [token] if token_ids else None,
+                                "prompt_token_ids": ids if token_ids and i == 0 else None, "logprobs": None}
+        if body.get("logprobs") is not None:
+            name = _token_name(token, bool(body.get("return_tokens_as_token_ids")))
+            part["logprobs"] = {"tokens": [name], "token_logprobs": [_logprob(run.prompt_len + i, weights)]}
+        return {"id": f"cmpl-{run.rid}", "object": "text_completion", "model": body.get("model") or self.model,
+                "choices": [part]}
+
+    def _response(self, body: dict[str, Any], ids: list[int], run: _Run) -> dict[str, Any]:
+        tokens, finish, made = run.tokens, run.finish(), run.made
         token_ids = body.get("return_token_ids") and not self.old_vllm
         choice: dict[str, Any] = {"index": 0, "text": "".join(piece(t) for t in tokens), "logprobs": None,
                                   "finish_reason": finish, "stop_reason": None,
@@ -277,7 +351,7 @@ class VLLMStandIn(StandInServer):
         if body.get("logprobs") is not None:
             choice["logprobs"] = _logprobs(tokens, len(ids), [w for _, w in made],
                                            bool(body.get("return_tokens_as_token_ids")))
-        out = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+        out = {"id": f"cmpl-{run.rid}", "object": "text_completion", "created": int(time.time()),
                "model": body.get("model") or self.model, "choices": [choice], "service_tier": None,
                "system_fingerprint": None, "usage": {"prompt_tokens": len(ids), "total_tokens": len(ids) + len(tokens),
                                                      "completion_tokens": len(tokens), "prompt_tokens_details": None},
@@ -317,9 +391,17 @@ def _spans(versions: list[str | None]) -> list[dict[str, Any]] | None:
     return spans
 
 
+def _token_name(token: int, as_ids: bool) -> str:
+    return f"token_id:{token}" if as_ids else piece(token)
+
+
+def _logprob(position: int, weights: int) -> float:
+    return max(logprob_at(position, weights), _LOGPROB_FLOOR)
+
+
 def _logprobs(tokens: list[int], prompt_len: int, weights: list[int], as_ids: bool) -> dict[str, Any]:
-    names = [f"token_id:{t}" if as_ids else piece(t) for t in tokens]
-    values = [max(logprob_at(prompt_len + i, w), _LOGPROB_FLOOR) for i, w in enumerate(weights)]
+    names = [_token_name(t, as_ids) for t in tokens]
+    values = [_logprob(prompt_len + i, w) for i, w in enumerate(weights)]
     offsets, at = [], 0
     for name in names:
         offsets.append(at)
@@ -329,31 +411,15 @@ def _logprobs(tokens: list[int], prompt_len: int, weights: list[int], as_ids: bo
             "top_logprobs": [{name: value} for name, value in zip(names, values, strict=True)]}
 
 
-def _events(response: dict[str, Any]) -> Events:
-    """`response` streamed (``"stream": true``; serving.py ``completion_stream_generator``): a chunk per token
-    with its text, ``token_ids`` and ``logprobs``, the first with ``prompt_token_ids``, then one with the
-    finish reason (and ``weight_versions``). Sent at once when the generation ends (the stand-in does not
-    stream as it generates)."""
+def _finish_chunk(response: dict[str, Any], *, streamed: bool) -> dict[str, Any]:
+    """A stream's last chunk: the finish reason (and ``weight_versions``); the prompt's ids when no token chunk
+    carried them."""
     choice = response["choices"][0]
-    tokens, logprobs = choice["token_ids"], choice["logprobs"]
-    made = tokens if tokens is not None else [int(n.removeprefix("token_id:")) for n in logprobs["tokens"]]
-    chunks = []
-    for i, token in enumerate(made):
-        part: dict[str, Any] = {"index": 0, "text": piece(token), "finish_reason": None, "stop_reason": None,
-                                "token_ids": [token] if tokens is not None else None,
-                                "prompt_token_ids": choice["prompt_token_ids"] if i == 0 else None,
-                                "logprobs": None if logprobs is None else {
-                                    "tokens": [logprobs["tokens"][i]],
-                                    "token_logprobs": [logprobs["token_logprobs"][i]]}}
-        chunks.append({"id": response["id"], "object": "text_completion", "model": response["model"],
-                       "choices": [part]})
     last = {"index": 0, "text": "", "finish_reason": choice["finish_reason"], "stop_reason": None,
-            "token_ids": None, "prompt_token_ids": None if chunks else choice["prompt_token_ids"]}
+            "token_ids": None, "prompt_token_ids": None if streamed else choice["prompt_token_ids"]}
     if "weight_versions" in choice:
         last["weight_versions"] = choice["weight_versions"]
-    chunks.append({"id": response["id"], "object": "text_completion", "model": response["model"],
-                   "choices": [last]})
-    return Events(chunks)
+    return {"id": response["id"], "object": "text_completion", "model": response["model"], "choices": [last]}
 
 
 def _invalid(body: dict[str, Any]) -> str | None:

@@ -14,7 +14,9 @@ Pinned here:
 5. the vLLM engine (against the stand-in) streams every request when checkpoints are on and saves each sample
    finished; a restored sample is continued from prompt + its tokens (``max_tokens`` reduced), its text,
    resume points and versions kept (the new tokens take the group's version); a finished one is kept without
-   a request; a text prompt's checkpoint (no token ids to continue from) starts again;
+   a request; a text prompt's checkpoint (no token ids to continue from) starts again; a paced stand-in
+   (``tokens_per_s``, as the chaos harness `tests.chaos.inflight` runs it) streams each token as it makes it,
+   the engine saving them as they come, and stops generating a request whose client left;
 6. the SGLang engine (against the stand-in) the same way: its streamed chunks (cumulative, or new only with
    ``--incremental-streaming-output``, every ``stream_interval`` tokens) join into exactly the answer a request
    that does not stream gets; each sample is saved as it streams and once finished; a restored sample is
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -271,6 +274,34 @@ def test_a_sample_that_finishes_within_its_first_interval_writes_no_checkpoint()
         resumed.interval_s = 60.0
         _vllm_run(vllm.url, resumed, tokenizer=CharTokenizer())
         assert [(i, s.finish_reason) for i, s in resumed.saved] == [(0, "length")]  # a resumed one: saved finished
+
+
+def test_a_paced_vllm_stand_in_streams_as_it_generates_and_stops_with_its_client() -> None:
+    from tests.standins.vllm_server import VLLMStandIn, token_at
+
+    ids = [ord(ch) for ch in "2+2?"]
+    with VLLMStandIn(tokens_per_s=200) as vllm:
+        live = Recorder()
+        live.interval_s = 0.001
+        began = time.monotonic()
+        out = _vllm_run(vllm.url, live, n=2)
+        assert time.monotonic() - began >= 6 / 200  # 6 tokens at 200 a second
+        assert [list(c.tokens) for c in out.completions] == [[token_at(len(ids) + i) for i in range(6)]] * 2
+        assert len({len(s.tokens) for _, s in live.saved}) >= 3  # saved as the tokens came, not all at the end
+        assert vllm.tokens_generated == 12
+
+        with httpx.Client() as client, client.stream("POST", f"{vllm.url}/v1/completions", json={
+                "prompt": "2+2?", "max_tokens": 1000, "stream": True}) as answer:
+            lines = answer.iter_lines()
+            streamed = sum(1 for _, line in zip(range(10), lines, strict=False) if line.startswith("data: "))
+        vllm.wait_until(lambda: vllm.in_flight() == 0, "the request whose client left to stop")
+        assert streamed <= vllm.tokens_generated - 12 <= streamed + 2  # the token in the making when it left
+
+        made = vllm.tokens_generated
+        with pytest.raises(httpx.ReadTimeout):  # not streamed: its client gives up after 0.1 s, ~20 tokens
+            httpx.post(f"{vllm.url}/v1/completions", json={"prompt": "2+2?", "max_tokens": 1000}, timeout=0.1)
+        vllm.wait_until(lambda: vllm.in_flight() == 0, "the request whose client left to stop")
+        assert vllm.tokens_generated - made < 60
 
 
 def _sglang_run(url: str, progress: Recorder | None, *, tokenizer: Any = None, n: int = 2) -> Any:
