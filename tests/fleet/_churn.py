@@ -153,7 +153,8 @@ class Churn:
     # -- figures ---------------------------------------------------------------------------------
 
     def figures(self, lag: list[tuple[float, int]], steps: list[tuple[float, int, int]], t1: float,
-                origin: float) -> dict[str, Any]:
+                origin: float, *, across: list[tuple[float, int]] = (), failed_at: list[float] = ()
+                ) -> dict[str, Any]:
         s = self.phase.spec
         steady = s.in_flight_bound
         edges = [e.t for e in self.events] + [t1]
@@ -170,6 +171,11 @@ class Churn:
                 "event": event.name, "detail": event.detail, "at_s": round(event.t - origin, 2),
                 "seconds": round(end - start, 1), "producers_alive": event.live, "producers_left": event.leavers,
                 "bound": event.bound, "lag_max": max(values), "lag_samples": len(inside),
+                # reads while a commit was under way (the lag against the offsets before it: at most a step high)
+                "lag_max_during_commits": max([v for t, v in across if start <= t < end], default=None),
+                "lag_samples_during_commits": sum(1 for t, _ in across if start <= t < end),
+                "lag_reads_failed": sum(1 for t in failed_at if start <= t < end),
+                "longest_unsampled_s": _longest_gap([t for t, _ in inside], start, end),
                 "over_max_lag_fraction": _fraction(inside, s.max_lag),
                 "longest_over_max_lag_s": _longest(inside, s.max_lag),
                 "over_steady_bound_fraction": _fraction(inside, steady),
@@ -186,6 +192,11 @@ class Churn:
                 "lag_max": max(in_window), "over_bound": over_bound[:50], "within_bound": not over_bound,
                 "bound_series": [(round(e.t - origin, 2), e.bound) for e in self.events] + [
                     (round(t1 - origin, 2), self.events[-1].bound)]}
+
+
+def _longest_gap(times: list[float], start: float, end: float) -> float:
+    edges = [start, *times, end]
+    return round(max(b - a for a, b in zip(edges, edges[1:], strict=False)), 1)
 
 
 def _fraction(samples: list[tuple[float, int]], limit: int) -> float:
@@ -237,7 +248,8 @@ def render(phase: dict[str, Any]) -> list[str]:
              f"(max_lag + in flight) {c['steady_bound']}; recovered = the next {c['rate_window_s']:g} s at >= "
              f"{c['recovered_at']:.0%} of the baseline's steps/s",
              f"{'event':<16}{'at s':>7}{'alive':>6}{'left':>5}{'bound':>6}{'lag max':>8}{'>max_lag':>9}"
-             f"{'longest':>8}{'>steady':>8}{'longest':>8}{'back s':>7}{'steps/s':>8}{'lowest':>7}{'recov s':>8}"]
+             f"{'longest':>8}{'>steady':>8}{'longest':>8}{'back s':>7}{'steps/s':>8}{'lowest':>7}{'recov s':>8}"
+             f"{'samples':>8}{'gap s':>6}{'in-commit max':>14}"]
     for e in c["events"]:
         back = e["within_steady_bound_after_s"]
         rec = e.get("recovered_after_s", "-")
@@ -246,10 +258,15 @@ def render(phase: dict[str, Any]) -> list[str]:
                      f"{e['longest_over_max_lag_s']:>8.1f}{e['over_steady_bound_fraction']:>8.0%}"
                      f"{e['longest_over_steady_bound_s']:>8.1f}{'never' if back is None else back:>7}"
                      f"{e['steps_per_s']:>8.2f}{e.get('lowest_steps_per_s', '-'):>7}"
-                     f"{'never' if rec is None else rec:>8}")
+                     f"{'never' if rec is None else rec:>8}{e['lag_samples']:>8}{e['longest_unsampled_s']:>6.1f}"
+                     f"{'-' if e['lag_max_during_commits'] is None else e['lag_max_during_commits']:>14}")
     for e in c["events"]:
         if e["detail"]:
             lines.append(f"  {e['event']}: {e['detail']}")
+    lines.append("  >max_lag / >steady: share of lag samples over max_lag / over max_lag + in flight, longest: the "
+                 "longest stretch (s); back s: from the event until within max_lag + in flight for good; samples: lag "
+                 "samples between commits, gap s: the longest time without one, in-commit max: the highest read taken "
+                 "while a commit was under way (against the offsets before it: at most a step too high)")
     lines.append(f"  lag max {c['lag_max']} against a bound of at most {c['bound_max']}: "
                  + ("within it throughout" if c["within_bound"] else f"OVER at {c['over_bound'][:5]}"))
     return lines

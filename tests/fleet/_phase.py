@@ -141,7 +141,8 @@ class Phase:
             w.wait(60.0)
         result = self._figures(t0, t1, (control_at_t1 - control_at_t0) / (t1 - t0))
         if self.churn is not None:
-            result["churn"] = self.churn.figures(sampler.samples, trainer.facts.steps, t1, self.started)
+            result["churn"] = self.churn.figures(sampler.samples, trainer.facts.steps, t1, self.started,
+                                                 across=sampler.across, failed_at=sampler.failed_at)
             result["lag"].update(bound=result["churn"]["bound_max"], within_bound=result["churn"]["within_bound"])
         result["broker"] = window_figures(broker_at_t0, broker_at_t1)
         result.update(startup_s=round(up_s, 1), drain_s=round(drain_s, 1), stalled=self.stalled)
@@ -242,8 +243,10 @@ class Phase:
         paused = sum(t.get("paused", 0) for t in ticks)
         loop_p99 = max((t.get("loop_lag_ms", {}).get("p99", 0.0) for t in ticks), default=0.0)
         reads = sum(t.get("lag_calls", {}).get("gate.read", 0) for t in ticks)
+        bound = self.churn.events[-1].bound if self.churn and self.churn.events else self.spec.in_flight_bound
+        alive = sum(int(w.spec["count"]) for w in self.active)
         return (f"{self.spec.label}: {rate:6.0f} groups/s  lag {lag:4d} (max_lag {self.spec.max_lag}, bound "
-                f"{self.spec.in_flight_bound})  in flight {in_flight:4d}  paused {paused:3d}/{self.spec.producers}  "
+                f"{bound})  in flight {in_flight:4d}  paused {paused:3d}/{alive}  "
                 f"loop lag p99 {loop_p99:5.1f} ms  gate reads so far {reads}")
 
     def _broker_snapshot(self) -> tuple[float, dict[str, int]] | None:

@@ -242,6 +242,8 @@ class LagSampler:
         self.error: str | None = None
         self.failed = 0  # reads that failed (a node down: its partitions' leaders move)
         self._ends: dict[int, int] = {}  # partition -> the highest end offset read
+        self.across: list[tuple[float, int]] = []  # reads during a commit: the lag against the offsets before it
+        self.failed_at: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fleet-lag-sampler", daemon=True)
 
@@ -267,6 +269,7 @@ class LagSampler:
             except Exception as exc:  # noqa: BLE001 - a missed sample is a gap in the plot; many in a row an error
                 failures += 1
                 self.failed += 1
+                self.failed_at.append(time.time())
                 if failures % 3 == 0:  # a client whose metadata went stale (a node killed: FENCED_LEADER_EPOCH
                     self._admin = open_admin(self._config.admin())  # over and over) starts afresh
                 if failures >= 20:
@@ -276,6 +279,8 @@ class LagSampler:
             self.ends = ends
             if commits % 2 == 0 and self._commits() == commits:  # else it would count, against the offsets before
                 self.samples.append((time.time(), ends - committed))  # a commit, what producers published after it
+            else:  # kept apart: at most one step too high, and the only figure while a commit hangs (a node down)
+                self.across.append((time.time(), ends - committed))
 
 
 def verdict(config: KafkaConfig, names: TopicNames, group: str, facts: TrainerFacts, loader: Loader,
