@@ -409,6 +409,8 @@ class Phase:
                 second = int(tick["t"] - origin)
                 in_flight[second] = in_flight.get(second, 0) + tick["in_flight"]
         return {"lag": [(round(t - origin, 2), v) for t, v in (self.sampler.samples if self.sampler else [])],
+                "lag_during_commits": [(round(t - origin, 2), v) for t, v in (self.sampler.across if self.sampler
+                                                                              else [])],
                 "in_flight": sorted(in_flight.items())}
 
     # -- checks ----------------------------------------------------------------------------------

@@ -138,6 +138,10 @@ def plot(run: dict[str, Any], path: Path) -> Path | None:
     for ax, phase in zip(axes[:, 0], phases, strict=False):
         lag = phase["series"]["lag"]
         ax.plot([t for t, _ in lag], [v for _, v in lag], lw=0.8, label="trainer lag (sampled every 0.1 s)")
+        during = phase["series"].get("lag_during_commits", [])
+        if during and phase.get("churn"):
+            ax.scatter([t for t, _ in during], [v for _, v in during], s=3, color="tab:blue", alpha=0.4,
+                       label="lag read during a commit (at most a step high)")
         flight = phase["series"]["in_flight"]
         ax.plot([t for t, _ in flight], [v for _, v in flight], lw=0.8, color="tab:green", label="groups in flight")
         ax.axhline(phase["lag"]["max_lag"], color="tab:orange", ls="--", lw=1, label="max_lag")
