@@ -55,7 +55,9 @@ chaos: install install-vllm jars
 soak: install jars
 	$(PY) -m tests.bench.soak --producer rollstream --minutes 30 --every 60 --out soak-out $(SOAK_ARGS)
 
-# 100+ producers on a private 3-node cluster, poll vs pushed backpressure at two fleet sizes (not in `test`).
+# 100+ producers on a private 3-node cluster, poll vs pushed backpressure at two fleet sizes (not in `test`);
+# FLEET_ARGS=--churn: the fleet changes while the trainer takes (a producer process SIGKILLed and replaced, one
+# drained, a broker node SIGKILLed and restarted), lag against the bound of each moment, throughput recovery.
 fleet: install jars
 	$(PY) -m tests.fleet $(FLEET_ARGS)
 

@@ -24,6 +24,12 @@ Not part of ``make test``. One run:
    stale, high estimate and stay closed) is reported as stalled and replaced by a few fresh producers
    that finish the prompts, so the checks still run. Each phase's topics are deleted after its checks.
 
+``--churn`` (`tests.fleet._churn`) changes the fleet while the trainer takes, in windows of ``--seconds``: a
+baseline, then one producer process SIGKILLed and a new one with as many new producers started, another drained
+with SIGTERM, one broker node (``--churn-node``) SIGKILLed, then restarted. It reports the lag against the bound of
+each moment (docs/operations.md, "When producers come and go"), how far and how long it passed max_lag, and the
+trainer's throughput recovery after each event; the checks are the same (0 lost, 0 duplicated, audit green).
+
 ``--backpressure both`` runs ``poll`` and ``pushed`` at ``--producers`` and at a quarter of it (``--small``),
 to show which request rate follows the fleet size. The report is printed and written to ``--out``: ``fleet.json``
 (every figure and series) and ``fleet.png`` (lag over time per phase; requests/s by phase). Exit status 1

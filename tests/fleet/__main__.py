@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import random
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -14,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from rollstream.infra import KafkaConfig
-from rollstream.infra.broker import BrokerError, BrokerSpec, free_port
+from rollstream.infra.broker import CONTROLLER_PORT_OFFSET, BrokerError, BrokerSpec, free_port
 
 import tests.fleet as fleet_package
 from tests.chaos._cluster import Cluster
 from tests.fleet._broker_metrics import BrokerRequests
+from tests.fleet._churn import MIN_PROCESSES
 from tests.fleet._control_idle import measure
 from tests.fleet._phase import FleetError, Phase, PhaseSpec
 from tests.fleet._report import render, write
@@ -56,9 +59,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--seconds", type=float, default=25.0, help="measured window of each phase, in seconds (default 25)")
     add("--partitions", type=_positive, default=128,
         help="partitions of NS.prompts and NS.rollouts (default 128; at least --producers keeps all busy)")
-    add("--backpressure", choices=(*MODES, "both"), default="both",
+    add("--backpressure", choices=(*MODES, "both"), default=None,
         help="gate mode: pushed (trainer positions on NS.control), poll (lag reads every 0.5 s), or both "
-             "(each at --producers and --small; default)")
+             "(each at --producers and --small; default, and pushed with --churn)")
     add("--concurrency", type=_positive, default=4, help="groups in flight per producer (default 4)")
     add("--max-lag", type=int, default=64, help="the fleet's max_lag (each producer's with the old rule; default 64)")
     add("--n-samples", type=_positive, default=4, help="completions per group (default 4)")
@@ -71,9 +74,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--compare-old", action="store_true",
         help="also run each pushed phase with the gate rule before issue 25 (max_lag per producer, no share), "
              "right after it: the two side by side in one run")
-    add("--idle-watchers", default="32,128",
+    add("--idle-watchers", default=None,
         help="after the phases, count the Fetch requests of this many idle NS.control watchers (comma-separated "
-             "sizes; empty: skip)")
+             "sizes; empty: skip; default 32,128, and none with --churn)")
+    add("--churn", action="store_true",
+        help="change the fleet while the trainer takes (tests.fleet._churn): --seconds of baseline, then one "
+             "producer process SIGKILLed and a new one started, one drained with SIGTERM, one broker node "
+             "SIGKILLed, that node restarted, each followed by --seconds; reports the lag against the bound of "
+             "each moment and the trainer's recovery after each event (needs >= 3 processes: --per-process)")
+    add("--churn-node", type=int, choices=(1, 2, 3), default=2, help="the broker node --churn kills (default 2)")
     add("--seed", type=int, default=None, help="seed of the latency draws and the namespaces (default: time)")
     add("--port", type=int, default=0, help="first client port of the cluster (default: a free range)")
     add("--out", type=Path, default=Path("fleet-out"), help="where fleet.json and fleet.png go (default fleet-out)")
@@ -85,6 +94,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--seconds must be > 0")
     if args.fallback_s is not None and args.fallback_s <= 0:
         parser.error("--fallback-s must be > 0")
+    if args.backpressure is None:
+        args.backpressure = "pushed" if args.churn else "both"
+    if args.idle_watchers is None:
+        args.idle_watchers = "" if args.churn else "32,128"
+    if args.churn:
+        sizes = [args.producers] + ([args.small] if args.small else [])
+        few = [n for n in sizes if -(-n // args.per_process) < MIN_PROCESSES]
+        if few:
+            parser.error(f"--churn kills one producer process and drains another: {few} producers at "
+                         f"--per-process {args.per_process} make fewer than {MIN_PROCESSES} processes")
     return args
 
 
@@ -99,7 +118,8 @@ def plan(args: argparse.Namespace, seed: int) -> list[PhaseSpec]:
     return [PhaseSpec(index=i, mode=mode, producers=size, per_process=args.per_process, partitions=args.partitions,
                       seconds=args.seconds, concurrency=args.concurrency, max_lag=args.max_lag,
                       n_samples=args.n_samples, take_n=args.take_n, step_ms=args.step_ms, gen_ms=args.gen_ms,
-                      seed=seed, fallback_s=args.fallback_s, rule=rule) for i, (mode, size, rule) in enumerate(combos)]
+                      seed=seed, fallback_s=args.fallback_s, rule=rule, churn=args.churn,
+                      churn_node=args.churn_node) for i, (mode, size, rule) in enumerate(combos)]
 
 
 class Say:
@@ -114,14 +134,14 @@ class Say:
             print(f"[{time.monotonic() - self.started:6.1f} s] {message}", flush=True)
 
 
-def run_phases(specs: list[PhaseSpec], bootstrap: str, run_dir: Path, say: Say,
-               broker: BrokerRequests | None) -> tuple[list[dict[str, Any]], dict[str, float]]:
+def run_phases(specs: list[PhaseSpec], bootstrap: str, run_dir: Path, say: Say, broker: BrokerRequests | None,
+               cluster: Cluster | None = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
     results: list[dict[str, Any]] = []
     calibration: dict[str, float] | None = None
     for spec in specs:
         say(f"phase {spec.index + 1}/{len(specs)}: {spec.label} ({spec.producers} producers in "
             f"{-(-spec.producers // spec.per_process)} processes, {spec.partitions} partitions)")
-        phase = Phase(spec, bootstrap, run_dir, say, calibration, broker)
+        phase = Phase(spec, bootstrap, run_dir, say, calibration, broker, cluster)
         try:
             result = phase.run()
         except FleetError as exc:  # this phase could not run; the next ones may (each has its own namespace)
@@ -165,6 +185,32 @@ def open_broker_requests(cluster: Cluster, say: Say) -> BrokerRequests | None:
     return broker
 
 
+def low_port(nodes: int = 3) -> int:
+    """A free base port below the OS's ephemeral range, for --churn: while a killed node is down, the clients
+    reconnect to its port over and over, and a connect whose ephemeral source port is that same port connects
+    to itself (TCP simultaneous open) and holds it, so the node cannot bind it again ("Address already in use")."""
+    try:
+        first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 32768
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(10_000, first_ephemeral - CONTROLLER_PORT_OFFSET - nodes)
+        ports = [base + i for i in range(nodes)] + [base + CONTROLLER_PORT_OFFSET + i for i in range(nodes)]
+        if all(_bindable(p) for p in ports):
+            return base
+    raise BrokerError(f"no free range of broker ports below {first_ephemeral}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -175,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     say = Say()
     specs = plan(args, seed)
     run_dir = Path(tempfile.mkdtemp(prefix="fleet-", dir="/tmp"))
-    cluster = Cluster(BrokerSpec(port=args.port or free_port(3), nodes=3, data_dir=run_dir / "broker", heap_mb=512))
+    port = args.port or (low_port() if args.churn else free_port(3))
+    cluster = Cluster(BrokerSpec(port=port, nodes=3, data_dir=run_dir / "broker", heap_mb=512))
     say(f"seed {seed}; {len(specs)} phase(s); starting a 3-node cluster in {run_dir}")
     results: list[dict[str, Any]] = []
     calibration: dict[str, float] = {}
@@ -186,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bootstrap = cluster.start()
         say(f"cluster up on {bootstrap}")
-        broker = open_broker_requests(cluster, say)
-        results, calibration = run_phases(specs, bootstrap, run_dir, say, broker)
+        # --churn kills a node: the JMX reader holds the JVMs' pids, so the brokers' counts are left out there.
+        broker = None if args.churn else open_broker_requests(cluster, say)
+        results, calibration = run_phases(specs, bootstrap, run_dir, say, broker, cluster)
         idle = measure_idle_control(bootstrap, args.idle_watchers, say)
     except KeyboardInterrupt:
         error = "interrupted (Ctrl-C)"

@@ -21,7 +21,9 @@ from rollstream.infra.clients import open_admin
 from rollstream.infra.config import MiB
 from rollstream.producers import ProducerSettings
 
+from tests.chaos._cluster import Cluster
 from tests.fleet._broker_metrics import BrokerRequests, window_figures
+from tests.fleet._churn import Churn, FleetError
 from tests.fleet._probes import calibrate_lag_read, percentiles_ms, requests_per_call
 from tests.fleet._roles import LagSampler, Loader, Trainer, WorkerProc, verdict
 
@@ -32,10 +34,6 @@ DRAIN_TIMEOUT_S = 180.0
 STALL_S = 15.0
 FINISHERS = 8
 PROGRESS_S = 5.0
-
-
-class FleetError(RuntimeError):
-    """A phase could not run (a producer process died, the fleet did not start, the drain stuck)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +53,8 @@ class PhaseSpec:
     seed: int
     fallback_s: float | None = None  # ProducerSettings.lag_fallback_s for pushed (None: its default)
     rule: str = "share"  # share: max_lag is the fleet's (today's gate); old: each producer's own (the rule before it)
+    churn: bool = False  # --churn: a worker killed and replaced, one drained, a broker node killed and restarted
+    churn_node: int = 2
 
     @property
     def read_interval_s(self) -> float:
@@ -66,7 +66,7 @@ class PhaseSpec:
 
     @property
     def label(self) -> str:
-        return f"{self.mode}{'-old' if self.rule == 'old' else ''} x{self.producers}"
+        return f"{self.mode}{'-old' if self.rule == 'old' else ''} x{self.producers}{' churn' if self.churn else ''}"
 
     @property
     def in_flight_bound(self) -> int:
@@ -76,8 +76,10 @@ class PhaseSpec:
 
 class Phase:
     def __init__(self, spec: PhaseSpec, bootstrap: str, run_dir: Path, say: Callable[[str], None],
-                 calibration: dict[str, float] | None, broker: BrokerRequests | None = None) -> None:
+                 calibration: dict[str, float] | None, broker: BrokerRequests | None = None,
+                 cluster: Cluster | None = None) -> None:
         self.spec, self.say, self.calibration, self.broker = spec, say, calibration, broker
+        self.cluster = cluster
         self.config = KafkaConfig(bootstrap_servers=bootstrap, client_id="fleet-driver")
         self.names = TopicNames(f"fleet{spec.seed}-{spec.index}-{spec.mode}-{spec.producers}")
         self.logs = run_dir / "logs"
@@ -85,6 +87,9 @@ class Phase:
         self.workers: list[WorkerProc] = []  # the fleet measured
         self.active: list[WorkerProc] = []  # the processes running now (the fleet, or finishers after a stall)
         self.finishers: list[WorkerProc] = []
+        self.killed: list[WorkerProc] = []  # --churn: SIGKILLed (no final line; out of the checks of a clean stop)
+        self.drained: list[WorkerProc] = []  # --churn: sent SIGTERM (must stop cleanly, rc 0, a final line)
+        self.churn: Churn | None = None
         self.stalled: dict[str, Any] | None = None
         self.trainer: Trainer | None = None
         self.loader: Loader | None = None
@@ -121,12 +126,24 @@ class Phase:
         self._watch(time.time() + WARMUP_S, quiet=True)
         control_at_t0, broker_at_t0 = self._control_end(), self._broker_snapshot()
         t0 = time.time()
-        self._watch(t0 + s.seconds)
-        t1 = time.time()
+        if s.churn:
+            if self.cluster is None:
+                raise FleetError("--churn needs the cluster")
+            self.churn = Churn(self, self.cluster, s.churn_node)
+            t1 = self.churn.run(t0, self._watch)
+        else:
+            self._watch(t0 + s.seconds)
+            t1 = time.time()
         control_at_t1, broker_at_t1 = self._control_end(), self._broker_snapshot()
         loader.stop()
         drain_s = self._drain()
+        for w in self.drained:
+            w.wait(60.0)
         result = self._figures(t0, t1, (control_at_t1 - control_at_t0) / (t1 - t0))
+        if self.churn is not None:
+            result["churn"] = self.churn.figures(sampler.samples, trainer.facts.steps, t1, self.started,
+                                                 across=sampler.across, failed_at=sampler.failed_at)
+            result["lag"].update(bound=result["churn"]["bound_max"], within_bound=result["churn"]["within_bound"])
         result["broker"] = window_figures(broker_at_t0, broker_at_t1)
         result.update(startup_s=round(up_s, 1), drain_s=round(drain_s, 1), stalled=self.stalled)
         result["checks"] = self._check()
@@ -221,13 +238,15 @@ class Phase:
 
     def _progress(self, rate: float) -> str:
         lag = self.sampler.samples[-1][1] if self.sampler and self.sampler.samples else -1
-        ticks = [w.latest for w in self.workers]
+        ticks = [w.latest for w in self.active]
         in_flight = sum(t.get("in_flight", 0) for t in ticks)
         paused = sum(t.get("paused", 0) for t in ticks)
         loop_p99 = max((t.get("loop_lag_ms", {}).get("p99", 0.0) for t in ticks), default=0.0)
         reads = sum(t.get("lag_calls", {}).get("gate.read", 0) for t in ticks)
+        bound = self.churn.events[-1].bound if self.churn and self.churn.events else self.spec.in_flight_bound
+        alive = sum(int(w.spec["count"]) for w in self.active)
         return (f"{self.spec.label}: {rate:6.0f} groups/s  lag {lag:4d} (max_lag {self.spec.max_lag}, bound "
-                f"{self.spec.in_flight_bound})  in flight {in_flight:4d}  paused {paused:3d}/{self.spec.producers}  "
+                f"{bound})  in flight {in_flight:4d}  paused {paused:3d}/{alive}  "
                 f"loop lag p99 {loop_p99:5.1f} ms  gate reads so far {reads}")
 
     def _broker_snapshot(self) -> tuple[float, dict[str, int]] | None:
@@ -390,6 +409,8 @@ class Phase:
                 second = int(tick["t"] - origin)
                 in_flight[second] = in_flight.get(second, 0) + tick["in_flight"]
         return {"lag": [(round(t - origin, 2), v) for t, v in (self.sampler.samples if self.sampler else [])],
+                "lag_during_commits": [(round(t - origin, 2), v) for t, v in (self.sampler.across if self.sampler
+                                                                              else [])],
                 "in_flight": sorted(in_flight.items())}
 
     # -- checks ----------------------------------------------------------------------------------
@@ -397,8 +418,17 @@ class Phase:
     def _check(self) -> dict[str, Any]:
         if self.trainer is None or self.loader is None:
             raise FleetError("no trainer or loader")
-        return verdict(self.config, self.names, GROUP, self.trainer.facts, self.loader,
-                       self.workers + self.finishers)
+        checks = verdict(self.config, self.names, GROUP, self.trainer.facts, self.loader,
+                         [w for w in self.workers if w not in self.killed] + self.finishers)
+        bad = [f"drained producer process {w.spec['proc']} ended with rc {w.proc.returncode}: {w.log_tail(3)}"
+               for w in self.drained if w.proc.returncode != 0]
+        if self.killed or self.drained:
+            checks.update(killed_processes=[w.spec["proc"] for w in self.killed],
+                          drained_processes=[w.spec["proc"] for w in self.drained])
+        if bad:
+            checks["errors"] += bad
+            checks["ok"] = False
+        return checks
 
 
 def _describe(calibration: dict[str, float]) -> str:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tests.fleet._churn import render as churn_lines
+
 
 def render(run: dict[str, Any]) -> str:
     lines = [f"fleet: {run['command']}", f"cluster: 3 KRaft nodes on {run['bootstrap']} (RF 3, min.insync 2); "
@@ -38,7 +40,11 @@ def render(run: dict[str, Any]) -> str:
               "pos/s: trainer positions written to NS.control (one record per commit: the pushed signal);",
               "ctl fetch/s: Fetch requests of the producers' NS.control watchers (librdkafka statistics),",
               "  which follow policy versions in both modes; loop p99/max: the producer processes' event loops."]
-    lines += _broker_table(run["phases"])
+    for phase in run["phases"]:
+        if phase.get("churn"):
+            lines += churn_lines(phase)
+    if any(p.get("broker") for p in run["phases"]) or not any(p.get("churn") for p in run["phases"]):
+        lines += _broker_table(run["phases"])
     lines += _scaling(run["phases"])
     for idle in run.get("control_idle", []):
         lines.append(f"idle NS.control watchers x{idle['watchers']}: {idle['fetch_per_s']:.0f} Fetch/s, "
@@ -132,10 +138,22 @@ def plot(run: dict[str, Any], path: Path) -> Path | None:
     for ax, phase in zip(axes[:, 0], phases, strict=False):
         lag = phase["series"]["lag"]
         ax.plot([t for t, _ in lag], [v for _, v in lag], lw=0.8, label="trainer lag (sampled every 0.1 s)")
+        during = phase["series"].get("lag_during_commits", [])
+        if during and phase.get("churn"):
+            ax.scatter([t for t, _ in during], [v for _, v in during], s=3, color="tab:blue", alpha=0.4,
+                       label="lag read during a commit (at most a step high)")
         flight = phase["series"]["in_flight"]
         ax.plot([t for t, _ in flight], [v for _, v in flight], lw=0.8, color="tab:green", label="groups in flight")
         ax.axhline(phase["lag"]["max_lag"], color="tab:orange", ls="--", lw=1, label="max_lag")
-        ax.axhline(phase["lag"]["bound"], color="tab:red", ls=":", lw=1, label="max_lag + in-flight bound")
+        if phase.get("churn"):
+            steps = phase["churn"]["bound_series"]
+            ax.step([t for t, _ in steps], [b for _, b in steps], where="post", color="tab:red", ls=":", lw=1,
+                    label="bound of the moment (max_lag + in flight + leavers)")
+            for e in phase["churn"]["events"][1:]:
+                ax.axvline(e["at_s"], color="black", lw=0.6)
+                ax.text(e["at_s"], 0, " " + e["event"], rotation=90, fontsize=6, va="bottom")
+        else:
+            ax.axhline(phase["lag"]["bound"], color="tab:red", ls=":", lw=1, label="max_lag + in-flight bound")
         ax.axvspan(phase["window"][0], phase["window"][1], color="grey", alpha=0.1, label="measured window")
         ax.set_title(f"{phase['label']}: {phase['groups_per_s']:.0f} groups/s, lag max {phase['lag']['max']} "
                      f"(bound {phase['lag']['bound']}), gate {phase['backpressure']['gate_requests_per_s']:.0f} req/s",

@@ -17,11 +17,11 @@ from typing import Any
 
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec
-from rollstream.consumers import RolloutConsumer, audit
+from rollstream.consumers import RolloutConsumer, audit, commit_until_committed
 from rollstream.infra import KafkaConfig, TopicNames
 from rollstream.infra.clients import open_admin, open_producer
 from rollstream.infra.kafka_io import produce_and_wait
-from rollstream.schemas import Prompt, encode
+from rollstream.schemas import Prompt, RollstreamError, encode
 
 from tests.chaos._check import loaded_group_ids
 from tests.integration._kafka import REPO_ROOT, cli_env
@@ -92,6 +92,7 @@ class TrainerFacts:
     taken: Counter[str] = field(default_factory=Counter)  # group id -> times taken
     filtered: dict[str, str] = field(default_factory=dict)  # group id -> reason
     duplicate_skips: int = 0
+    retries: list[str] = field(default_factory=list)  # retriable failures of a take or a commit, tried again
     committed: int = 0  # sum over partitions of the offsets committed so far
     commits: int = 0  # odd while a commit is under way: a lag sample across one is dropped (`LagSampler`)
     error: str | None = None
@@ -152,13 +153,21 @@ class Trainer:
                 if left <= 0 or time.monotonic() - max(idle_since, self._finish_at) > self._settle_s:
                     return
                 n = min(n, left)
-            batch = consumer.poll_batch(n, 0.5, commit=False)  # None: not there yet (no error, no cluster read)
+            try:
+                batch = consumer.poll_batch(n, 0.5, commit=False)  # None: not there yet (no error, no cluster read)
+            except RollstreamError as exc:  # a broker node down (--churn): as a training loop would, try again
+                if not exc.retriable:
+                    raise
+                self.facts.retries.append(f"take: {type(exc).__name__}: {str(exc)[:200]}")
+                time.sleep(0.5)
+                continue
             if batch is None:
                 continue
             idle_since = time.monotonic()
             time.sleep(self.step_s)  # the modelled optimizer step, between take and commit as a real trainer
             self.facts.commits += 1
-            consumer.commit(batch)
+            commit_until_committed(consumer.commit, batch, lambda exc: self.facts.retries.append(
+                f"commit: {type(exc).__name__}: {str(exc)[:200]}"))
             self.facts.committed = sum(batch.offsets.values())
             self.facts.commits += 1
             self._record(batch)
@@ -226,10 +235,15 @@ class LagSampler:
                  interval_s: float = 0.1, commits: Callable[[], int] = lambda: 0) -> None:
         self.topic, self.interval_s, self._committed, self._commits = topic, interval_s, committed, commits
         self._query = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
+        self._config = config
         self._admin = open_admin(config.admin())
         self.samples: list[tuple[float, int]] = []
         self.ends = 0  # records on the rollouts topic at the last sample
         self.error: str | None = None
+        self.failed = 0  # reads that failed (a node down: its partitions' leaders move)
+        self._ends: dict[int, int] = {}  # partition -> the highest end offset read
+        self.across: list[tuple[float, int]] = []  # reads during a commit: the lag against the offsets before it
+        self.failed_at: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fleet-lag-sampler", daemon=True)
 
@@ -247,15 +261,26 @@ class LagSampler:
             committed = self._committed()  # read first: a commit racing the read can only make the lag look larger
             try:
                 futures = self._admin.list_offsets(self._query, request_timeout=5.0)
-                ends = sum(f.result(timeout=10.0).offset for f in futures.values())
-            except Exception as exc:  # noqa: BLE001 - a missed sample is a gap in the plot; many are an error
+                for tp, f in futures.items():
+                    # Never below an end seen before: a leader just elected (a node killed, --churn) may answer
+                    # with a high watermark its followers have not confirmed yet, lower than the one before.
+                    self._ends[tp.partition] = max(self._ends.get(tp.partition, 0), f.result(timeout=10.0).offset)
+                ends = sum(self._ends.values())
+            except Exception as exc:  # noqa: BLE001 - a missed sample is a gap in the plot; many in a row an error
                 failures += 1
+                self.failed += 1
+                self.failed_at.append(time.time())
+                if failures % 3 == 0:  # a client whose metadata went stale (a node killed: FENCED_LEADER_EPOCH
+                    self._admin = open_admin(self._config.admin())  # over and over) starts afresh
                 if failures >= 20:
-                    self.error = f"lag sampler: {failures} failed reads, last {type(exc).__name__}: {exc}"
+                    self.error = f"lag sampler: {failures} failed reads in a row, last {type(exc).__name__}: {exc}"
                 continue
+            failures = 0
             self.ends = ends
             if commits % 2 == 0 and self._commits() == commits:  # else it would count, against the offsets before
                 self.samples.append((time.time(), ends - committed))  # a commit, what producers published after it
+            else:  # kept apart: at most one step too high, and the only figure while a commit hangs (a node down)
+                self.across.append((time.time(), ends - committed))
 
 
 def verdict(config: KafkaConfig, names: TopicNames, group: str, facts: TrainerFacts, loader: Loader,
@@ -275,6 +300,7 @@ def verdict(config: KafkaConfig, names: TopicNames, group: str, facts: TrainerFa
         errors.append(f"producer processes {missing_final} did not stop cleanly")
     return {"loaded": len(loaded), "loader_count": loader.loaded, "taken": facts.taken_total,
             "filtered": len(facts.filtered), "duplicates_skipped_by_trainer": facts.duplicate_skips,
+            "trainer_retries": len(facts.retries), "trainer_retried": facts.retries[:5],
             "lost": len(lost), "lost_ids": lost[:10], "duplicated": len(duplicated), "duplicated_ids": duplicated[:10],
             "unexpected": len(unexpected), "audit_ok": report.ok, "audit": report.summary(), "errors": errors,
             "ok": not (lost or duplicated or unexpected or errors) and report.ok}

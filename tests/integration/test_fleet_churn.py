@@ -10,7 +10,7 @@ what the producers that left had outstanding (each at most its share + 1 + its c
 trainer takes those groups. It prints the largest lag seen and how long the trainer took for 5 steps after
 the kills (throughput back).
 
-Not here (`make fleet`'s scale): 128 producers, 3 broker nodes and one of them killed.
+At fleet scale (128 producers, 3 broker nodes and one of them killed too): `python -m tests.fleet --churn`.
 """
 
 from __future__ import annotations
