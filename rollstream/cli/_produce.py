@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from rollstream.cli._common import DEFAULT_NAMESPACE, BootstrapOpt, KafkaConfigOpt, NamespaceOpt, examples, kafka_config
+from rollstream.cli._malloc import cap_malloc_arenas
 from rollstream.producers import DEFAULT_REQUEST_TIMEOUT_S, ProducerSettings, RolloutProducer, make_engine
 from rollstream.producers.engines.environment import EXAMPLE_ENVIRONMENT
 from rollstream.producers.engines.options import EngineSettings
@@ -203,6 +204,7 @@ def produce(
     if exit_when_idle is not None and exit_when_idle <= 0:
         raise typer.BadParameter(f"--exit-when-idle {exit_when_idle:g}: must be > 0 seconds; omit it to run "
                                  "until stopped")
+    cap_malloc_arenas()  # before any thread: a thread per generation slot would each grow an arena of its own
     settings = ProducerSettings(
         namespace=namespace, n_samples=n_samples, concurrency=concurrency, max_lag=max_lag,
         trainer_group=trainer_group, backpressure=backpressure.value, producer_id=producer_id,
