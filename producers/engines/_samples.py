@@ -185,7 +185,10 @@ async def run_sample(http: HTTPSession, servers: RoundRobin, endpoint: Endpoint,
         if deadline.expired:
             raise out_of_time(deadline, endpoint.label, error)
         url = servers.pick()
-        completion, note, error, waiting = await _try(http, url, endpoint, rollout.payload(), deadline)
+        completion, note, failure, waiting = await _try(http, url, endpoint, rollout.payload(), deadline)
+        if completion is None and deadline.expired:  # cut short by the deadline itself: the failure before says why
+            raise out_of_time(deadline, endpoint.label, error or failure)
+        error = failure
         if waiting:  # a weight update or a restart: wait it out within the deadline, whatever it takes
             waits += 1
             if waits == 1:
