@@ -3,9 +3,10 @@
 - **The take path** (this folder's private modules): `RolloutConsumer` (`_consumer.py`) takes exactly N
   groups from NS.rollouts (`_fetched.py` buffers the records, `_gather.py` judges each one, `filters.py`
   decides what is skipped: always recorded, never dropped silently), writes the step's manifest and commits
-  exactly what it took (`_commit.py`, `_manifests.py`, `_requeue.py`), works out where the group stands after
-  a start or a seek and takes the same batch again after a crash (`_resume.py`, `_ledger.py`) and tells the
-  producers where it is (`_position.py`). `Batch` is one step (with `to_tensors`).
+  exactly what it took (`_committing.py`, `_commit.py`, `_manifests.py`, `_requeue.py`), works out where
+  the group stands after a start or a seek and takes the same batch again after a crash (`_resume.py`,
+  `_ledger.py`) and tells the producers where it is (`_position.py`). `Batch` is one step (with
+  `to_tensors`).
 - **Forensics** (`rollstream.consumers.forensics`): `audit`, `audit_epochs`, `replay_*`, `export_*`,
   `write_report`, `status`: read back what happened, never taking or committing.
 - **Trainer adapters**: `rollstream.consumers.slime` (slime's `--rollout-function-path` and
