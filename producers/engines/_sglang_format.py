@@ -235,8 +235,10 @@ class StreamedGenerate:
             raise EngineError(f"not an SGLang /generate stream chunk: {str(chunk)[:200]}", retriable=False)
         before = len(self._ids)
         if not self._ids or len(ids) == meta.get("completion_tokens", len(ids)):
-            self._text, self._ids = [str(chunk.get("text") or "")], [int(t) for t in ids]
-            self._lists = {k: list(meta[k]) for k in INCREMENTAL_META if k in meta}
+            # cumulative: the ids so far are a prefix of these; take only what is new (no O(n) work per chunk)
+            self._text = [str(chunk.get("text") or "")]
+            self._ids += [int(t) for t in ids[before:]]
+            self._lists = {k: meta[k] for k in INCREMENTAL_META if k in meta}
         elif len(self._ids) + len(ids) == meta.get("completion_tokens"):
             self._text.append(str(chunk.get("text") or ""))
             self._ids += [int(t) for t in ids]
