@@ -19,6 +19,7 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 from rollstream.consumers import RolloutConsumer, audit, commit_until_committed
 from rollstream.infra import KafkaConfig, TopicNames
+from rollstream.infra._replaceable import ClientReplacement
 from rollstream.infra.clients import open_admin, open_producer
 from rollstream.infra.kafka_io import produce_and_wait
 from rollstream.schemas import Prompt, RollstreamError, encode
@@ -235,8 +236,10 @@ class LagSampler:
                  interval_s: float = 0.1, commits: Callable[[], int] = lambda: 0) -> None:
         self.topic, self.interval_s, self._committed, self._commits = topic, interval_s, committed, commits
         self._query = {TopicPartition(topic, p): OffsetSpec.latest() for p in range(partitions)}
-        self._config = config
         self._admin = open_admin(config.admin())
+        # a client whose metadata went stale (a node killed: FENCED_LEADER_EPOCH over and over) starts afresh
+        self._replacement = ClientReplacement("fleet-lag-admin", open_client=lambda: open_admin(config.admin()),
+                                              swap=self._swap, close_client=lambda _: None, after_failures=3)
         self.samples: list[tuple[float, int]] = []
         self.ends = 0  # records on the rollouts topic at the last sample
         self.error: str | None = None
@@ -254,8 +257,11 @@ class LagSampler:
         self._stop.set()
         self._thread.join(15.0)
 
+    def _swap(self, new: Any) -> Any:
+        old, self._admin = self._admin, new
+        return old
+
     def _run(self) -> None:
-        failures = 0
         while not self._stop.wait(self.interval_s):
             commits = self._commits()
             committed = self._committed()  # read first: a commit racing the read can only make the lag look larger
@@ -267,15 +273,14 @@ class LagSampler:
                     self._ends[tp.partition] = max(self._ends.get(tp.partition, 0), f.result(timeout=10.0).offset)
                 ends = sum(self._ends.values())
             except Exception as exc:  # noqa: BLE001 - a missed sample is a gap in the plot; many in a row an error
-                failures += 1
                 self.failed += 1
                 self.failed_at.append(time.time())
-                if failures % 3 == 0:  # a client whose metadata went stale (a node killed: FENCED_LEADER_EPOCH
-                    self._admin = open_admin(self._config.admin())  # over and over) starts afresh
-                if failures >= 20:
-                    self.error = f"lag sampler: {failures} failed reads in a row, last {type(exc).__name__}: {exc}"
+                self._replacement.failed(exc)
+                if self._replacement.failures >= 20:
+                    self.error = (f"lag sampler: {self._replacement.failures} failed reads in a row, last "
+                                  f"{type(exc).__name__}: {exc}")
                 continue
-            failures = 0
+            self._replacement.succeeded()
             self.ends = ends
             if commits % 2 == 0 and self._commits() == commits:  # else it would count, against the offsets before
                 self.samples.append((time.time(), ends - committed))  # a commit, what producers published after it
