@@ -7,8 +7,9 @@ Contract (each point pinned by tests/integration/test_consumer_*.py):
   order per partition, a few at a time (`rollstream.consumers._fetched`).
 - Every offset looked at gets one disposition (taken / filtered / duplicate / undecodable) in the
   step's manifest. The manifest is written to NS.steps before `take` returns (with ``commit=False``
-  too) and *before* the offsets are committed; offsets committed are, per partition, one past the
-  last offset of the step (the next record to read).
+  too; when the broker does not take it in time, the batch is returned all the same and `commit` writes it
+  first: `_committing.py`) and *before* the offsets are committed; offsets committed are, per partition, one
+  past the last offset of the step (the next record to read).
 - The same batch after a crash: a restarted consumer's first takes are the steps handed over and never
   committed, each the same batch again (group ids, order, step number); `seek_to_step(k)` takes the
   steps after a checkpoint's step k again the same way. Where the group stands after a start or a seek,
@@ -263,7 +264,8 @@ class RolloutConsumer(Checkpoints, Committing):
         also with ``timeout=None``; an unreachable cluster is reported within `REACH_TIMEOUT_S`; with 0, call
         `connect` first). Once the n groups are there, the manifest write and the commit are `commit`'s,
         bounded by the consumer's `timeout` (a step in hand is not thrown away for want of time). The step's
-        manifest is written to NS.steps before returning. With ``commit=True`` its offsets are then committed
+        manifest is written to NS.steps before returning (with ``commit=False``, one the broker did not take in
+        time is logged and written by `commit`). With ``commit=True`` its offsets are then committed
         too: per partition the offset of the next record to read, exactly past this step. With ``commit=False``
         nothing is committed; call `commit(batch)` after the optimizer step. Taking again before that continues
         *after* the uncommitted batch (the position is in memory); if the process dies first, the
