@@ -251,7 +251,8 @@ class VLLMHTTPEngine(TokenizedSession):
         streams = saver is not None and bool(sample.body.get("stream"))
 
         def on_tokens(chunks: StreamedChoice) -> None:
-            sample.learn(chunks.prompt_ids())
+            if sample.prompt_ids is None:  # once: not a copy of the prompt's ids per token
+                sample.learn(chunks.prompt_ids())
             if saver is not None:
                 saver(chunks)
 
