@@ -9,6 +9,7 @@ when the coordinator never comes up.
 from __future__ import annotations
 
 import logging
+import random
 import socket
 import time
 from collections.abc import Sequence
@@ -58,8 +59,28 @@ def free_ports(nodes: int = 1, host: str = "127.0.0.1") -> tuple[int, int]:
     raise BrokerError(f"no two free ranges of broker ports for {nodes} node(s) on {host}")
 
 
+_LOWEST_PORT = 10_000
+_RANGE_WIDTH = CONTROLLER_PORT_OFFSET + 16  # room above a base for the client and controller ports of a cluster
+
+
 def _os_port(host: str) -> int:
-    """A port the OS calls free on `host` now."""
+    """A candidate base port on `host` (checked free by the caller), below the OS's ephemeral range: while a node is
+    down its clients reconnect to its port over and over, and a connect whose ephemeral source port is that very
+    port connects to itself (TCP simultaneous open) and holds it, so the restarted node cannot bind it ("Address
+    already in use": seen in `make chaos NODES=3` and the fleet's churn run)."""
+    top = _first_ephemeral_port() - _RANGE_WIDTH
+    return random.randrange(_LOWEST_PORT, top) if top > _LOWEST_PORT else _bound_port(host)
+
+
+def _first_ephemeral_port() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; elsewhere (no /proc) the OS's choice is the fallback below 10,000
+
+
+def _bound_port(host: str) -> int:
+    """A port the OS calls free on `host` now (in its ephemeral range)."""
     with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

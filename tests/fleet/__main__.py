@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import random
 import shutil
-import socket
 import sys
 import tempfile
 import threading
@@ -16,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rollstream.infra import KafkaConfig
-from rollstream.infra.broker import CONTROLLER_PORT_OFFSET, BrokerError, BrokerSpec, free_port
+from rollstream.infra.broker import BrokerError, BrokerSpec, free_port
 
 import tests.fleet as fleet_package
 from tests.chaos._cluster import Cluster
@@ -185,32 +183,6 @@ def open_broker_requests(cluster: Cluster, say: Say) -> BrokerRequests | None:
     return broker
 
 
-def low_port(nodes: int = 3) -> int:
-    """A free base port below the OS's ephemeral range, for --churn: while a killed node is down, the clients
-    reconnect to its port over and over, and a connect whose ephemeral source port is that same port connects
-    to itself (TCP simultaneous open) and holds it, so the node cannot bind it again ("Address already in use")."""
-    try:
-        first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        first_ephemeral = 32768
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(10_000, first_ephemeral - CONTROLLER_PORT_OFFSET - nodes)
-        ports = [base + i for i in range(nodes)] + [base + CONTROLLER_PORT_OFFSET + i for i in range(nodes)]
-        if all(_bindable(p) for p in ports):
-            return base
-    raise BrokerError(f"no free range of broker ports below {first_ephemeral}")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -221,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     say = Say()
     specs = plan(args, seed)
     run_dir = Path(tempfile.mkdtemp(prefix="fleet-", dir="/tmp"))
-    port = args.port or (low_port() if args.churn else free_port(3))
+    port = args.port or free_port(3)
     cluster = Cluster(BrokerSpec(port=port, nodes=3, data_dir=run_dir / "broker", heap_mb=512))
     say(f"seed {seed}; {len(specs)} phase(s); starting a 3-node cluster in {run_dir}")
     results: list[dict[str, Any]] = []
