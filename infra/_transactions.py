@@ -12,6 +12,13 @@ a retriable error. A transaction that returns late is aborted, not committed. On
 the next transaction is given up on: the run's producer is replaced and the run fenced again (``init_transactions``,
 which also fences the stuck producer), after the owner's check that no newer run is known to have begun
 (`RunTransactions`' ``may_refence``).
+
+A run that may fence again does not wait out its caller's whole deadline for a stuck transaction: one that has not
+returned after ``stuck_after_s`` (`STUCK_AFTER_S`, 5 s: a healthy one takes milliseconds, and a broker failing over
+answers the fresh producer as soon as it answers anyone) is given up on within the same call, and the producer
+replaced, while the caller's time lasts. A SIGKILLed node that coordinated a trainer's transactions stopped its
+commits for 41-43 s with a 60 s consumer timeout before (the stuck commit's share of the timeout, then half of the
+next one's), ~15 s after (the ~9 s the cluster takes to move the coordinator, then 5 s).
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ from rollstream.schemas import RollstreamError
 log = logging.getLogger(__name__)
 _FENCED = {"_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "INVALID_PRODUCER_ID_MAPPING"}
 _LATE_S = 0.5  # a transaction's own timeouts run inside its call: what it may take past them before it is given up
+STUCK_AFTER_S = 5.0  # a transaction not returned by then is given up on and its producer replaced (module docstring)
+_SETTLE_S = 1.0  # the most a call waits for a transaction an earlier call gave up on, before replacing its producer
+_RENEW_MIN_S = 1.0  # the least time a call must have left to replace a stuck producer itself rather than raise
 
 
 class RunSupersededError(RollstreamError):
@@ -116,13 +126,16 @@ class RunTransactions:
             returned (see the module docstring): False when a newer run is known to have begun (this one is then
             superseded), True when none is; raises KafkaIOError when that cannot be told in time. None: the run
             is never fenced again, a stuck transaction is waited for.
+        stuck_after_s: with ``may_refence``, how long a transaction may go without returning before it is given
+            up on and the producer replaced within the same call (`STUCK_AFTER_S`).
     """
 
     def __init__(self, config: KafkaConfig, transactional_id: str, *,
                  superseded: Callable[[str], RunSupersededError], renew: str, topic: str | None = None,
                  request_timeout_s: float | None = None,
-                 may_refence: Callable[[float], bool] | None = None) -> None:
+                 may_refence: Callable[[float], bool] | None = None, stuck_after_s: float = STUCK_AFTER_S) -> None:
         self.transactional_id = transactional_id
+        self._stuck_after_s = stuck_after_s
         self._config = config
         self._new_superseded = superseded
         self._renew = renew
@@ -177,38 +190,58 @@ class RunTransactions:
     def transaction(self, what: str, timeout: float, write: Callable[[Producer], object], *,
                     abort: bool = False) -> None:
         """`write` in one transaction, committed within about `timeout` (the call returns then, whatever the
-        broker does: one that returns later is aborted). Once the producer failed for good, every later call
-        raises that failure again (a run never begins twice). With `abort`, a probe: the transaction is
-        aborted, so nothing is written, but the broker has still refused it to a superseded run (`write` must
-        register something with the coordinator, e.g. offsets: an empty transaction never reaches it).
+        broker does: one that returns later is aborted). A transaction that has not returned after
+        ``stuck_after_s`` is given up on and `write` run again in a transaction of a fresh producer, while the
+        time lasts (module docstring; only for a run that may fence again). Once the producer failed for good,
+        every later call raises that failure again (a run never begins twice). With `abort`, a probe: the
+        transaction is aborted, so nothing is written, but the broker has still refused it to a superseded run
+        (`write` must register something with the coordinator, e.g. offsets: an empty transaction never reaches it).
 
         Raises:
             RunSupersededError: a newer run began; nothing was written.
             KafkaIOError: not written (retriable unless the producer failed for good or the run is not fenced yet).
         """
         started = time.monotonic()
+
+        def left() -> float:
+            return max(0.0, timeout - (time.monotonic() - started))
+
         self._raise_if_done(what)
-        self._settle_stuck(what, timeout / 2)
-        self._replace_producer(what, max(0.0, timeout - (time.monotonic() - started)))
-        if self._refence:
-            self.fence(max(0.0, timeout - (time.monotonic() - started)), what)
-        producer = self._producer
-        if producer is None or not self.fenced_older:
-            raise KafkaIOError(f"{what}: the run has not begun", retriable=True)
-        left = max(0.0, timeout - (time.monotonic() - started))
-        txn = _Transaction(producer, write, abort, left, self._unfinished)
-        finished, _ = call_within(txn.run, left + _LATE_S, f"rollstream-txn-{self.transactional_id}")
-        if not finished:
-            txn.given_up.set()
-            self._stuck = txn
-            raise KafkaIOError(
-                f"{what}: the broker did not finish the transaction within {timeout:.1f} s (after a broker stall "
-                "librdkafka can wait for a coordinator for good: librdkafka#5456); nothing is committed (should it "
-                "return later, it is aborted). Retrying may help: a retry that still finds it waiting replaces "
-                "this run's producer", topic=self._topic, retriable=True)
+        self._settle_stuck(what, min(timeout / 2, _SETTLE_S))
+        while True:
+            txn, finished = self._try_transaction(what, left, write, abort)
+            if finished:
+                break
+            if self._may_refence is None or left() < _RENEW_MIN_S:
+                raise KafkaIOError(
+                    f"{what}: the broker did not finish the transaction within {timeout:.1f} s (after a broker stall "
+                    "librdkafka can wait for a coordinator for good: librdkafka#5456); nothing is committed (should "
+                    "it return later, it is aborted). Retrying may help: a retry that still finds it waiting "
+                    "replaces this run's producer", topic=self._topic, retriable=True)
+            waited = time.monotonic() - txn.started
+            self._renewal = f"a transaction has not returned for {waited:.1f} s (librdkafka#5456)"
         self._unfinished = txn.unfinished
         if txn.error is not None:
             self._raise_failure(what, txn.error)
+
+    def _try_transaction(self, what: str, left: Callable[[], float], write: Callable[[Producer], object],
+                         abort: bool) -> tuple[_Transaction, bool]:
+        """One try of `transaction`: the producer replaced and the run fenced again first where that is due, then
+        `write` in a transaction, waited for up to what is `left` (at most ``stuck_after_s`` when the run may fence
+        again). Returns the transaction and whether it finished (if not, it was given up on: `_stuck`)."""
+        self._replace_producer(what, left())
+        if self._refence:
+            self.fence(left(), what)
+        producer = self._producer
+        if producer is None or not self.fenced_older:
+            raise KafkaIOError(f"{what}: the run has not begun", retriable=True)
+        txn = _Transaction(producer, write, abort, left(), self._unfinished)
+        patience = txn.timeout if self._may_refence is None else min(txn.timeout, self._stuck_after_s)
+        finished, _ = call_within(txn.run, patience + _LATE_S, f"rollstream-txn-{self.transactional_id}")
+        if not finished:
+            txn.given_up.set()
+            self._stuck = txn
+        return txn, finished
 
     def send_offsets(self, consumer: Consumer, offsets: list[TopicPartition], what: str, timeout: float, *,
                      abort: bool = False) -> None:

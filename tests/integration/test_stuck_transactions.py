@@ -5,8 +5,8 @@ librdkafka can hold ``send_offsets_to_transaction`` past its timeout for good af
 on purpose (it waits on an event) so that each path runs every time: the caller is answered at its deadline
 with a retriable error; a transaction that returns late is aborted (nothing it wrote is read); one that is
 still stuck at the next transaction is given up on, the run fenced again with a fresh producer, and the next
-transaction commits; a run that a newer one replaced meanwhile is told it was superseded instead of fencing
-the newer one.
+transaction commits; one stuck past ``stuck_after_s`` within a longer deadline is replaced within its own call;
+a run that a newer one replaced meanwhile is told it was superseded instead of fencing the newer one.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 import pytest
 from confluent_kafka import Producer
 from rollstream.infra import KafkaConfig, KafkaIOError, RunSupersededError, TopicNames
-from rollstream.infra._transactions import RunTransactions
+from rollstream.infra._transactions import STUCK_AFTER_S, RunTransactions
 from rollstream.infra.clients import open_consumer
 from rollstream.infra.deadline import GRACE_S
 from rollstream.infra.runs import CONTROL_KEY, read_to_end
@@ -25,10 +25,11 @@ from rollstream.infra.runs import CONTROL_KEY, read_to_end
 T = 2.0  # each transaction's timeout
 
 
-def _run(config: KafkaConfig, names: TopicNames, *, leads: bool = True) -> RunTransactions:
+def _run(config: KafkaConfig, names: TopicNames, *, leads: bool = True,
+         stuck_after_s: float = STUCK_AFTER_S) -> RunTransactions:
     txn = RunTransactions(config, f"rollstream.{names.namespace}.stuck-test", topic=names.control,
                           superseded=lambda what: RunSupersededError(1, names.namespace, what),
-                          renew="start again", may_refence=lambda _timeout: leads)
+                          renew="start again", may_refence=lambda _timeout: leads, stuck_after_s=stuck_after_s)
     txn.fence(15, "beginning the test run")
     return txn
 
@@ -82,6 +83,36 @@ def test_a_transaction_still_stuck_is_given_up_and_the_run_fenced_again(
         time.sleep(1)
         txn.transaction("one more", T * 5, _write(namespace, b"more"))
         assert _committed(kafka_config, namespace) == [b"after", b"more"]
+    finally:
+        release.set()
+        txn.close()
+
+
+def test_a_transaction_stuck_past_its_patience_is_replaced_within_the_call(
+        kafka_config: KafkaConfig, namespace: TopicNames) -> None:
+    """What a SIGKILLed transaction coordinator does to a commit with a long deadline: the call does not wait the
+    deadline out, it gives the stuck transaction up after `stuck_after_s` and commits with a fresh producer."""
+    patience = 1.0
+    txn, release = _run(kafka_config, namespace, stuck_after_s=patience), threading.Event()
+    tries: list[float] = []
+
+    def held_once(producer: Producer) -> None:
+        tries.append(time.monotonic())
+        if len(tries) == 1:
+            _held(namespace, release, b"stuck")(producer)
+        else:
+            _write(namespace, b"renewed")(producer)
+
+    try:
+        started = time.monotonic()
+        txn.transaction("a write whose first try is held", T * 10, held_once)
+        took = time.monotonic() - started
+        assert len(tries) == 2 and tries[1] - tries[0] >= patience, tries
+        assert took < T * 10 / 2, f"the call waited {took:.1f} s for a transaction stuck after {patience} s"
+        release.set()  # the stuck one returns at last: its producer was fenced, nothing of it is committed
+        time.sleep(1)
+        txn.transaction("one more", T * 5, _write(namespace, b"more"))
+        assert _committed(kafka_config, namespace) == [b"renewed", b"more"]
     finally:
         release.set()
         txn.close()
