@@ -30,6 +30,10 @@ with SIGTERM, one broker node (``--churn-node``) SIGKILLed, then restarted. It r
 each moment (docs/operations.md, "When producers come and go"), how far and how long it passed max_lag, and the
 trainer's throughput recovery after each event; the checks are the same (0 lost, 0 duplicated, audit green).
 
+``--tls`` and ``--sasl`` start the cluster as ``rollstream broker start --tls --sasl`` does (every listener TLS,
+SASL/SCRAM and ACLs) and every client of the run, the producer processes' too, uses its admin client file
+(``admin.properties`` in the data dir): the same run, priced with encryption and authentication.
+
 ``--backpressure both`` runs ``poll`` and ``pushed`` at ``--producers`` and at a quarter of it (``--small``),
 to show which request rate follows the fleet size. The report is printed and written to ``--out``: ``fleet.json``
 (every figure and series) and ``fleet.png`` (lag over time per phase; requests/s by phase). Exit status 1

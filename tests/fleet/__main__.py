@@ -83,6 +83,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--churn-node", type=int, choices=(1, 2, 3), default=2, help="the broker node --churn kills (default 2)")
     add("--seed", type=int, default=None, help="seed of the latency draws and the namespaces (default: time)")
     add("--port", type=int, default=0, help="first client port of the cluster (default: a free range)")
+    add("--tls", action="store_true",
+        help="the cluster encrypts every listener (broker start --tls); every client (producer processes, trainer, "
+             "loader, lag sampler, checks, the churn's node restart) trusts its CA; with it or --sasl each producer "
+             "gets 180 s to start, not 60")
+    add("--sasl", action="store_true",
+        help="the cluster authenticates clients with SASL/SCRAM and authorizes with ACLs (broker start --sasl); "
+             "every client is its admin user")
     add("--out", type=Path, default=Path("fleet-out"), help="where fleet.json and fleet.png go (default fleet-out)")
     add("--keep", action="store_true", help="keep the cluster's data dir and the logs even on success")
     args = parser.parse_args(argv)
@@ -133,13 +140,14 @@ class Say:
 
 
 def run_phases(specs: list[PhaseSpec], bootstrap: str, run_dir: Path, say: Say, broker: BrokerRequests | None,
-               cluster: Cluster | None = None) -> tuple[list[dict[str, Any]], dict[str, float]]:
+               cluster: Cluster | None = None, client_file: Path | None = None
+               ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     results: list[dict[str, Any]] = []
     calibration: dict[str, float] | None = None
     for spec in specs:
         say(f"phase {spec.index + 1}/{len(specs)}: {spec.label} ({spec.producers} producers in "
             f"{-(-spec.producers // spec.per_process)} processes, {spec.partitions} partitions)")
-        phase = Phase(spec, bootstrap, run_dir, say, calibration, broker, cluster)
+        phase = Phase(spec, bootstrap, run_dir, say, calibration, broker, cluster, client_file)
         try:
             result = phase.run()
         except FleetError as exc:  # this phase could not run; the next ones may (each has its own namespace)
@@ -161,11 +169,12 @@ def run_phases(specs: list[PhaseSpec], bootstrap: str, run_dir: Path, say: Say, 
     return results, calibration or {}
 
 
-def measure_idle_control(bootstrap: str, sizes: str, say: Say) -> list[dict[str, Any]]:
+def measure_idle_control(bootstrap: str, sizes: str, say: Say, client_file: Path | None = None
+                         ) -> list[dict[str, Any]]:
     """Idle NS.control watchers' Fetch requests per second, at each size (`tests.fleet._control_idle`)."""
     out = []
     for n in (int(x) for x in sizes.split(",") if x.strip()):
-        figures = measure(KafkaConfig(bootstrap_servers=bootstrap), n, replication_factor=3)
+        figures = measure(KafkaConfig.load(bootstrap, client_file), n, replication_factor=3)
         say(f"idle NS.control watchers x{n} ({figures['watchers_running']} reporting): {figures['fetch_per_s']:.0f} "
             f"Fetch/s ({figures['fetch_per_s_per_watcher']:.2f} per watcher)")
         out.append(figures)
@@ -194,8 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     specs = plan(args, seed)
     run_dir = Path(tempfile.mkdtemp(prefix="fleet-", dir="/tmp"))
     port = args.port or free_port(3)
-    cluster = Cluster(BrokerSpec(port=port, nodes=3, data_dir=run_dir / "broker", heap_mb=512))
-    say(f"seed {seed}; {len(specs)} phase(s); starting a 3-node cluster in {run_dir}")
+    cluster = Cluster(BrokerSpec(port=port, nodes=3, data_dir=run_dir / "broker", heap_mb=512, tls=args.tls,
+                                 sasl=args.sasl))
+    # Against a TLS or SASL cluster every client, the producer processes' too, uses the admin file start writes.
+    client_file = cluster.spec.data_dir / "admin.properties" if args.tls or args.sasl else None
+    security = " over ".join(m for m in ("SASL/SCRAM" if args.sasl else "", "TLS" if args.tls else "") if m)
+    say(f"seed {seed}; {len(specs)} phase(s); starting a 3-node cluster{' with ' + security if security else ''} "
+        f"in {run_dir}")
     results: list[dict[str, Any]] = []
     calibration: dict[str, float] = {}
     idle: list[dict[str, Any]] = []
@@ -207,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"cluster up on {bootstrap}")
         # --churn kills a node: the JMX reader holds the JVMs' pids, so the brokers' counts are left out there.
         broker = None if args.churn else open_broker_requests(cluster, say)
-        results, calibration = run_phases(specs, bootstrap, run_dir, say, broker, cluster)
-        idle = measure_idle_control(bootstrap, args.idle_watchers, say)
+        results, calibration = run_phases(specs, bootstrap, run_dir, say, broker, cluster, client_file)
+        idle = measure_idle_control(bootstrap, args.idle_watchers, say, client_file)
     except KeyboardInterrupt:
         error = "interrupted (Ctrl-C)"
     except BrokerError as exc:
@@ -225,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     # The bound is the contract for today's rule (DESIGN.md, "Fleet"); the old rule's phases are there to compare.
     ok = error is None and len(results) == len(specs) and all(
         r.get("checks", {}).get("ok") and (r["lag"]["within_bound"] or r["spec"]["rule"] == "old") for r in results)
-    run = {"command": command, "seed": seed, "bootstrap": bootstrap, "partitions": args.partitions,
+    run = {"command": command, "seed": seed, "bootstrap": bootstrap, "security": security or "plaintext",
+           "partitions": args.partitions,
            "calibration": calibration, "calibration_total": sum(calibration.values()), "phases": results,
            "control_idle": idle, "error": error, "ok": ok, "run_dir": str(run_dir)}
     json_path, png = write(run, args.out)

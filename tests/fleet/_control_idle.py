@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, create_topics
@@ -67,7 +68,7 @@ def _wait_known_everywhere(config: KafkaConfig, topic: str, timeout_s: float = 3
     """Until every node lists `topic`: a watcher whose first node does not know it yet gives up on it."""
     deadline = time.monotonic() + timeout_s
     for address in config.bootstrap_servers.split(","):
-        admin = open_admin(KafkaConfig(bootstrap_servers=address).admin())  # asks that node first
+        admin = open_admin(replace(config, bootstrap_servers=address).admin())  # asks that node first
         while topic not in admin.list_topics(timeout=10.0).topics and time.monotonic() < deadline:
             time.sleep(0.2)
 

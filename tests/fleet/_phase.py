@@ -12,7 +12,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,9 @@ from tests.fleet._roles import LagSampler, Loader, Trainer, WorkerProc, verdict
 GROUP = "fleet-trainer"
 WARMUP_S = 3.0
 STARTUP_TIMEOUT_S = 240.0
+# Each producer's own (ProducerSettings.startup_timeout_s): over TLS and SASL 128 producers' first lag reads
+# (256 ListOffsets each) and their clients' handshakes, all at once on 2 cores, took longer than 60 s.
+PRODUCER_STARTUP_S, SECURED_PRODUCER_STARTUP_S = 60.0, 180.0
 DRAIN_TIMEOUT_S = 180.0
 STALL_S = 15.0
 FINISHERS = 8
@@ -77,10 +80,10 @@ class PhaseSpec:
 class Phase:
     def __init__(self, spec: PhaseSpec, bootstrap: str, run_dir: Path, say: Callable[[str], None],
                  calibration: dict[str, float] | None, broker: BrokerRequests | None = None,
-                 cluster: Cluster | None = None) -> None:
+                 cluster: Cluster | None = None, client_file: Path | None = None) -> None:
         self.spec, self.say, self.calibration, self.broker = spec, say, calibration, broker
-        self.cluster = cluster
-        self.config = KafkaConfig(bootstrap_servers=bootstrap, client_id="fleet-driver")
+        self.cluster, self.client_file = cluster, client_file  # client_file: --tls/--sasl, every client's settings
+        self.config = KafkaConfig.load(bootstrap, client_file, client_id="fleet-driver")
         self.names = TopicNames(f"fleet{spec.seed}-{spec.index}-{spec.mode}-{spec.producers}")
         self.logs = run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -169,7 +172,7 @@ class Phase:
         for address in self.config.bootstrap_servers.split(","):
             while True:
                 # A fresh client with one bootstrap address asks that node first.
-                admin = open_admin(KafkaConfig(bootstrap_servers=address).admin())
+                admin = open_admin(replace(self.config, bootstrap_servers=address).admin())
                 known = set(admin.list_topics(timeout=10.0).topics)
                 if set(topics) <= known:
                     break
@@ -190,7 +193,9 @@ class Phase:
         spec = {"proc": proc, "phase": s.index, "bootstrap": bootstrap, "namespace": self.names.namespace,
                 "trainer_group": GROUP, "backpressure": mode, "first_index": first, "count": count,
                 "n_samples": s.n_samples, "concurrency": s.concurrency, "max_lag": s.max_lag,
-                "gen_ms": list(s.gen_ms), "seed": s.seed, "fallback_s": s.fallback_s, "rule": s.rule}
+                "gen_ms": list(s.gen_ms), "seed": s.seed, "fallback_s": s.fallback_s, "rule": s.rule,
+                "kafka_config": str(self.client_file) if self.client_file else None,
+                "startup_timeout_s": SECURED_PRODUCER_STARTUP_S if self.client_file else PRODUCER_STARTUP_S}
         return WorkerProc(spec, self.logs / f"phase{s.index}-{s.mode}-{s.producers}-proc{proc}.log")
 
     def _check_workers(self) -> None:

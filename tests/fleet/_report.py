@@ -11,7 +11,8 @@ from tests.fleet._churn import render as churn_lines
 
 
 def render(run: dict[str, Any]) -> str:
-    lines = [f"fleet: {run['command']}", f"cluster: 3 KRaft nodes on {run['bootstrap']} (RF 3, min.insync 2); "
+    lines = [f"fleet: {run['command']}",
+             f"cluster: 3 KRaft nodes on {run['bootstrap']} ({run.get('security', 'plaintext')}; RF 3, min.insync 2); "
              f"{run['partitions']} partitions; calibrated lag read = {run['calibration_total']:g} requests"]
     head = (f"{'phase':<16}{'groups/s':>9}{'steps/s':>8}{'lag max':>8}{'p99':>6}{'bound':>7}{'loop p99':>9}"
             f"{'loop max':>9}{'gate rd/s':>10}{'fail':>6}{'gate req/s':>11}{'/producer':>10}{'pos/s':>7}"

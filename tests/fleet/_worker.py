@@ -24,6 +24,7 @@ import sys
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from rollstream.infra import KafkaConfig
@@ -59,7 +60,8 @@ def settings_for(spec: dict[str, Any], producer_id: str) -> ProducerSettings:
     kwargs: dict[str, Any] = dict(
         namespace=spec["namespace"], n_samples=spec["n_samples"], concurrency=spec["concurrency"],
         max_lag=spec["max_lag"], trainer_group=spec["trainer_group"], producer_id=producer_id,
-        max_new_tokens=2, summary_interval_s=0.0, startup_timeout_s=60.0, drain_timeout_s=30.0)
+        max_new_tokens=2, summary_interval_s=0.0, startup_timeout_s=spec.get("startup_timeout_s", 60.0),
+        drain_timeout_s=30.0)
     if "backpressure" in {f.name for f in dataclasses.fields(ProducerSettings)}:
         kwargs["backpressure"] = spec["backpressure"]
         if spec.get("fallback_s"):
@@ -87,7 +89,7 @@ class Worker:
         self.control = ClientStats(lambda g: g.startswith(CONTROL_WATCH_PREFIX), interval_s=1.0).install()
         self.probe = LoopLagProbe(spec.get("probe_s", 0.02))
         self.all_lags: list[float] = []
-        kafka = KafkaConfig(bootstrap_servers=spec["bootstrap"])
+        kafka = KafkaConfig.load(spec["bootstrap"], Path(spec["kafka_config"]) if spec.get("kafka_config") else None)
         base = spec["first_index"]
         lo_ms, hi_ms = spec["gen_ms"]
         self.producers = [
