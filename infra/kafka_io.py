@@ -46,6 +46,7 @@ from rollstream.schemas import ConfigError
 log = logging.getLogger(__name__)
 _BATCH = 500
 _AGAIN_S = 0.2  # before a metadata request that failed at once is sent again
+BOUNDED_FETCH_BYTES = 256 * 1024  # one fetch response (compressed) of a `reader` with a read-ahead bound
 _FIRST_BACKOFF_S, _MAX_BACKOFF_S = 0.1, 1.0  # between attempts of a read retried within its deadline
 def produce_and_wait(producer: Producer, topic: str, records: Iterable[tuple[bytes | None, bytes]], *,
                      timeout: float | Deadline, on_acked: Callable[[int, int], None] | None = None) -> int:
@@ -171,11 +172,15 @@ def reader(config: KafkaConfig, group_id: str, *, read_ahead_kib: int | None = N
     It has a group id only because librdkafka requires one (and `committed_offsets` asks for that group's).
     `read_ahead_kib`: how much librdkafka may fetch ahead of what is polled (``queued.max.messages.kbytes``;
     None: the consumer's default, twice the largest record): a long read by a slower caller (export) holds
-    that much.
+    that much, plus one fetch response: such a reader asks for at most `BOUNDED_FETCH_BYTES` a response (a
+    larger record still comes whole), since librdkafka decompresses a whole response at once, whatever the
+    read-ahead (100,000 small lz4-compressed groups: 3.8 MB fetched, 78 MiB decoded, one consumer's response).
     """
     overrides: dict[str, object] = {"enable.partition.eof": False}
     if read_ahead_kib is not None:
         overrides["queued.max.messages.kbytes"] = read_ahead_kib
+        overrides.update(dict.fromkeys(("fetch.max.bytes", "max.partition.fetch.bytes", "message.max.bytes"),
+                                       BOUNDED_FETCH_BYTES))
     consumer = open_consumer(config.consumer(group_id, overrides))
     try:
         yield consumer

@@ -12,8 +12,9 @@ NS.steps (a `StepSpan`, a few hundred bytes a step), not the manifests (~0.5 KB 
 reads them back a chunk of `MAX_RUN_OFFSETS` offsets at a time; adjacent steps are read from NS.rollouts in
 one go (one fetch session per run of at most `MAX_RUN_OFFSETS` offsets, not one per step), each step is handed
 on and let go as soon as its last record is read, and partitions that run ahead of the oldest unfinished step
-are paused while too many records wait (`MAX_BUFFERED`); librdkafka fetches at most `READ_AHEAD_KIB` ahead
-(a consumer's default is twice the largest record, 128 MiB: what a slower reader then holds). Every function
+are paused while too many records wait (`MAX_BUFFERED`); librdkafka fetches at most `READ_AHEAD_KIB` ahead,
+in responses of at most `rollstream.infra.kafka_io.BOUNDED_FETCH_BYTES` (a consumer's defaults, 128 MiB ahead
+in 4 MiB compressed responses, are what a slower reader would otherwise hold). Every function
 blocks until its reads are done (no progress for `timeout` s is an error); an iterator must stay in the
 thread that reads it.
 """
@@ -42,7 +43,7 @@ from rollstream.schemas import OffsetDisposition, RollstreamError, StepManifest
 MAX_BUFFERED = 2000  # decoded records held waiting for their step, before partitions running ahead pause
 GAP_RECORDS = 1000  # offsets between steps a read fetches and drops rather than start a new read
 MAX_RUN_OFFSETS = 10_000  # offsets whose manifests are held at once (~5 MB): a run's, and a chunk read back
-READ_AHEAD_KIB = 32 * 1024  # what librdkafka may fetch ahead of a read: two of the consumer's fetches (16 MiB)
+READ_AHEAD_KIB = 1024  # decoded bytes librdkafka may hold ahead of a read, and one fetch response more
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,8 @@ class StepSpan:
                 offsets = [o for p, o in chunk if p == partition]
                 bounds = {partition: (min(offsets), max(offsets) + 1)}
                 found.update((at, m) for at, m in located_manifests(
-                    self.config, self.topic, self.consumer_group, bounds=bounds, timeout=self.timeout)
-                    if at in wanted)
+                    self.config, self.topic, self.consumer_group, bounds=bounds, timeout=self.timeout,
+                    read_ahead_kib=READ_AHEAD_KIB) if at in wanted)
             for at in chunk:
                 if at not in found:
                     raise RollstreamError(f"{self.topic}[{at[0]}]@{at[1]}: the manifest of a step of "
