@@ -142,8 +142,10 @@ class Event:
 
 
 class Fleet:
-    def __init__(self, config: KafkaConfig, names: TopicNames, protocol: str, trace: Trace) -> None:
+    def __init__(self, config: KafkaConfig, names: TopicNames, protocol: str, trace: Trace,
+                 event_limit_s: float = EVENT_LIMIT_S) -> None:
         self.config, self.names, self.protocol, self.trace = config, names, protocol, trace
+        self.event_limit_s = event_limit_s
         self.partitions = 0
         self.running: list[tuple[RolloutProducer, asyncio.Task[Any]]] = []
         self.stopped: list[RolloutProducer] = []
@@ -181,10 +183,11 @@ class Fleet:
         await asyncio.sleep(0.5)
         done = None
         while done is None:
-            if time.monotonic() - t0 > EVENT_LIMIT_S:
+            if time.monotonic() - t0 > self.event_limit_s:
                 unowned = sorted(p for p, who in self.trace.owner.items() if who is None)
-                raise RuntimeError(f"{kind}: the group did not settle within {EVENT_LIMIT_S:g} s (leaver gone: "
-                                   f"{leaving is None or leaving.done()}; partitions owned by nobody: {unowned})")
+                raise RuntimeError(f"{kind}: the group did not settle within {self.event_limit_s:g} s (leaver gone: "
+                                   f"{leaving is None or leaving.done()}; partitions owned by nobody: {unowned}; "
+                                   "a larger fleet on a loaded machine may need a larger --event-limit)")
             await asyncio.sleep(0.05)
             done = self.trace.settled_at(t0, self.partitions, joiner=kind == "join")
             if done is not None and leaving is not None and not leaving.done():
@@ -205,8 +208,8 @@ class Fleet:
 
 
 async def one_fleet(config: KafkaConfig, names: TopicNames, protocol: str, producers: int, events: int,
-                    trace: Trace) -> list[Event]:
-    fleet = Fleet(config, names, protocol, trace)
+                    trace: Trace, event_limit_s: float = EVENT_LIMIT_S) -> list[Event]:
+    fleet = Fleet(config, names, protocol, trace, event_limit_s)
     fleet.partitions = 2 * producers
     trace.owner.clear()
     for _ in range(producers):
@@ -229,7 +232,8 @@ async def one_fleet(config: KafkaConfig, names: TopicNames, protocol: str, produ
     return out
 
 
-def run(config: KafkaConfig, sizes: list[int], protocols: list[str], events: int) -> list[tuple[str, int, Event]]:
+def run(config: KafkaConfig, sizes: list[int], protocols: list[str], events: int,
+        event_limit_s: float = EVENT_LIMIT_S) -> list[tuple[str, int, Event]]:
     trace = Trace()
     trace.install()
     made: list[TopicNames] = []
@@ -243,7 +247,7 @@ def run(config: KafkaConfig, sizes: list[int], protocols: list[str], events: int
                 publish_prompts([Prompt(id=f"p{i}", prompt="q", label="1") for i in range(budget)], config,
                                 names.prompts)
                 log.info("%s protocol, %d producers, %d partitions, %d prompts", protocol, n, 2 * n, budget)
-                for e in asyncio.run(one_fleet(config, names, protocol, n, events, trace)):
+                for e in asyncio.run(one_fleet(config, names, protocol, n, events, trace, event_limit_s)):
                     log.info("  %s: %.2f s (group %.2f s), %.0f groups lost", e.kind, e.rebalance_s, e.group_s, e.lost)
                     results.append((protocol, n, e))
     finally:
@@ -275,11 +279,13 @@ def main() -> None:
     parser.add_argument("--producers", default="8,32", help="fleet sizes, comma-separated (default 8,32)")
     parser.add_argument("--protocols", default="classic,consumer")
     parser.add_argument("--events", type=int, default=2, help="join + leave rounds per fleet (default 2)")
+    parser.add_argument("--event-limit", type=float, default=EVENT_LIMIT_S,
+                        help=f"seconds an event may take to settle before the run fails (default {EVENT_LIMIT_S:g})")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     log.setLevel(logging.INFO)
     results = run(KafkaConfig(client_id="rollstream-bench"), [int(n) for n in args.producers.split(",")],
-                  args.protocols.split(","), args.events)
+                  args.protocols.split(","), args.events, args.event_limit)
     print(f"GEN_S={GEN_S}, concurrency {CONCURRENCY}, session 10 s; median (each event)\n")
     print(table(results))
 

@@ -61,6 +61,16 @@ def _given_up(txn: RunTransactions, names: TopicNames, release: threading.Event,
     assert info.value.retriable and time.monotonic() - started <= T + GRACE_S
 
 
+def _returns_late_and_commits_nothing(txn: RunTransactions, config: KafkaConfig, names: TopicNames,
+                                      release: threading.Event, committed: bytes) -> None:
+    """The stuck transaction returns at last: its producer was fenced, so nothing of it is committed, and the run
+    goes on (what it committed since: `committed`, then one more write)."""
+    release.set()
+    time.sleep(1)
+    txn.transaction("one more", T * 5, _write(names, b"more"))
+    assert _committed(config, names) == [committed, b"more"]
+
+
 def test_a_transaction_that_returns_late_is_aborted(kafka_config: KafkaConfig, namespace: TopicNames) -> None:
     txn, release = _run(kafka_config, namespace), threading.Event()
     try:
@@ -79,10 +89,7 @@ def test_a_transaction_still_stuck_is_given_up_and_the_run_fenced_again(
     try:
         _given_up(txn, namespace, release, b"stuck")
         txn.transaction("the next write", T * 5, _write(namespace, b"after"))  # a fresh producer, fenced again
-        release.set()  # the stuck one returns at last: its producer was fenced, nothing of it is committed
-        time.sleep(1)
-        txn.transaction("one more", T * 5, _write(namespace, b"more"))
-        assert _committed(kafka_config, namespace) == [b"after", b"more"]
+        _returns_late_and_commits_nothing(txn, kafka_config, namespace, release, b"after")
     finally:
         release.set()
         txn.close()
@@ -109,10 +116,7 @@ def test_a_transaction_stuck_past_its_patience_is_replaced_within_the_call(
         took = time.monotonic() - started
         assert len(tries) == 2 and tries[1] - tries[0] >= patience, tries
         assert took < T * 10 / 2, f"the call waited {took:.1f} s for a transaction stuck after {patience} s"
-        release.set()  # the stuck one returns at last: its producer was fenced, nothing of it is committed
-        time.sleep(1)
-        txn.transaction("one more", T * 5, _write(namespace, b"more"))
-        assert _committed(kafka_config, namespace) == [b"renewed", b"more"]
+        _returns_late_and_commits_nothing(txn, kafka_config, namespace, release, b"renewed")
     finally:
         release.set()
         txn.close()
