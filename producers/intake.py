@@ -81,6 +81,13 @@ _FINAL_COMMIT_S = 5.0  # how long closing waits for the answer to the last commi
 
 
 _UNRELEASED_RETRY_S = 2.0  # between joins of a static member whose previous member has not left (consumer protocol)
+# How far librdkafka reads NS.prompts ahead of the hand-over queue: it fetches again once fewer than queued.min.messages
+# prompts of a partition are left, a few record batches per fetch (a larger prompt still comes whole, KIP-74), and
+# queues at most 1 MiB of them. The consumer defaults (`KafkaConfig.consumer`, sized for 64 MiB rollouts) fetched
+# 4 MiB of compressed batches per partition each time: `make soak` held a few hundred thousand prompts in librdkafka
+# (~350 bytes each), +200 MiB of malloc at once, whose slow drain fragmented the heap (docs/benchmarks.md, soak).
+_READ_AHEAD = {"queued.min.messages": 1000, "max.partition.fetch.bytes": 64 * 1024, "fetch.max.bytes": 256 * 1024,
+               "message.max.bytes": 256 * 1024, "queued.max.messages.kbytes": 1024}
 
 
 class _InstanceNotReleased(Exception):
@@ -131,7 +138,7 @@ class Intake(WorkerThread):
                  drain_on_revoke_s: float = DEFAULT_DRAIN_ON_REVOKE_S,
                  overrides: Mapping[str, Any] | None = None, group_protocol: Resolved = "classic") -> None:
         super().__init__()
-        conf = group_conf(group_protocol, {"fetch.wait.max.ms": 100, "queued.min.messages": 1000,
+        conf = group_conf(group_protocol, {"fetch.wait.max.ms": 100, **_READ_AHEAD,
                                            **dict(overrides or {})}, session_timeout_s)
         poll_interval_s = int(conf.get("max.poll.interval.ms", _MAX_POLL_INTERVAL_MS)) / 1000
         if not 0 <= drain_on_revoke_s < poll_interval_s:
