@@ -165,6 +165,16 @@ def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *
     raise_failures(topic, offsets, None, result or [])
 
 
+def bounded_fetch(read_ahead_kib: int, *, partition_fetch_bytes: int = BOUNDED_FETCH_BYTES) -> dict[str, object]:
+    """Consumer settings under which librdkafka holds at most `read_ahead_kib` KiB fetched ahead of what is polled
+    (``queued.max.messages.kbytes``) plus one response of at most `BOUNDED_FETCH_BYTES` (at most
+    `partition_fetch_bytes` of it from one partition). A record larger than that still comes whole (KIP-74). The
+    consumer defaults (`KafkaConfig.consumer`) are sized for 64 MiB rollouts: 4 MiB of compressed batches per
+    partition a fetch, decompressed at once, up to 128 MiB ahead."""
+    return {"queued.max.messages.kbytes": read_ahead_kib, "fetch.max.bytes": BOUNDED_FETCH_BYTES,
+            "message.max.bytes": BOUNDED_FETCH_BYTES, "max.partition.fetch.bytes": partition_fetch_bytes}
+
+
 @contextmanager
 def reader(config: KafkaConfig, group_id: str, *, read_ahead_kib: int | None = None) -> Iterator[Consumer]:
     """A consumer that only reads (explicit assignment, no commits, no membership); closed on exit.
@@ -178,9 +188,7 @@ def reader(config: KafkaConfig, group_id: str, *, read_ahead_kib: int | None = N
     """
     overrides: dict[str, object] = {"enable.partition.eof": False}
     if read_ahead_kib is not None:
-        overrides["queued.max.messages.kbytes"] = read_ahead_kib
-        overrides.update(dict.fromkeys(("fetch.max.bytes", "max.partition.fetch.bytes", "message.max.bytes"),
-                                       BOUNDED_FETCH_BYTES))
+        overrides.update(bounded_fetch(read_ahead_kib))
     consumer = open_consumer(config.consumer(group_id, overrides))
     try:
         yield consumer

@@ -60,7 +60,7 @@ from rollstream.infra import KafkaConfig
 from rollstream.infra.deadline import Deadline
 from rollstream.infra.group_protocol import Resolved, group_conf
 from rollstream.infra.kafka_errors import kafka_error
-from rollstream.infra.kafka_io import position_of
+from rollstream.infra.kafka_io import bounded_fetch, position_of
 from rollstream.infra.producer_state import ProducerState
 from rollstream.infra.threads import WorkerThread
 from rollstream.producers._intake_commits import IntakeCommits
@@ -86,8 +86,7 @@ _UNRELEASED_RETRY_S = 2.0  # between joins of a static member whose previous mem
 # queues at most 1 MiB of them. The consumer defaults (`KafkaConfig.consumer`, sized for 64 MiB rollouts) fetched
 # 4 MiB of compressed batches per partition each time: `make soak` held a few hundred thousand prompts in librdkafka
 # (~350 bytes each), +200 MiB of malloc at once, whose slow drain fragmented the heap (docs/benchmarks.md, soak).
-_READ_AHEAD = {"queued.min.messages": 1000, "max.partition.fetch.bytes": 64 * 1024, "fetch.max.bytes": 256 * 1024,
-               "message.max.bytes": 256 * 1024, "queued.max.messages.kbytes": 1024}
+_READ_AHEAD = {"queued.min.messages": 1000, **bounded_fetch(1024, partition_fetch_bytes=64 * 1024)}
 
 
 class _InstanceNotReleased(Exception):
