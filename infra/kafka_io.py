@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 _BATCH = 500
 _AGAIN_S = 0.2  # before a metadata request that failed at once is sent again
 BOUNDED_FETCH_BYTES = 256 * 1024  # one fetch response (compressed) of a `reader` with a read-ahead bound
+_MIN_MESSAGE_MAX_BYTES = 1000  # librdkafka's least message.max.bytes
 _FIRST_BACKOFF_S, _MAX_BACKOFF_S = 0.1, 1.0  # between attempts of a read retried within its deadline
 def produce_and_wait(producer: Producer, topic: str, records: Iterable[tuple[bytes | None, bytes]], *,
                      timeout: float | Deadline, on_acked: Callable[[int, int], None] | None = None) -> int:
@@ -165,14 +166,20 @@ def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *
     raise_failures(topic, offsets, None, result or [])
 
 
-def bounded_fetch(read_ahead_kib: int, *, partition_fetch_bytes: int = BOUNDED_FETCH_BYTES) -> dict[str, object]:
-    """Consumer settings under which librdkafka holds at most `read_ahead_kib` KiB fetched ahead of what is polled
-    (``queued.max.messages.kbytes``) plus one response of at most `BOUNDED_FETCH_BYTES` (at most
-    `partition_fetch_bytes` of it from one partition). A record larger than that still comes whole (KIP-74). The
-    consumer defaults (`KafkaConfig.consumer`) are sized for 64 MiB rollouts: 4 MiB of compressed batches per
+def bounded_fetch(config: KafkaConfig, read_ahead_kib: int | None, *,
+                  partition_fetch_bytes: int = BOUNDED_FETCH_BYTES) -> dict[str, object]:
+    """Consumer settings under which librdkafka fetches responses of at most `BOUNDED_FETCH_BYTES` (at most
+    `partition_fetch_bytes` of it from one partition; never more than `config.max_message_bytes`, which bounds
+    what the consumer may receive) and holds at most `read_ahead_kib` KiB fetched ahead of what is polled
+    (``queued.max.messages.kbytes``; None: the consumer's default). A larger record still comes whole (KIP-74).
+    The consumer defaults (`KafkaConfig.consumer`) are sized for 64 MiB rollouts: 4 MiB of compressed batches per
     partition a fetch, decompressed at once, up to 128 MiB ahead."""
-    return {"queued.max.messages.kbytes": read_ahead_kib, "fetch.max.bytes": BOUNDED_FETCH_BYTES,
-            "message.max.bytes": BOUNDED_FETCH_BYTES, "max.partition.fetch.bytes": partition_fetch_bytes}
+    response = max(_MIN_MESSAGE_MAX_BYTES, min(BOUNDED_FETCH_BYTES, config.max_message_bytes))
+    settings: dict[str, object] = {"fetch.max.bytes": response, "message.max.bytes": response,
+                                   "max.partition.fetch.bytes": min(partition_fetch_bytes, response)}
+    if read_ahead_kib is not None:
+        settings["queued.max.messages.kbytes"] = read_ahead_kib
+    return settings
 
 
 @contextmanager
@@ -188,7 +195,7 @@ def reader(config: KafkaConfig, group_id: str, *, read_ahead_kib: int | None = N
     """
     overrides: dict[str, object] = {"enable.partition.eof": False}
     if read_ahead_kib is not None:
-        overrides.update(bounded_fetch(read_ahead_kib))
+        overrides.update(bounded_fetch(config, read_ahead_kib))
     consumer = open_consumer(config.consumer(group_id, overrides))
     try:
         yield consumer

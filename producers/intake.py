@@ -82,11 +82,19 @@ _FINAL_COMMIT_S = 5.0  # how long closing waits for the answer to the last commi
 
 _UNRELEASED_RETRY_S = 2.0  # between joins of a static member whose previous member has not left (consumer protocol)
 # How far librdkafka reads NS.prompts ahead of the hand-over queue: it fetches again once fewer than queued.min.messages
-# prompts of a partition are left, a few record batches per fetch (a larger prompt still comes whole, KIP-74), and
-# queues at most 1 MiB of them. The consumer defaults (`KafkaConfig.consumer`, sized for 64 MiB rollouts) fetched
-# 4 MiB of compressed batches per partition each time: `make soak` held a few hundred thousand prompts in librdkafka
-# (~350 bytes each), +200 MiB of malloc at once, whose slow drain fragmented the heap (docs/benchmarks.md, soak).
-_READ_AHEAD = {"queued.min.messages": 1000, **bounded_fetch(1024, partition_fetch_bytes=64 * 1024)}
+# prompts of a partition are left, a few record batches per fetch (`_PARTITION_FETCH_BYTES`; a larger prompt still
+# comes whole, KIP-74). The consumer defaults (`KafkaConfig.consumer`, sized for 64 MiB rollouts) fetched 4 MiB of
+# compressed batches per partition each time: `make soak` held a few hundred thousand prompts in librdkafka (~350
+# bytes each), +200 MiB of malloc at once, whose slow drain fragmented the heap (docs/benchmarks.md, soak). The
+# queue's own cap (queued.max.messages.kbytes) stays the consumer's: at 1 MiB or 4 MiB a producer whose queue was
+# full lost its partitions to an expired 2 s session (test_vllm_real's pause longer than the stall rule).
+_QUEUED_MIN_PROMPTS, _PARTITION_FETCH_BYTES = 1000, 64 * 1024
+
+
+def _read_ahead(kafka: KafkaConfig) -> dict[str, object]:
+    """Intake's consumer settings that bound how far it reads NS.prompts ahead (see above)."""
+    return {"queued.min.messages": _QUEUED_MIN_PROMPTS,
+            **bounded_fetch(kafka, None, partition_fetch_bytes=_PARTITION_FETCH_BYTES)}
 
 
 class _InstanceNotReleased(Exception):
@@ -137,7 +145,7 @@ class Intake(WorkerThread):
                  drain_on_revoke_s: float = DEFAULT_DRAIN_ON_REVOKE_S,
                  overrides: Mapping[str, Any] | None = None, group_protocol: Resolved = "classic") -> None:
         super().__init__()
-        conf = group_conf(group_protocol, {"fetch.wait.max.ms": 100, **_READ_AHEAD,
+        conf = group_conf(group_protocol, {"fetch.wait.max.ms": 100, **_read_ahead(config),
                                            **dict(overrides or {})}, session_timeout_s)
         poll_interval_s = int(conf.get("max.poll.interval.ms", _MAX_POLL_INTERVAL_MS)) / 1000
         if not 0 <= drain_on_revoke_s < poll_interval_s:

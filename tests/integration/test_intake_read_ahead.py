@@ -1,4 +1,4 @@
-"""Intake's librdkafka client reads only a little of NS.prompts ahead (`rollstream.producers.intake._READ_AHEAD`).
+"""Intake's librdkafka client reads only a little of NS.prompts ahead (`rollstream.producers.intake._read_ahead`).
 
 With the consumer defaults sized for 64 MiB rollouts it fetched 4 MiB of compressed prompt batches per partition
 whenever fewer than a thousand prompts were queued: a whole 120,000-prompt topic sat in librdkafka at once
