@@ -7,8 +7,8 @@ sleeps a fixed interval and records how late it wakes: the direct measure of any
 Names follow Prometheus' conventions (https://prometheus.io/docs/practices/naming/): base units
 (seconds, bytes) last, counters end in ``_total``, a gauge of a count names what it counts (groups,
 prompts, records). No sentinel values: ``rollstream_producer_weight_version`` is absent from the
-scrape until the engine reports a version. Label values from a closed set (``status``, ``source``) are
-initialised at zero, so a rate over them exists before the first event. docs/metrics.md
+scrape until the engine reports a version. Label values from a closed set (``status``, ``source``,
+``change``) are initialised at zero, so a rate over them exists before the first event. docs/metrics.md
 lists every name and the renames; ``infra/grafana/rollstream.json`` is the dashboard.
 """
 
@@ -29,6 +29,7 @@ _LOOP_LAG_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _GROUP_STATUSES = get_args(GroupStatus)  # ok, failed
 _LAG_SOURCES = ("pushed", "read")  # rollstream.producers.gate
+_PARTITION_CHANGES = ("assigned", "revoked", "lost")  # rollstream.producers.intake
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,15 @@ class ProducerMetrics:
                                            "consumer) or lag (the gate's lag reader).", ["role"], registry=r)
         for role in ("intake", "lag"):  # each series from 0, so a rate is defined before the first replacement
             self.client_replacements.labels(role)
+        self.rebalances = Counter(p + "rebalances_total", "Changes to the prompt partitions this producer owns, one "
+                                  "per change that moved at least one partition (not per partition), by change: "
+                                  "assigned, revoked (drained and given up in a rebalance), lost (dropped without a "
+                                  "revocation: session expired, or the intake client replaced).", ["change"],
+                                  registry=r)
+        for change in _PARTITION_CHANGES:
+            self.rebalances.labels(change)
+        self.assigned_partitions = Gauge(p + "assigned_partitions", "Prompt partitions this producer owns now "
+                                         "(the prompt group's assignment, as intake last learned it).", registry=r)
         self.generation = Histogram(p + "generation_seconds", "Generation plus scoring time of a group.",
                                     buckets=_LATENCY_BUCKETS, registry=r)
         self.publish = Histogram(p + "publish_seconds", "Produce-to-acknowledgement time of a group.",
@@ -162,6 +172,13 @@ class ProducerMetrics:
         if not self._weight_version_shown:
             self.registry.register(self._weight_version)
             self._weight_version_shown = True
+
+    def count_partition_change(self, change: str, partitions: int, owned: int) -> None:
+        """`partitions` prompt partitions were assigned, revoked or lost (`change`), leaving `owned`: one change
+        counted when any moved (a rebalance callback with nothing for this producer counts none). Any thread."""
+        if partitions:
+            self.rebalances.labels(change).inc()
+        self.assigned_partitions.set(owned)
 
     def count_queue_full(self) -> None:
         self.queue_full.inc()

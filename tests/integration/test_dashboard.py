@@ -6,7 +6,8 @@ Pinned here:
   with a filtered group (failed on its last attempt) and a requeued one (stale): the labelled series the
   queries select are there, with the label values they match on;
 - the dashboard is an importable classic Grafana model: panels with ids and non-overlapping gridPos,
-  targets with refId and expr, every query through the ``datasource`` variable (a Prometheus one);
+  targets with refId and expr, every query (annotations' too) through the ``datasource`` variable (a
+  Prometheus one);
 - every name in both scrapes follows Prometheus' naming conventions: base units last and no other unit,
   counters end in ``_total`` and gauges do not, lag gauges carry their unit, and no sentinel values
   (``weight_version`` and ``step`` are absent until known, never -1).
@@ -44,7 +45,10 @@ REQUIRED = {"rollstream_consumer_lag_records", "rollstream_consumer_groups_taken
             "rollstream_consumer_groups_filtered_total", "rollstream_consumer_groups_requeued_total",
             "rollstream_producer_event_loop_lag_seconds_bucket", "rollstream_consumer_take_seconds_bucket",
             "rollstream_producer_paused", "rollstream_producer_in_flight_groups",
-            "rollstream_consumer_steps_committed_total"}
+            "rollstream_consumer_steps_committed_total",
+            # issue 37: each producer's share and prompt partitions, and the prompt group's rebalances
+            "rollstream_producer_lag_share_records", "rollstream_producer_assigned_partitions",
+            "rollstream_producer_rebalances_total"}
 BASE_UNITS = {"seconds", "bytes"}
 OTHER_UNITS = {"ms", "milliseconds", "us", "microseconds", "minutes", "hours", "kb", "mb", "gb", "kib", "mib",
                "kilobytes", "megabytes", "percent"}
@@ -56,6 +60,11 @@ _FIXED_MATCHER = re.compile(r'(\w+)="([^"$]*)"')
 
 def _targets(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
     return [t for p in dashboard["panels"] if p["type"] != "row" for t in p["targets"]]
+
+
+def _annotation_queries(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    """The annotations that query Prometheus (not Grafana's built-in one)."""
+    return [a for a in dashboard["annotations"]["list"] if "expr" in a]
 
 
 def _scrape_families(text: str) -> list[Any]:
@@ -120,6 +129,8 @@ def _check_dashboard_model(dashboard: dict[str, Any]) -> None:
         refs = [t["refId"] for t in p["targets"]]
         assert p["targets"] and len(refs) == len(set(refs)), p["title"]
         assert all(t["expr"].strip() and t["datasource"] == p["datasource"] for t in p["targets"]), p["title"]
+    for a in _annotation_queries(dashboard):
+        assert a["name"] and a["expr"].strip() and a["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
     for i, (a, ax0, ay0, ax1, ay1) in enumerate(boxes):
         for b, bx0, by0, bx1, by1 in boxes[i + 1:]:
             assert ax1 <= bx0 or bx1 <= ax0 or ay1 <= by0 or by1 <= ay0, f"panels {a!r} and {b!r} overlap"
@@ -148,7 +159,7 @@ def test_every_dashboard_query_finds_its_metrics_in_real_scrapes(kafka_config: K
                                                                 group_id: str) -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     _check_dashboard_model(dashboard)
-    exprs = [t["expr"] for t in _targets(dashboard)]
+    exprs = [t["expr"] for t in _targets(dashboard)] + [a["expr"] for a in _annotation_queries(dashboard)]
     queried = {n for e in exprs for n in _NAME.findall(e)}
     assert REQUIRED <= queried, f"the dashboard lost {sorted(REQUIRED - queried)}"
 
@@ -181,6 +192,7 @@ def test_no_sentinels_before_a_version_or_step_is_known() -> None:
     assert producer.registry.get_sample_value("rollstream_producer_groups_published_total",
                                               {"status": "failed"}) == 0
     assert producer.registry.get_sample_value("rollstream_producer_lag_updates_total", {"source": "pushed"}) == 0
+    assert producer.registry.get_sample_value("rollstream_producer_rebalances_total", {"change": "lost"}) == 0
     producer.show_weight_version(0)
     producer.show_weight_version(3)
     assert producer.registry.get_sample_value("rollstream_producer_weight_version") == 3

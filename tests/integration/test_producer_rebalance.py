@@ -6,6 +6,8 @@ Pinned:
    and commits them before the partitions move (a bounded drain), so the next owner regenerates nothing.
    The trainer (`RolloutConsumer`, audit) takes every prompt once and records 0 duplicates; NS.rollouts
    holds no group twice. (A SIGKILLed producer still loses nothing: test_producer_sharing pins that.)
+   Each producer's metrics follow its prompt partitions: `assigned_partitions` is what it owns, and
+   `rebalances_total` counts the changes (a's assignment, its revocation when b and c join, its partitions back).
 2. A producer's state rides on its prompt-offset commits (`rollstream.infra.producer_state.ProducerState` in the commit
    metadata): a producer held by backpressure is seen paused in the group's committed offsets within about a
    second, and seen running again once the trainer's lag falls.
@@ -93,6 +95,20 @@ def committed_everywhere(config: KafkaConfig, names: TopicNames) -> bool:
     return all(p.committed is not None and p.committed > p.start for p in partitions)
 
 
+def owned(p: RolloutProducer) -> int:
+    """The prompt partitions `p` owns, as its ``assigned_partitions`` gauge says."""
+    value = p.registry.get_sample_value("rollstream_producer_assigned_partitions")
+    assert value is not None
+    return int(value)
+
+
+def changes(p: RolloutProducer, change: str) -> int:
+    """How often `p`'s prompt partitions were `change` (assigned, revoked, lost), as its metrics count."""
+    value = p.registry.get_sample_value("rollstream_producer_rebalances_total", {"change": change})
+    assert value is not None
+    return int(value)
+
+
 def take_everything(bootstrap: str, names: TopicNames, group: str) -> list[Batch]:
     with RolloutConsumer(bootstrap, group_id=group, namespace=names.namespace, filters=()) as trainer:
         batches = [trainer.take(60, timeout=30) for _ in range(N // 60)]
@@ -126,9 +142,15 @@ def test_scaling_producers_1_3_1_generates_every_prompt_once(kafka_config: Kafka
             assert not run_a.done(), run_a.result()
             await asyncio.sleep(0.1)
         timings["1 producer"] = time.monotonic() - t0
+        assert owned(a) == PARTITIONS and changes(a, "assigned") >= 1 and changes(a, "revoked") == 0
         runs = [asyncio.create_task(p.run()) for p in (b, c)]  # scale up: a's partitions move while in flight
         await until(lambda: min(b.stats().groups_published, c.stats().groups_published) >= 20, "b and c to publish")
         timings["3 producers"] = time.monotonic() - t0
+        await until(lambda: owned(a) + owned(b) + owned(c) == PARTITIONS and min(map(owned, (a, b, c))) > 0,
+                    "every producer to own some of the partitions, each owned once")
+        assert changes(a, "revoked") >= 1 and changes(b, "assigned") >= 1 and changes(c, "assigned") >= 1
+        assert owned(a) == len(a._parts.intake.owned())  # type: ignore[union-attr]  # noqa: SLF001
+        assigned_before = changes(a, "assigned")
         b.stop()  # scale down, gracefully: b and c finish what they started and commit it
         c.stop()
         await asyncio.gather(*runs)
@@ -138,6 +160,7 @@ def test_scaling_producers_1_3_1_generates_every_prompt_once(kafka_config: Kafka
             assert not run_a.done(), run_a.result()
             await asyncio.sleep(0.2)
         timings["all committed"] = time.monotonic() - t0
+        assert owned(a) == PARTITIONS and changes(a, "assigned") > assigned_before
         a.stop()
         await run_a
 

@@ -464,6 +464,8 @@ def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
                 "unassigned-coordinator-gone": _GroupConsumer({0: 4}, {0: 10}, fail=True, assigned=False)}[case]
     intake._client.current = consumer  # type: ignore[assignment]  # the client `_serve` would run
     intake._on_assign(consumer, consumer.assignment())  # type: ignore[arg-type]
+    owning = not case.startswith("unassigned")
+    assert _partition_metrics(metrics) == (int(owning), int(owning), 0)  # (owned, assigned, lost)
     if case == "in-flight":  # taken up to the end, not acknowledged yet: nothing waits
         for offset in range(4, 10):
             assert intake._marks.take(0, offset) is not None
@@ -477,8 +479,17 @@ def test_intake_replaces_a_client_that_stopped_serving_its_partitions(
     assert (intake._client.current is not consumer) is stuck
     assert metrics.registry.get_sample_value("rollstream_producer_client_replacements_total",
                                              {"role": "intake"}) == int(stuck)
+    # a replaced client's partitions are dropped as lost: one change, and none owned (nothing to drop: no change)
+    assert _partition_metrics(metrics) == (int(owning and not stuck), int(owning), int(owning and stuck))
     if stuck:
         intake._client.current.close()  # type: ignore[union-attr]  # the fresh one, never subscribed
+
+
+def _partition_metrics(metrics: ProducerMetrics) -> tuple[float | None, ...]:
+    """The prompt partitions owned now, and the assignments and losses counted so far."""
+    sample = metrics.registry.get_sample_value
+    return (sample("rollstream_producer_assigned_partitions"),
+            *(sample("rollstream_producer_rebalances_total", {"change": c}) for c in ("assigned", "lost")))
 
 
 def test_intake_whose_slots_are_all_busy_is_not_stalled(monkeypatch: pytest.MonkeyPatch) -> None:
