@@ -166,20 +166,15 @@ def commit_offsets(consumer: Consumer, topic: str, offsets: Mapping[int, int], *
     raise_failures(topic, offsets, None, result or [])
 
 
-def bounded_fetch(config: KafkaConfig, read_ahead_kib: int | None, *,
-                  partition_fetch_bytes: int = BOUNDED_FETCH_BYTES) -> dict[str, object]:
-    """Consumer settings under which librdkafka fetches responses of at most `BOUNDED_FETCH_BYTES` (at most
-    `partition_fetch_bytes` of it from one partition; never more than `config.max_message_bytes`, which bounds
-    what the consumer may receive) and holds at most `read_ahead_kib` KiB fetched ahead of what is polled
-    (``queued.max.messages.kbytes``; None: the consumer's default). A larger record still comes whole (KIP-74).
-    The consumer defaults (`KafkaConfig.consumer`) are sized for 64 MiB rollouts: 4 MiB of compressed batches per
-    partition a fetch, decompressed at once, up to 128 MiB ahead."""
+def bounded_fetch(config: KafkaConfig, read_ahead_kib: int) -> dict[str, object]:
+    """Consumer settings under which librdkafka holds at most `read_ahead_kib` KiB fetched ahead of what is polled
+    (``queued.max.messages.kbytes``) plus one response of at most `BOUNDED_FETCH_BYTES` (never more than
+    `config.max_message_bytes`, which bounds what the consumer may receive). A larger record still comes whole
+    (KIP-74). The consumer defaults (`KafkaConfig.consumer`) are sized for 64 MiB rollouts: 4 MiB of compressed
+    batches per partition a fetch, decompressed at once, up to 128 MiB ahead."""
     response = max(_MIN_MESSAGE_MAX_BYTES, min(BOUNDED_FETCH_BYTES, config.max_message_bytes))
-    settings: dict[str, object] = {"fetch.max.bytes": response, "message.max.bytes": response,
-                                   "max.partition.fetch.bytes": min(partition_fetch_bytes, response)}
-    if read_ahead_kib is not None:
-        settings["queued.max.messages.kbytes"] = read_ahead_kib
-    return settings
+    return {"queued.max.messages.kbytes": read_ahead_kib, "fetch.max.bytes": response, "message.max.bytes": response,
+            "max.partition.fetch.bytes": response}
 
 
 @contextmanager

@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message
 from rollstream.infra import KafkaConfig
 from rollstream.infra.deadline import Deadline
 from rollstream.infra.group_protocol import Resolved, group_conf
@@ -64,9 +64,10 @@ from rollstream.infra.kafka_io import position_of
 from rollstream.infra.producer_state import ProducerState
 from rollstream.infra.threads import WorkerThread
 from rollstream.producers._intake_commits import IntakeCommits
+from rollstream.producers._intake_rebalance import Rebalancing
 from rollstream.producers._intake_stall import IntakeClient, stall_seconds
 from rollstream.producers._intake_state import StateCommits
-from rollstream.producers._watermarks import Drain, Watermarks, commit_partitions
+from rollstream.producers._watermarks import Watermarks
 from rollstream.producers.gate import LagGate
 from rollstream.producers.metrics import ProducerMetrics
 from rollstream.schemas import ConfigError, DecodeError, Prompt, decode, now_ms
@@ -82,9 +83,9 @@ _FINAL_COMMIT_S = 5.0  # how long closing waits for the answer to the last commi
 
 _UNRELEASED_RETRY_S = 2.0  # between joins of a static member whose previous member has not left (consumer protocol)
 # How far librdkafka reads NS.prompts ahead: it fetches again once fewer than queued.min.messages prompts of a
-# partition are left. Bounding the fetch itself (64 KiB a partition, 256 KiB a request, `infra.kafka_io.bounded_fetch`)
-# kept `make soak`'s producer from a +200 MiB jump (docs/benchmarks.md, soak), but failed a real-vLLM checkpoint
-# test (test_vllm_checkpoints: no mid-generation checkpoint within 300 s) for a reason not yet found: not in use.
+# partition are left. Smaller fetches (64 KiB a partition, 256 KiB a request) kept `make soak`'s producer from a
+# +200 MiB jump (docs/benchmarks.md, soak) but failed a real-vLLM checkpoint test (no mid-generation checkpoint
+# within 300 s) for a reason not yet found: not in use.
 _QUEUED_MIN_PROMPTS = 1000
 
 
@@ -112,7 +113,7 @@ class TakenPrompt:
     value: bytes = b""
 
 
-class Intake(WorkerThread):
+class Intake(Rebalancing, WorkerThread):
     """Owns the prompt consumer on thread ``rollstream-intake``; an async iterator of `TakenPrompt`.
 
     `start`, iteration, `ack`, `halt` and `close` belong to the loop given to `start`; `settled`,
@@ -399,59 +400,3 @@ class Intake(WorkerThread):
             self._credits -= 1
         self.last_message_at = time.monotonic()
         return TakenPrompt(partition, offset, generation, prompt, error, now_ms(), msg.value() or b"")
-
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if consumer is not self._client.current:
-            return  # a replaced client (see `_stuck`), closing in the background
-        self._marks.assign([tp.partition for tp in partitions])
-        self._owned_changed("assigned", partitions)
-        self._client.assigned()
-        consumer.incremental_assign(partitions)
-        if partitions:
-            # Explicitly, both ways: librdkafka keeps a partition's pause flag across a loss and a
-            # reassignment, so a partition lost while paused would come back paused with nothing left
-            # to resume it (seen when a broker node died: intake stalled for good).
-            (consumer.pause if self._paused else consumer.resume)(partitions)
-        self.joined.set()
-        if partitions:
-            log.info("assigned %s partitions %s", self.topic, sorted(tp.partition for tp in partitions))
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Drain the revoked partitions (bounded, see the module docstring), then commit and drop them.
-        Runs on the intake thread inside poll/consume (or inside close)."""
-        if consumer is not self._client.current:
-            return  # a replaced client, closing in the background: its partitions were dropped as lost
-        revoked = sorted(tp.partition for tp in partitions)
-        self._log_drain(revoked, self._marks.drain(revoked, self._drain_on_revoke_s, self._stop.is_set))
-        offsets = self._marks.revoke(revoked)
-        self._owned_changed("revoked", partitions)
-        log.info("revoked %s partitions %s%s", self.topic, revoked, f"; committing {offsets}" if offsets else "")
-        failed = commit_partitions(consumer, self.topic, self.group_id, offsets, metadata=self._state.metadata())
-        if failed:  # the bookkeeping is gone: the next owner regenerates these prompts (duplicates, no loss)
-            log.warning("revoked %s partitions: commit of %s failed; prompts acknowledged since the last commit "
-                        "of those partitions will be generated again by the next owner", self.topic, failed)
-
-    def _log_drain(self, revoked: list[int], drain: Drain) -> None:
-        stopping = self._stop.is_set()  # then `halt` already said how many queued prompts were left
-        if not (drain.finished or drain.unfinished or (drain.abandoned and not stopping)):
-            return
-        why = "stopping" if stopping else f"past drain_on_revoke_s={self._drain_on_revoke_s:g}"
-        log.log(logging.WARNING if drain.unfinished else logging.INFO,
-                "revoked %s partitions %s: %d in-flight groups finished in %.2f s, %d did not%s; %d queued prompts "
-                "left to the next owner", self.topic, revoked, drain.finished, drain.waited_s, drain.unfinished,
-                f" ({why}: the next owner generates them again)" if drain.unfinished else "", drain.abandoned)
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        if consumer is not self._client.current:
-            return  # a replaced client, closing in the background
-        self._marks.revoke([tp.partition for tp in partitions])  # no drain: they belong to someone else already
-        self._owned_changed("lost", partitions)
-        log.warning("lost %s partitions %s (session expired?): their unfinished prompts will be "
-                    "regenerated by their new owner", self.topic, sorted(tp.partition for tp in partitions))
-
-    def _owned_changed(self, change: str, partitions: list[TopicPartition]) -> None:
-        """`partitions` were just assigned, revoked or lost (`change`, a rebalance callback's): the gate's share of
-        max_lag follows the partitions owned now, and the metrics count the change."""
-        owned = len(self._marks.owned())
-        self._gate.set_owned(owned)
-        self._metrics.count_partition_change(change, len(partitions), owned)

@@ -1,0 +1,94 @@
+"""What `Intake` does when the producers' prompt group moves its partitions: the rebalance callbacks (assigned,
+revoked, lost), which run on the intake thread inside poll/consume (or inside close).
+
+A mixin of `rollstream.producers.intake.Intake`, which owns the state it uses (the watermarks, the client, the
+gate, the metrics, its stop and pause flags); see that module's docstring for the drain on revocation. A callback
+of a client intake already replaced (`rollstream.producers._intake_stall.IntakeClient`) does nothing: its
+partitions were dropped as lost when it was given up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from confluent_kafka import Consumer, TopicPartition
+from rollstream.producers._intake_stall import IntakeClient
+from rollstream.producers._intake_state import StateCommits
+from rollstream.producers._watermarks import Drain, Watermarks, commit_partitions
+from rollstream.producers.gate import LagGate
+from rollstream.producers.metrics import ProducerMetrics
+
+log = logging.getLogger("rollstream.producers.intake")
+
+
+class Rebalancing:
+    """The prompt group's rebalance callbacks of an `Intake` (mixed into it). Intake thread only."""
+
+    topic: str
+    group_id: str
+    joined: threading.Event
+    _client: IntakeClient
+    _marks: Watermarks
+    _gate: LagGate
+    _metrics: ProducerMetrics
+    _state: StateCommits
+    _stop: threading.Event
+    _paused: bool
+    _drain_on_revoke_s: float
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self._client.current:
+            return  # a replaced client (see `_stuck`), closing in the background
+        self._marks.assign([tp.partition for tp in partitions])
+        self._owned_changed("assigned", partitions)
+        self._client.assigned()
+        consumer.incremental_assign(partitions)
+        if partitions:
+            # Explicitly, both ways: librdkafka keeps a partition's pause flag across a loss and a
+            # reassignment, so a partition lost while paused would come back paused with nothing left
+            # to resume it (seen when a broker node died: intake stalled for good).
+            (consumer.pause if self._paused else consumer.resume)(partitions)
+        self.joined.set()
+        if partitions:
+            log.info("assigned %s partitions %s", self.topic, sorted(tp.partition for tp in partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Drain the revoked partitions (bounded, see the module docstring), then commit and drop them.
+        Runs on the intake thread inside poll/consume (or inside close)."""
+        if consumer is not self._client.current:
+            return  # a replaced client, closing in the background: its partitions were dropped as lost
+        revoked = sorted(tp.partition for tp in partitions)
+        self._log_drain(revoked, self._marks.drain(revoked, self._drain_on_revoke_s, self._stop.is_set))
+        offsets = self._marks.revoke(revoked)
+        self._owned_changed("revoked", partitions)
+        log.info("revoked %s partitions %s%s", self.topic, revoked, f"; committing {offsets}" if offsets else "")
+        failed = commit_partitions(consumer, self.topic, self.group_id, offsets, metadata=self._state.metadata())
+        if failed:  # the bookkeeping is gone: the next owner regenerates these prompts (duplicates, no loss)
+            log.warning("revoked %s partitions: commit of %s failed; prompts acknowledged since the last commit "
+                        "of those partitions will be generated again by the next owner", self.topic, failed)
+
+    def _log_drain(self, revoked: list[int], drain: Drain) -> None:
+        stopping = self._stop.is_set()  # then `halt` already said how many queued prompts were left
+        if not (drain.finished or drain.unfinished or (drain.abandoned and not stopping)):
+            return
+        why = "stopping" if stopping else f"past drain_on_revoke_s={self._drain_on_revoke_s:g}"
+        log.log(logging.WARNING if drain.unfinished else logging.INFO,
+                "revoked %s partitions %s: %d in-flight groups finished in %.2f s, %d did not%s; %d queued prompts "
+                "left to the next owner", self.topic, revoked, drain.finished, drain.waited_s, drain.unfinished,
+                f" ({why}: the next owner generates them again)" if drain.unfinished else "", drain.abandoned)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self._client.current:
+            return  # a replaced client, closing in the background
+        self._marks.revoke([tp.partition for tp in partitions])  # no drain: they belong to someone else already
+        self._owned_changed("lost", partitions)
+        log.warning("lost %s partitions %s (session expired?): their unfinished prompts will be "
+                    "regenerated by their new owner", self.topic, sorted(tp.partition for tp in partitions))
+
+    def _owned_changed(self, change: str, partitions: list[TopicPartition]) -> None:
+        """`partitions` were just assigned, revoked or lost (`change`, a rebalance callback's): the gate's share of
+        max_lag follows the partitions owned now, and the metrics count the change."""
+        owned = len(self._marks.owned())
+        self._gate.set_owned(owned)
+        self._metrics.count_partition_change(change, len(partitions), owned)
