@@ -14,18 +14,21 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from rollstream.infra.clients import open_admin
 from rollstream.infra.config import DEFAULT_MAX_MESSAGE_BYTES, KafkaConfig
+from rollstream.infra.deadline import Deadline
 from rollstream.infra.kafka_errors import NOT_AUTHORIZED, UNREACHABLE, KafkaIOError, kafka_error
 from rollstream.schemas import ConfigError, RollstreamError
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 _TOLERATED = object()  # what `_answer` returns for the error it was told to accept
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 _DAY_MS = 24 * 3600 * 1000
@@ -206,15 +209,44 @@ def describe_topic_configs(names: list[str], config: KafkaConfig, *, timeout: fl
     Raises:
         KafkaIOError: a topic does not exist, or the broker did not answer within `timeout` (retriable).
     """
-    admin = open_admin(config.admin())
-    futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, n) for n in names],
-                                     request_timeout=timeout)
-    out: dict[str, dict[str, str]] = {}
-    for resource, future in futures.items():
-        entries: dict[str, Any] = _answer(future, f"cannot describe topic {resource.name}", config, timeout,
-                                          topic=resource.name)
-        out[resource.name] = {k: v.value for k, v in entries.items()}
-    return out
+    def attempt(wait_s: float) -> dict[str, dict[str, str]]:
+        admin = open_admin(config.admin())
+        futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, n) for n in names],
+                                         request_timeout=wait_s)
+        out: dict[str, dict[str, str]] = {}
+        for resource, future in futures.items():
+            entries: dict[str, Any] = _answer(future, f"cannot describe topic {resource.name}", config, wait_s,
+                                              topic=resource.name)
+            out[resource.name] = {k: v.value for k, v in entries.items()}
+        return out
+    return in_attempts(attempt, timeout)
+
+
+FIRST_ATTEMPT_S = 4.0  # a broker answers an admin request in ms; under a heavy load in a few seconds
+_PAUSE_S = 0.2
+
+
+def in_attempts(attempt: Callable[[float], _T], timeout: float) -> _T:
+    """`attempt(wait_s)`, made again with a fresh client while it gets no answer (a retriable KafkaIOError) and
+    `timeout` lasts: the first may wait `FIRST_ATTEMPT_S`, each next one twice as long as the one before, the
+    last what is left. Blocks up to `timeout` (plus the last attempt's wake-up); raises what the last attempt raised.
+
+    For admin requests librdkafka sends to the controller (a topic's or a group's configs): it looks the
+    controller up once, and a metadata answer naming no broker (a KRaft node that stalled is fenced for a
+    moment as it comes back) leaves the request waiting its whole timeout, though the broker answers the next
+    client at once (``tests/integration/test_broker_stalls.py`` reproduces it).
+    """
+    deadline = Deadline.after(timeout)
+    wait_s = FIRST_ATTEMPT_S
+    while True:
+        try:
+            return attempt(deadline.seconds(wait_s) or 0.001)
+        except KafkaIOError as exc:
+            if not exc.retriable or deadline.expired:
+                raise
+            log.debug("%s: asking again with a fresh client (%.1f s left)", exc, deadline.remaining())
+        time.sleep(deadline.seconds(_PAUSE_S))  # an error that came back at once is not asked again at once
+        wait_s *= 2
 
 
 def alter_topics(names: TopicNames, config: KafkaConfig, *, max_message_bytes: int | None = None,

@@ -10,9 +10,11 @@ generation (``--checkpoint-interval``; 0: off).
   group's record), and a state saved while one is in flight replaces the one waiting. A write that fails
   is logged and counted: the next one, or generating the sample again, covers it. So at most 2 states per
   sample being generated are held, whatever the broker does.
-- **Tombstones.** Once a group is acknowledged, each of its samples' keys gets a tombstone. A checkpoint left
-  behind (a crash between the group and its tombstones) is found by the next reader of its partition: its
-  prompt is committed by then, so it is tombstoned too.
+- **Tombstones.** Once a group is acknowledged, each key of it that has a checkpoint gets a tombstone: the ones
+  this producer saved and the ones it found (a group that finished within its first interval, the usual case,
+  writes nothing at all). A checkpoint left behind (a crash between the group and its tombstones, or one
+  written by a producer that lost the prompt after its new owner read the partition) is found by the next
+  reader of its partition: its prompt is committed by then, so it is tombstoned too.
 - **Resuming** (`InflightCheckpoints.progress_for`): the first prompt of a partition under a new assignment
   reads that partition's checkpoints (`read_partition`, in the infra threads) once; each prompt then resumes the
   samples whose checkpoint is of its attempt and of the trainer run the producer follows (`GroupProgress`). A
@@ -78,9 +80,9 @@ class CheckpointWriter:
         """Write `checkpoint` (after the one of its sample in flight, if any; replacing one waiting). Never blocks."""
         self._queue(checkpoint.key, checkpoint)
 
-    def forget(self, group_id: str, samples: int, prompt_partition: int) -> None:
-        """Tombstone the checkpoints of a group's `samples` samples (after any write of theirs). Never blocks."""
-        for index in range(samples):
+    def forget(self, group_id: str, samples: Iterable[int], prompt_partition: int) -> None:
+        """Tombstone the checkpoints of a group's `samples` (indexes; after any write of theirs). Never blocks."""
+        for index in samples:
             self._queue(checkpoint_key(group_id, index), _Tombstone(self.partition_of(prompt_partition)))
 
     def remove(self, checkpoints: Iterable[InflightCheckpoint]) -> None:
@@ -180,6 +182,7 @@ class GroupProgress:
         self._restored = {i: s for i, c in found.items()
                           if (s := self._usable(c, version, max_staleness)) is not None}
         self._resumed: dict[int, str] = {}  # sample index -> how it was resumed (the last generation attempt's)
+        self.keyed = set(found)  # samples with a checkpoint (found, or saved here): tombstoned once published
 
     def count_resumed(self) -> None:
         """Count how the samples with a checkpoint were resumed (once their generation ended)."""
@@ -210,6 +213,7 @@ class GroupProgress:
         except RollstreamError as exc:  # a state that does not fit a checkpoint must not fail the generation
             log.warning("sample %d of group %s not checkpointed: %s", index, self._prompt.group_id, exc)
             return
+        self.keyed.add(index)
         self._writer.save(checkpoint)
 
     def restarted(self, index: int, why: str) -> None:
@@ -290,6 +294,7 @@ class InflightCheckpoints:
         self._metrics, self._threads = metrics, threads
         self.writer = CheckpointWriter(publisher, partitions, metrics)
         self._found: dict[tuple[int, int], asyncio.Task[Checkpoints]] = {}  # (partition, assignment) -> found
+        self._keyed: dict[int, dict[str, set[int]]] = {}  # prompt partition -> group id -> `GroupProgress.keyed`
 
     async def progress_for(self, taken: TakenPrompt, *, policy_run: int, version: int) -> GroupProgress | None:
         """The `GroupProgress` of `taken` (None for an undecodable prompt). Reads its partition's checkpoints
@@ -301,18 +306,23 @@ class InflightCheckpoints:
         if place not in self._found:
             self._found = {k: t for k, t in self._found.items() if k[0] != taken.partition}  # older assignments
             self._found[place] = asyncio.create_task(self._read(taken.partition))
+            self._keyed[taken.partition] = {}  # groups of an older assignment that were never published
         try:
             found = await asyncio.shield(self._found[place])
         except RollstreamError:
             found = {}
-        return GroupProgress(taken, prompt, found.pop(prompt.group_id, {}), writer=self.writer,
-                             producer_id=self._producer_id, policy_run=policy_run, version=version,
-                             max_staleness=self._max_staleness, interval_s=self._interval_s, metrics=self._metrics)
+        progress = GroupProgress(taken, prompt, found.pop(prompt.group_id, {}), writer=self.writer,
+                                 producer_id=self._producer_id, policy_run=policy_run, version=version,
+                                 max_staleness=self._max_staleness, interval_s=self._interval_s,
+                                 metrics=self._metrics)
+        self._keyed.setdefault(taken.partition, {})[prompt.group_id] = progress.keyed
+        return progress
 
-    def published(self, taken: TakenPrompt, samples: int) -> None:
-        """`taken`'s group is acknowledged: tombstone its samples' checkpoints."""
+    def published(self, taken: TakenPrompt) -> None:
+        """`taken`'s group is acknowledged: tombstone the checkpoints of its samples that have one."""
         if taken.prompt is not None:
-            self.writer.forget(taken.prompt.group_id, samples, taken.partition)
+            keyed = self._keyed.get(taken.partition, {}).pop(taken.prompt.group_id, set())
+            self.writer.forget(taken.prompt.group_id, sorted(keyed), taken.partition)
 
     async def close(self, deadline: Deadline) -> None:
         """Write what is waiting until `deadline`, then close the client (what it cannot flush is dropped)."""

@@ -12,6 +12,7 @@ import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from rollstream.consumers import audit
@@ -123,10 +124,14 @@ class Loader:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, while_waiting: Callable[[], None]) -> None:
+        """Load no more waves; wait (up to 120 s) for a load under way, calling `while_waiting` every 0.2 s: the
+        nemesis's recoveries stay on time while a load waits out a broker it paused."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=120)
+        until = time.monotonic() + 120.0
+        while self._thread.is_alive() and time.monotonic() < until:
+            self._thread.join(timeout=0.2)
+            while_waiting()
 
     def load_wave(self, wave: int) -> None:
         path = self.wave_dir / f"wave-{wave:04d}.jsonl"
@@ -196,7 +201,7 @@ class Run:
                  + ("" if self.args.faults else "; no faults (a soak)"))
         self.nemesis = Nemesis(random.Random(self.seed), self.cluster, self.producers, self.trainer, self.say)
         self._nemesis_phase(self.nemesis)
-        self.loader.stop()
+        self.loader.stop(while_waiting=self.nemesis.tick)
         if self.rss is not None:
             self.rss.stop()  # the memory of the load phase; the drain's is not a steady state
         self.say(f"nemesis over: {sum(self.nemesis.counts.values())} faults; draining")
@@ -305,7 +310,7 @@ class Run:
         """Stop the loader and every process, then the broker (always, even when a step before fails)."""
         try:
             if self.loader is not None:
-                self.loader.stop()
+                self.loader.stop(while_waiting=lambda: None)
             if self.rss is not None:
                 self.rss.stop()
             for role in [*self.producers, *(r for r in (self.trainer, self.topup) if r is not None)]:

@@ -9,7 +9,8 @@ SIGKILLed; the checkpoints it left are read, and P2 takes the prompts over. We c
 - every sample P1 had checkpointed and P2 published starts with exactly the checkpoint's tokens, loss mask
   and logprobs, and says it was resumed there from P1's checkpoint (``resume_points``, ``resumed_from``);
   the environment went on from its snapshot (its next reply is ``[N+1]``, not ``[1]`` again);
-- NS.inflight holds no live checkpoint once P2 is done (each published group tombstoned its samples).
+- NS.inflight holds no live checkpoint once P2 is done (each published group tombstoned its samples), and no
+  tombstone of a key that never had a checkpoint (a sample done within its first interval writes nothing).
 """
 
 from __future__ import annotations
@@ -89,7 +90,10 @@ def test_a_producer_killed_mid_episode_leaves_checkpoints_its_successor_continue
         batch = trainer.take(len(PROMPTS), timeout=30)
         trainer.commit(batch)
     assert sorted(g.prompt_id for g in batch.groups) == sorted(PROMPTS)
-    assert not [k for k, c in newest_checkpoints(kafka_config, names.inflight).items() if c is not None]
+    checkpointed: set[str] = set()
+    newest = newest_checkpoints(kafka_config, names.inflight, checkpointed=checkpointed)
+    assert not [k for k, c in newest.items() if c is not None]
+    assert set(newest) == checkpointed  # a tombstone only where a checkpoint was: a sample never saved writes none
 
 
 def _replies(mask: list[int]) -> int:

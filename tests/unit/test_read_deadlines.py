@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from rollstream.infra import KafkaIOError
 from rollstream.infra.deadline import GRACE_S, Deadline
 from rollstream.infra.kafka_io import partitions_of, time_left, watermarks
+from rollstream.infra.topics import FIRST_ATTEMPT_S, in_attempts
 from rollstream.schemas import ConfigError
 
 
@@ -70,3 +71,42 @@ def test_watermarks_retry_within_the_deadline_and_no_further() -> None:
     time.sleep(spent.remaining())
     with pytest.raises(KafkaIOError, match="no answer within 0.2 s"):  # the same deadline: nothing left for another
         partitions_of(consumer, "ns.rollouts", timeout=spent)  # type: ignore[arg-type]
+
+
+def test_an_unanswered_admin_request_is_asked_again_with_a_fresh_client_while_its_timeout_lasts() -> None:
+    """`in_attempts` (librdkafka's controller lookup can wait a whole timeout on one bad metadata answer): the
+    first attempt waits `FIRST_ATTEMPT_S`, the next twice that, the last what is left; what answers is returned."""
+    waits: list[float] = []
+
+    def unanswered_twice(wait_s: float) -> str:
+        waits.append(wait_s)
+        if len(waits) < 3:
+            raise KafkaIOError("no answer", code="_TIMED_OUT", retriable=True)
+        return "configs"
+
+    assert in_attempts(unanswered_twice, 60.0) == "configs"
+    assert waits[:2] == [FIRST_ATTEMPT_S, 2 * FIRST_ATTEMPT_S] and waits[2] == pytest.approx(4 * FIRST_ATTEMPT_S)
+
+
+def test_attempts_end_with_the_timeout_and_a_refusal_ends_them_at_once() -> None:
+    waits: list[float] = []
+
+    def never_answered(wait_s: float) -> None:
+        waits.append(wait_s)
+        time.sleep(wait_s)
+        raise KafkaIOError(f"no answer within {wait_s:g} s", code="_TIMED_OUT", retriable=True)
+
+    started = time.monotonic()
+    with pytest.raises(KafkaIOError, match="no answer"):
+        in_attempts(never_answered, 0.5)
+    assert time.monotonic() - started < 0.5 + GRACE_S and len(waits) == 1 and waits[0] <= 0.5
+
+    refused: list[float] = []
+
+    def refuse(wait_s: float) -> None:
+        refused.append(wait_s)
+        raise KafkaIOError("not authorized to describe", code="TOPIC_AUTHORIZATION_FAILED", retriable=False)
+
+    with pytest.raises(KafkaIOError, match="not authorized"):
+        in_attempts(refuse, 60.0)
+    assert len(refused) == 1
