@@ -28,6 +28,7 @@ from rollstream.schemas import RollstreamError, SchemaError, ScoredGroup, StepMa
 Progress = Callable[[int], None]
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+READ_AHEAD_KIB = 1024  # decoded bytes librdkafka may hold ahead of a forensic read, and one bounded response more
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ def replay_range(config: KafkaConfig, namespace: str, bounds: Mapping[int, tuple
         RollstreamError: the topic does not exist, or no progress for `timeout` s.
     """
     topic = TopicNames(namespace).rollouts
-    for msg in read_ranges(config, topic, bounds, group_id="rollstream-replay", timeout=timeout, progress=progress):
+    for msg in read_ranges(config, topic, bounds, group_id="rollstream-replay", timeout=timeout, progress=progress,
+                           read_ahead_kib=READ_AHEAD_KIB):
         yield record_of(msg)
 
 
@@ -181,7 +183,7 @@ def read_taken(config: KafkaConfig, manifest: StepManifest, *, timeout: float = 
     found: dict[tuple[int, int], ReplayedRecord] = {}
     # The step's own group (never joined, never committed): a trainer granted only its group may replay.
     for msg in read_ranges(config, manifest.topic, bounds, group_id=manifest.consumer_group, timeout=timeout,
-                           progress=progress, deadline=deadline):
+                           progress=progress, deadline=deadline, read_ahead_kib=READ_AHEAD_KIB):
         if position_of(msg) in wanted:
             found[position_of(msg)] = record_of(msg)
     records = []

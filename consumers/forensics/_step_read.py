@@ -30,6 +30,7 @@ from confluent_kafka import Consumer, TopicPartition
 from rollstream.consumers._ledger import StepLedger
 from rollstream.consumers._manifests import located_manifests
 from rollstream.consumers.forensics._replay import (
+    READ_AHEAD_KIB,
     Progress,
     ReplayedRecord,
     effective_manifests,
@@ -43,7 +44,6 @@ from rollstream.schemas import OffsetDisposition, RollstreamError, StepManifest
 MAX_BUFFERED = 2000  # decoded records held waiting for their step, before partitions running ahead pause
 GAP_RECORDS = 1000  # offsets between steps a read fetches and drops rather than start a new read
 MAX_RUN_OFFSETS = 10_000  # offsets whose manifests are held at once (~5 MB): a run's, and a chunk read back
-READ_AHEAD_KIB = 1024  # decoded bytes librdkafka may hold ahead of a read, and one fetch response more
 
 
 @dataclass(frozen=True)
