@@ -83,9 +83,9 @@ _FINAL_COMMIT_S = 5.0  # how long closing waits for the answer to the last commi
 
 _UNRELEASED_RETRY_S = 2.0  # between joins of a static member whose previous member has not left (consumer protocol)
 # How far librdkafka reads NS.prompts ahead: it fetches again once fewer than queued.min.messages prompts of a
-# partition are left. Smaller fetches (64 KiB a partition, 256 KiB a request) kept `make soak`'s producer from a
-# +200 MiB jump (docs/benchmarks.md, soak) but failed a real-vLLM checkpoint test (no mid-generation checkpoint
-# within 300 s) for a reason not yet found: not in use.
+# partition are left. Smaller fetches (64 KiB a partition) keep `make soak`'s producer from a +200 MiB jump
+# (docs/benchmarks.md, soak) but fail a real-vLLM checkpoint test run after test_vllm_real (no mid-generation
+# checkpoint within 300 s) for a reason not yet found: not in use.
 _QUEUED_MIN_PROMPTS = 1000
 
 
