@@ -234,7 +234,7 @@ def in_attempts(attempt: Callable[[float], _T], timeout: float) -> _T:
     For admin requests librdkafka sends to the controller (a topic's or a group's configs): it looks the
     controller up once, and a metadata answer naming no broker (a KRaft node that stalled is fenced for a
     moment as it comes back) leaves the request waiting its whole timeout, though the broker answers the next
-    client at once (``tests/integration/test_broker_stalls.py`` reproduces it).
+    client at once (librdkafka 2.16; seen after a 12-30 s SIGSTOP of a KRaft node, docs/operations.md).
     """
     deadline = Deadline.after(timeout)
     wait_s = FIRST_ATTEMPT_S
