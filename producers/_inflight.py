@@ -11,7 +11,8 @@ generation (``--checkpoint-interval``; 0: off).
   is logged and counted: the next one, or generating the sample again, covers it. So at most 2 states per
   sample being generated are held, whatever the broker does.
 - **Tombstones.** Once a group is acknowledged, each key of it that has a checkpoint gets a tombstone: the ones
-  this producer saved and the ones it found (a group that finished within its first interval, the usual case,
+  this producer saved and the ones it found, or all of them when the partition's checkpoints were unreadable (a
+  group that finished within its first interval, the usual case,
   writes nothing at all). A checkpoint left behind (a crash between the group and its tombstones, or one
   written by a producer that lost the prompt after its new owner read the partition) is found by the next
   reader of its partition: its prompt is committed by then, so it is tombstoned too.
@@ -294,7 +295,8 @@ class InflightCheckpoints:
         self._metrics, self._threads = metrics, threads
         self.writer = CheckpointWriter(publisher, partitions, metrics)
         self._found: dict[tuple[int, int], asyncio.Task[Checkpoints]] = {}  # (partition, assignment) -> found
-        self._keyed: dict[int, dict[str, set[int]]] = {}  # prompt partition -> group id -> `GroupProgress.keyed`
+        # prompt partition -> group id -> `GroupProgress.keyed` (None: the partition's checkpoints were unreadable)
+        self._keyed: dict[int, dict[str, set[int] | None]] = {}
 
     async def progress_for(self, taken: TakenPrompt, *, policy_run: int, version: int) -> GroupProgress | None:
         """The `GroupProgress` of `taken` (None for an undecodable prompt). Reads its partition's checkpoints
@@ -310,19 +312,22 @@ class InflightCheckpoints:
         try:
             found = await asyncio.shield(self._found[place])
         except RollstreamError:
-            found = {}
-        progress = GroupProgress(taken, prompt, found.pop(prompt.group_id, {}), writer=self.writer,
+            found = None  # unread: which samples have another producer's checkpoint is not known
+        progress = GroupProgress(taken, prompt, {} if found is None else found.pop(prompt.group_id, {}),
+                                 writer=self.writer,
                                  producer_id=self._producer_id, policy_run=policy_run, version=version,
                                  max_staleness=self._max_staleness, interval_s=self._interval_s,
                                  metrics=self._metrics)
-        self._keyed.setdefault(taken.partition, {})[prompt.group_id] = progress.keyed
+        self._keyed.setdefault(taken.partition, {})[prompt.group_id] = None if found is None else progress.keyed
         return progress
 
-    def published(self, taken: TakenPrompt) -> None:
-        """`taken`'s group is acknowledged: tombstone the checkpoints of its samples that have one."""
+    def published(self, taken: TakenPrompt, samples: int) -> None:
+        """`taken`'s group (of `samples` samples) is acknowledged: tombstone the checkpoints of its samples that
+        have one; all of them when its partition's checkpoints could not be read."""
         if taken.prompt is not None:
             keyed = self._keyed.get(taken.partition, {}).pop(taken.prompt.group_id, set())
-            self.writer.forget(taken.prompt.group_id, sorted(keyed), taken.partition)
+            self.writer.forget(taken.prompt.group_id, range(samples) if keyed is None else sorted(keyed),
+                               taken.partition)
 
     async def close(self, deadline: Deadline) -> None:
         """Write what is waiting until `deadline`, then close the client (what it cannot flush is dropped)."""

@@ -111,7 +111,7 @@ class GroupPipeline:
             log.exception("group of %s failed unexpectedly; publishing it as failed", self._where(taken))
             await self.publish(taken, Outcome(error=f"internal error: {type(exc).__name__}: {exc}"))
         if self.inflight is not None:
-            self.inflight.published(taken)
+            self.inflight.published(taken, self.settings.n_samples)
 
     async def outcome(self, taken: TakenPrompt) -> Outcome:
         """Generate and score under the group's one deadline. Never raises but for cancellation: a failure
