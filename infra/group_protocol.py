@@ -33,6 +33,8 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 from rollstream.infra.clients import open_admin
 from rollstream.infra.config import KafkaConfig
+from rollstream.infra.kafka_errors import KafkaIOError
+from rollstream.infra.topics import admin_answer, in_attempts
 from rollstream.schemas import ConfigError
 
 log = logging.getLogger(__name__)
@@ -138,10 +140,15 @@ def set_group_session(kafka: KafkaConfig, group: str, session_timeout_s: float, 
         ConfigEntry("consumer.session.timeout.ms", str(session_ms),
                     incremental_operation=AlterConfigOpType.SET),
         ConfigEntry("consumer.heartbeat.interval.ms", str(beat_ms), incremental_operation=AlterConfigOpType.SET)])
-    admin = open_admin(kafka.admin())
+
+    def attempt(wait_s: float) -> None:
+        admin = open_admin(kafka.admin())
+        future = admin.incremental_alter_configs([resource], request_timeout=wait_s)[resource]
+        admin_answer(future, f"cannot set the configs of prompt group {group}", kafka, wait_s)
+
     try:
-        admin.incremental_alter_configs([resource], request_timeout=timeout)[resource].result(timeout)
-    except (KafkaException, TimeoutError) as exc:
+        in_attempts(attempt, timeout)  # a group's configs go to the controller: see `in_attempts`
+    except KafkaIOError as exc:
         log.warning("prompt group %s: could not set its session to %g s under the consumer protocol (%s): the "
                     "broker's group.consumer.session.timeout.ms and heartbeat interval apply", group,
                     session_timeout_s, exc)

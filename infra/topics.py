@@ -164,7 +164,7 @@ def create_topics(plan: TopicPlan, config: KafkaConfig, *, timeout: float = 30.0
     futures = admin.create_topics(new, request_timeout=timeout, operation_timeout=timeout)
     result: dict[str, str] = {}
     for name, future in futures.items():
-        if _answer(future, f"cannot create topic {name}", config, timeout, topic=name,
+        if admin_answer(future, f"cannot create topic {name}", config, timeout, topic=name,
                    ok=KafkaError.TOPIC_ALREADY_EXISTS) is _TOLERATED:
             result[name] = "exists"
         else:
@@ -215,7 +215,7 @@ def describe_topic_configs(names: list[str], config: KafkaConfig, *, timeout: fl
                                          request_timeout=wait_s)
         out: dict[str, dict[str, str]] = {}
         for resource, future in futures.items():
-            entries: dict[str, Any] = _answer(future, f"cannot describe topic {resource.name}", config, wait_s,
+            entries: dict[str, Any] = admin_answer(future, f"cannot describe topic {resource.name}", config, wait_s,
                                               topic=resource.name)
             out[resource.name] = {k: v.value for k, v in entries.items()}
         return out
@@ -285,7 +285,7 @@ def alter_topics(names: TopicNames, config: KafkaConfig, *, max_message_bytes: i
         admin = open_admin(config.admin())
         for resource, future in admin.incremental_alter_configs(resources, request_timeout=timeout).items():
             try:
-                _answer(future, f"cannot alter topic {resource.name}", config, timeout, topic=resource.name)
+                admin_answer(future, f"cannot alter topic {resource.name}", config, timeout, topic=resource.name)
             except KafkaIOError as exc:
                 if exc.code not in NOT_AUTHORIZED:
                     raise
@@ -318,7 +318,7 @@ def sized_to_topic(config: KafkaConfig, topic: str, *, timeout: float = 10.0) ->
     return config
 
 
-def _answer(future: Future[Any], what: str, config: KafkaConfig, timeout: float, *, topic: str | None = None,
+def admin_answer(future: Future[Any], what: str, config: KafkaConfig, timeout: float, *, topic: str | None = None,
             ok: int | None = None) -> Any:
     """The result of an admin `future` about `topic`, or `_TOLERATED` when it failed with the error code `ok`.
 

@@ -8,13 +8,16 @@ waits at most what is left; several reads handed one deadline spend it together.
 
 from __future__ import annotations
 
+import logging
+import socket
 import time
 from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from rollstream.infra import KafkaIOError
+from rollstream.infra import KafkaConfig, KafkaIOError
 from rollstream.infra.deadline import GRACE_S, Deadline
+from rollstream.infra.group_protocol import set_group_session
 from rollstream.infra.kafka_io import partitions_of, time_left, watermarks
 from rollstream.infra.topics import FIRST_ATTEMPT_S, in_attempts
 from rollstream.schemas import ConfigError
@@ -110,3 +113,16 @@ def test_attempts_end_with_the_timeout_and_a_refusal_ends_them_at_once() -> None
     with pytest.raises(KafkaIOError, match="not authorized"):
         in_attempts(refuse, 60.0)
     assert len(refused) == 1
+
+
+def test_a_consumer_protocol_groups_session_unset_by_its_timeout_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """`set_group_session` (a group's configs also go to the controller) asks in attempts within its timeout and,
+    with no broker answering, warns and returns False: the producer starts with the broker's session."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens there once the socket is closed
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="rollstream.infra.group_protocol"):
+        assert set_group_session(KafkaConfig(bootstrap_servers=f"127.0.0.1:{port}"), "g", 6.0, timeout=1.0) is False
+    assert time.monotonic() - started < 1.0 + GRACE_S
+    assert "could not set its session to 6 s" in caplog.text and "no answer" in caplog.text
