@@ -67,9 +67,10 @@ def producer(kafka_config: KafkaConfig, names: TopicNames, producer_id: str, **k
                             "concurrency": 6, "max_lag": 100_000, "session_timeout_s": SESSION_S,
                             "summary_interval_s": 0, "watch_control": False, "group_protocol": group_protocol(),
                             # Small fetches (of small batches) interleave the partitions, so every partition has
-                            # prompts in flight when it moves (with 1 MiB per partition a producer works through
-                            # one partition's backlog at a time, and a rebalance would move only untouched ones).
-                            "intake_overrides": {"fetch.message.max.bytes": 1024}}
+                            # prompts in flight when it moves (with intake's 64 KiB per partition, a few hundred
+                            # of these prompts, a producer works through one partition's backlog at a time, and a
+                            # rebalance would move only untouched ones).
+                            "intake_overrides": {"max.partition.fetch.bytes": 1024}}
     return RolloutProducer(generate, ProducerSettings(**{**base, **kw}), kafka=kafka_config)
 
 

@@ -39,7 +39,8 @@ def test_log_level_hands_over_only_what_the_logger_emits(librdkafka_logger: logg
 
 
 _TRAINER = """
-import logging, sys
+import faulthandler, logging, signal, sys
+faulthandler.register(signal.SIGUSR1)  # the test asks for the stacks of one that does not end
 from confluent_kafka import TopicPartition
 from rollstream.infra import KafkaConfig
 from rollstream.infra.clients import open_consumer
@@ -66,7 +67,14 @@ def test_sigint_reaches_a_library_consumer_polling_an_unreachable_broker_as_keyb
         for proc in procs:
             proc.send_signal(signal.SIGINT)
         for proc in procs:
-            out, err = proc.communicate(timeout=20)
+            try:
+                out, err = proc.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGUSR1)  # where it is stuck: its threads' Python stacks, on stderr
+                time.sleep(1.0)
+                proc.kill()
+                out, err = proc.communicate()
+                pytest.fail(f"no end within 20 s of SIGINT; stdout {out!r}; stderr {err[-4000:]}")
             assert proc.returncode == 0 and out.strip() == "KeyboardInterrupt", err[-2000:]
             assert "SystemError" not in err
     finally:
