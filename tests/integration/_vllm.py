@@ -79,8 +79,8 @@ class RealVLLM:
         time, the core lets the API server stream every few tokens as they come (15-50 chunks a second, measured),
         as a GPU server streams a real model's."""
         cores = self._engine_cores()
-        # its own process: a test's process can hold its GIL for seconds at a time on this machine (measured: a
-        # thread here missed its SIGSTOP by 4.2 s), and the core then generates everything unthrottled
+        # its own process: a thread of the test's process missed its SIGSTOP by 4.2 s here, and the core then
+        # generated everything unthrottled (processes of their own have stalled as long on 2 cores: callers retry)
         cycling = subprocess.Popen([sys.executable, "-c", _THROTTLE, str(running_s), str(stopped_s), *map(str, cores)])
         try:
             yield
