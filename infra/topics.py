@@ -165,7 +165,7 @@ def create_topics(plan: TopicPlan, config: KafkaConfig, *, timeout: float = 30.0
     result: dict[str, str] = {}
     for name, future in futures.items():
         if admin_answer(future, f"cannot create topic {name}", config, timeout, topic=name,
-                   ok=KafkaError.TOPIC_ALREADY_EXISTS) is _TOLERATED:
+                        ok=KafkaError.TOPIC_ALREADY_EXISTS) is _TOLERATED:
             result[name] = "exists"
         else:
             result[name] = "created"
@@ -215,8 +215,8 @@ def describe_topic_configs(names: list[str], config: KafkaConfig, *, timeout: fl
                                          request_timeout=wait_s)
         out: dict[str, dict[str, str]] = {}
         for resource, future in futures.items():
-            entries: dict[str, Any] = admin_answer(future, f"cannot describe topic {resource.name}", config, wait_s,
-                                              topic=resource.name)
+            entries: dict[str, Any] = admin_answer(future, f"cannot describe topic {resource.name}", config,
+                                                   wait_s, topic=resource.name)
             out[resource.name] = {k: v.value for k, v in entries.items()}
         return out
     return in_attempts(attempt, timeout)
@@ -318,8 +318,8 @@ def sized_to_topic(config: KafkaConfig, topic: str, *, timeout: float = 10.0) ->
     return config
 
 
-def admin_answer(future: Future[Any], what: str, config: KafkaConfig, timeout: float, *, topic: str | None = None,
-            ok: int | None = None) -> Any:
+def admin_answer(future: Future[Any], what: str, config: KafkaConfig, timeout: float, *,
+                 topic: str | None = None, ok: int | None = None) -> Any:
     """The result of an admin `future` about `topic`, or `_TOLERATED` when it failed with the error code `ok`.
 
     Raises KafkaIOError saying `what` failed (mapped by `rollstream.infra.kafka_errors.kafka_error`; retriable when the
