@@ -35,6 +35,10 @@ Contract:
   while assigned nothing, or whose commit got no answer for the stall time, is replaced (`_intake_stall`): its
   partitions are dropped as lost (duplicates at worst, never a loss), and a fresh client joins the group.
   Only a spell in which intake wanted prompts counts: never one in which every slot was busy.
+- Under the classic protocol a producer starved that long also looks for prompt partitions that the stable group
+  assigns to no member (a cooperative rebalance left half done by a static member restarted between its two
+  rounds, `_intake_orphans`): once they stay so past a drain and a session, the member owning the fewest
+  partitions leaves the group and joins again, and the rebalance that follows assigns them.
 - Under the consumer protocol a static member restarted after a crash is refused (``UNRELEASED_INSTANCE_ID``,
   fatal for that client) until the crashed member's session expires: intake then joins again with a fresh
   client every `_UNRELEASED_RETRY_S`, so the restarted producer gets its partitions once the session ended
@@ -64,6 +68,7 @@ from rollstream.infra.kafka_io import position_of
 from rollstream.infra.producer_state import ProducerState
 from rollstream.infra.threads import WorkerThread
 from rollstream.producers._intake_commits import IntakeCommits
+from rollstream.producers._intake_orphans import OrphanWatch
 from rollstream.producers._intake_rebalance import Rebalancing
 from rollstream.producers._intake_stall import IntakeClient, stall_seconds
 from rollstream.producers._intake_state import StateCommits
@@ -161,6 +166,8 @@ class Intake(Rebalancing, WorkerThread):
         if group_protocol == "consumer":  # also without what a --kafka-config file gave every client
             client_conf = group_conf("consumer", client_conf, session_timeout_s)
         self._client = IntakeClient(client_conf, topic, group_id, self._marks, metrics, session_timeout_s)
+        self._orphans = (OrphanWatch(config, topic, group_id, grace_s=drain_on_revoke_s + session_timeout_s)
+                         if group_protocol == "classic" else None)
         self._lock = threading.Lock()
         self._credits = prefetch  # prompts the thread may still hand over before the loop takes some
         # Bounded: the credits keep at most `prefetch` prompts in it; the extra slot is for the halt marker.
@@ -291,8 +298,7 @@ class Intake(Rebalancing, WorkerThread):
     def _serve(self, consumer: Consumer) -> bool:
         """Take, hand over and commit with `consumer` until `close` (False) or until it is stuck (True)."""
         self._client.current = consumer
-        consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                           on_lost=self._on_lost)
+        self._subscribe(consumer)
         while not self._stop.is_set():
             try:
                 self._hand_over_all([taken for msg in self._step(consumer) if (taken := self._handle(msg))])
@@ -310,8 +316,28 @@ class Intake(Rebalancing, WorkerThread):
                 return True
             if self._stuck(consumer):
                 return True
+            self._rejoin_if_orphaned(consumer)
         self._commits.final(consumer, _FINAL_COMMIT_S)
         return False
+
+    def _subscribe(self, consumer: Consumer) -> None:
+        consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                           on_lost=self._on_lost)
+
+    def _rejoin_if_orphaned(self, consumer: Consumer) -> None:
+        """Leave the group and join again when, starved, this member should ask for prompt partitions the stable
+        group assigns to no member (`_intake_orphans`). Its own partitions, if any, are revoked as in any
+        rebalance (drained, committed) before it joins again."""
+        if self._orphans is None:
+            return
+        why = self._orphans.check(consumer, self._client.starved(self.last_message_at))
+        if why is None:
+            return
+        log.warning("prompt consumer of group %s: %s: leaving the group and joining again so they are assigned",
+                    self.group_id, why)
+        self._metrics.orphan_rejoins.inc()
+        consumer.unsubscribe()
+        self._subscribe(consumer)
 
     def _stuck(self, consumer: Consumer) -> bool:
         """Whether this client stopped serving its partitions while prompts wait there (`IntakeClient.stuck`,

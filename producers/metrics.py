@@ -100,6 +100,9 @@ class ProducerMetrics:
                                            "consumer) or lag (the gate's lag reader).", ["role"], registry=r)
         for role in ("intake", "lag"):  # each series from 0, so a rate is defined before the first replacement
             self.client_replacements.labels(role)
+        self.orphan_rejoins = Counter(p + "orphan_rejoins_total", "Times this producer left the prompt group and "
+                                      "joined again because partitions were assigned to no member of the stable "
+                                      "group (a cooperative rebalance left half done).", registry=r)
         self.rebalances = Counter(p + "rebalances_total", "Changes to the prompt partitions this producer owns, one "
                                   "per change that moved at least one partition (not per partition), by change: "
                                   "assigned, revoked (drained and given up in a rebalance), lost (dropped without a "

@@ -24,7 +24,6 @@ from rollstream.consumers._gather import judge
 from rollstream.consumers._ledger import StepLedger
 from rollstream.consumers._manifests import read_group_manifests
 from rollstream.consumers.filters import FilterContext, GroupFilter, reason_label
-from rollstream.consumers.forensics._group_members import describe_group
 from rollstream.consumers.forensics._status_causes import by_kind, ranked
 from rollstream.consumers.forensics._status_report import (
     EpochPrompts,
@@ -35,6 +34,7 @@ from rollstream.consumers.forensics._status_report import (
     WaitingGroups,
 )
 from rollstream.infra import KafkaConfig, KafkaIOError, LagReader, TopicNames
+from rollstream.infra.group_members import describe_group
 from rollstream.infra.kafka_io import committed_with_metadata, partitions_of, position_of, read_ranges, reader
 from rollstream.infra.producer_state import ProducerState
 from rollstream.infra.runs import Followed, followed_policy
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 def read_producers(config: KafkaConfig, topic: str, group: str, timeout: float) -> ProducersReport:
     """The producers' group on `topic`: members (the coordinator's description, read in a child process:
-    `rollstream.consumers.forensics._group_members`) and their committed states, producers gone."""
+    `rollstream.infra.group_members`) and their committed states, producers gone."""
     desc = describe_group(config, group, timeout)
     states = _committed_states(config, topic, group, timeout)
     members = []

@@ -9,7 +9,7 @@ on purpose, round after round, against a private broker frozen (SIGSTOP) for ``-
   producers part describes the producers' group, a request routed to the group coordinator; its
   ``request_timeout`` passes while the broker is frozen, and when the broker answers late librdkafka 2.16
   asserts (librdkafka#4605, #3663). It aborted every worker in the first round until that read moved to a child
-  process (`rollstream.consumers.forensics._group_members`); now it must pass.
+  process (`rollstream.infra.group_members`); now it must pass.
 - ``admin``: only that: an `AdminClient`'s ``describe_consumer_groups`` timed out by a freeze, the client kept
   until the broker is continued. The minimal reproduction, without rollstream.
 - ``consumer``: `RolloutConsumer` take (``commit=False``), then a commit cut off by the freeze: attempts run out,

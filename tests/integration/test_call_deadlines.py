@@ -99,7 +99,7 @@ def test_calls_against_a_stopped_broker_keep_their_deadline(
             # A connected consumer's take that times out. Its diagnosis describes the producers' group in the
             # background; librdkafka 2.16 aborted this very process (rd_kafka_enq_once_del_source_return,
             # librdkafka#4605) when the coordinator answered that timed-out request after the broker resumed, so
-            # the read runs in a child process (consumers/forensics/_group_members.py): this test lives on.
+            # the read runs in a child process (infra/group_members.py): this test lives on.
             error = _within(lambda: started.take(2, timeout=T), T + GRACE_S)
             assert isinstance(error, TakeTimeout), error
             error = _within(lambda: started.seek_to_step(0, timeout=T), T + GRACE_S)

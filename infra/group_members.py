@@ -5,7 +5,8 @@ librdkafka aborts the whole process (``rdkafka_queue.h:1086: rd_kafka_enq_once_d
 'eonce->refcnt > 0' failed``, SIGABRT: confluentinc/librdkafka#4605, #3663) when an admin request routed to a
 group coordinator (DescribeConsumerGroups) times out and its answer arrives later while the admin client
 lives: a broker that froze past the read's timeout and then answers. `rollstream status` makes that read, and
-so does a trainer's `TakeTimeout` diagnosis and `rollstream take`'s waiting notice, inside processes that must
+so does a trainer's `TakeTimeout` diagnosis, `rollstream take`'s waiting notice and a starved producer looking
+for prompt partitions that no member owns (`rollstream.producers._intake_orphans`), inside processes that must
 not die of it. So the read runs in a child (``python -m`` this module), killed at its deadline: an abort there
 costs the read, which is reported as unavailable, never the caller. rollstream makes no other
 coordinator-routed admin request (``python -m tests.chaos.abandon --level status`` drives the sequence).
