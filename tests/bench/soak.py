@@ -1,19 +1,19 @@
 """A trainer (and a producer) under steady load, resident memory sampled: ``make soak`` (docs/benchmarks.md).
 
 ``python -m tests.bench.soak [BOOTSTRAP] [--minutes 30] [--rate 400] [--partitions 3] [--step 64] [--every 60]
-[--producer raw|rollstream] [--out soak-out] [--python PY]``
+[--producer raw|rollstream] [--dedupe-window OFFSETS,SECONDS] [--out soak-out] [--python PY]``
 
-Without BOOTSTRAP: ``ROLLSTREAM_BOOTSTRAP_SERVERS``, else a local broker started (and stopped) here, as
-``make bench`` does. The trainer is ``rollstream take -n STEP --steps 0`` (its default dedupe window) on a fresh
-namespace. What feeds it: ``raw`` (default) publishes small groups (4 samples of 16 tokens, unique ids) from
-this process at ``--rate`` groups/s, the highest rate a trainer can be fed here; ``rollstream`` runs one
-``rollstream produce`` process with an instant generate function and reward (`instant`, `reward` below) as fast
-as its backpressure lets it (prompts loaded for 4x ``--rate``), and samples its RSS too. Every ``--every`` s
-the trainer's (and the producer's) RSS (``VmRSS``) and the groups committed so far are sampled; at the end
-``OUT/soak.json`` and ``OUT/soak.md`` hold the samples and, per process, the warm-up RSS (the first sample after
-60 s), the highest RSS after it, and the growth per 100,000 groups taken after warm-up. ``--python PY`` runs
-the trainer and producer with another interpreter (another checkout's venv: before and after). Not part of
-``make bench``.
+Without BOOTSTRAP: ``ROLLSTREAM_BOOTSTRAP_SERVERS``, else a local broker started (and stopped) here, as ``make
+bench`` does. The trainer is ``rollstream take -n STEP --steps 0`` (its default dedupe window, or
+``--dedupe-window``: a shorter one fills within the run, so its plateau shows) on a fresh namespace. What feeds it:
+``raw`` (default) publishes small groups (4 samples of 16 tokens, unique ids) from this process at ``--rate``
+groups/s, the highest rate a trainer can be fed here; ``rollstream`` runs one ``rollstream produce`` process with
+an instant generate function and reward (`instant`, `reward` below) as fast as its backpressure lets it (prompts
+loaded for 4x ``--rate``), and samples its RSS too. Every ``--every`` s the trainer's (and the producer's) RSS
+(``VmRSS``) and the groups committed so far are sampled; at the end ``OUT/soak.json`` and ``OUT/soak.md`` hold the
+samples and, per process, the warm-up RSS (the first sample after 60 s), the highest RSS after it, and the growth
+per 100,000 groups taken after warm-up. ``--python PY`` runs the trainer and producer with another interpreter
+(another checkout's venv: before and after). Not part of ``make bench``.
 """
 
 from __future__ import annotations
@@ -108,9 +108,11 @@ def _report(a: argparse.Namespace, samples: list[dict], out: Path) -> None:
     summary = {role: _summary(samples, role) for role in roles}
     (out / "soak.json").write_text(json.dumps({"settings": {k: str(v) for k, v in vars(a).items()},
                                                "summary": summary, "samples": samples}, indent=1))
+    window = f", dedupe window {a.dedupe_window}" if a.dedupe_window else ""
     lines = [f"# Soak: {a.minutes} min, {a.producer} feed at {a.rate:g} groups/s, {a.partitions} partitions, "
-             f"steps of {a.step}", "", "| s | groups taken | groups/s | " + " | ".join(f"{r} RSS MiB" for r in roles)
-             + " |", "|---:|---:|---:|" + "---:|" * len(roles)]
+             f"steps of {a.step}{window}", "",
+             "| s | groups taken | groups/s | " + " | ".join(f"{r} RSS MiB" for r in roles) + " |",
+             "|---:|---:|---:|" + "---:|" * len(roles)]
     for prev, s in zip([None, *samples], samples, strict=False):
         rate = "" if prev is None else f"{(s['taken'] - prev['taken']) / max(s['t'] - prev['t'], 1e-9):.0f}"
         lines.append(f"| {s['t']:.0f} | {s['taken']} | {rate} | "
@@ -126,16 +128,21 @@ def _report(a: argparse.Namespace, samples: list[dict], out: Path) -> None:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.soak")
-    parser.add_argument("bootstrap", nargs="?")
-    parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--rate", type=float, default=400.0)
-    parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--step", type=int, default=64)
-    parser.add_argument("--every", type=float, default=60.0)
-    parser.add_argument("--producer", choices=("raw", "rollstream"), default="raw")
-    parser.add_argument("--out", type=Path, default=Path("soak-out"))
-    parser.add_argument("--python", default=sys.executable)
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.soak", description=__doc__.split("\n\n")[0])
+    parser.add_argument("bootstrap", nargs="?", help="a broker to use (default: ROLLSTREAM_BOOTSTRAP_SERVERS, else "
+                        "a local broker started and stopped here)")
+    parser.add_argument("--minutes", type=float, default=30.0, help="how long the trainer takes (default: 30)")
+    parser.add_argument("--rate", type=float, default=400.0, help="groups/s the raw feed publishes (default: 400)")
+    parser.add_argument("--partitions", type=int, default=3, help="partitions of the namespace (default: 3)")
+    parser.add_argument("--step", type=int, default=64, help="groups per trainer step (default: 64)")
+    parser.add_argument("--every", type=float, default=60.0, help="seconds between RSS samples (default: 60)")
+    parser.add_argument("--producer", choices=("raw", "rollstream"), default="raw",
+                        help="what feeds the trainer: groups published from here at --rate, or a rollstream "
+                        "produce process as fast as its backpressure lets it (its RSS sampled too)")
+    parser.add_argument("--dedupe-window", metavar="OFFSETS,SECONDS",
+                        help="the trainer's dedupe window (rollstream take --dedupe-window; default: its own)")
+    parser.add_argument("--out", type=Path, default=Path("soak-out"), help="where soak.md and soak.json go")
+    parser.add_argument("--python", default=sys.executable, help="the interpreter running the trainer and producer")
     a = parser.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     if a.bootstrap:
@@ -161,8 +168,9 @@ def soak(a: argparse.Namespace) -> None:
         feeder.start()
     else:
         producer = _start_producer(a, names, a.out)
+    window = ["--dedupe-window", a.dedupe_window] if a.dedupe_window else []
     trainer = _rollstream(a.python, "take", "-n", str(a.step), "--steps", "0", "--group", GROUP, "--namespace",
-                          names.namespace, "--bootstrap-servers", a.bootstrap, stdout=subprocess.DEVNULL,
+                          names.namespace, "--bootstrap-servers", a.bootstrap, *window, stdout=subprocess.DEVNULL,
                           stderr=(a.out / "trainer.log").open("w"))
     samples: list[dict] = []
     started = time.monotonic()
