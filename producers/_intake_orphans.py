@@ -11,14 +11,16 @@ partitions assigned to no member, and their prompts wait for the next change of 
 reproduced with two bare librdkafka consumers). A member that leaves and joins again (unsubscribe, subscribe)
 starts a rebalance whose assignment covers every partition.
 
-`OrphanWatch.check` looks only while its producer is starved (it wanted prompts and got none for the stall
-time, `rollstream.producers._intake_stall`), at most every `grace_s / 2`: it asks the coordinator for the
-group's members and their assignments (in a child process, `rollstream.infra.group_members`). Partitions
-assigned to nobody while the group is stable, the same ones for `grace_s` (longer than a first round's drain
-plus a session), are orphaned. Then the member owning the fewest of the topic's partitions (the one a second
+`OrphanWatch.check` looks only while its producer is starved (it wanted prompts and got none for the stall time,
+`rollstream.producers._intake_stall`), at most every `grace_s / 2`, and only at partitions that hold prompts: first
+the partitions this member does not own whose end is past the group's committed offset (its own client's reads, as
+the stall probe makes them); only if there are some, the coordinator's description of the group's members and their
+assignments (in a child process, `rollstream.infra.group_members`), so an idle fleet starts no process. Such
+partitions assigned to nobody while the group is stable, the same ones for `grace_s` (longer than a first round's
+drain plus a session), are orphaned. Then the member owning the fewest of the topic's partitions (the one a second
 round would have served; on a tie, the lowest member id) rejoins; any starved member does once they have been
-orphaned for twice as long, in case that one is not starved and so not looking. The consumer protocol (KIP-848)
-has no such gap: its coordinator assigns every partition itself, and the watch is not used there.
+orphaned for twice as long, in case that one is not starved and so not looking. The consumer protocol (KIP-848) has
+no such gap: its coordinator assigns every partition itself, and the watch is not used there.
 
 Belongs to the intake thread; `check` blocks up to the description's timeout (plus a child's start).
 """
@@ -28,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from rollstream.infra import KafkaConfig, KafkaIOError
 from rollstream.infra.group_members import GroupDescription, describe_group
 
@@ -76,18 +78,30 @@ class OrphanWatch:
         self._orphans, self._orphaned_since = frozenset(), 0.0
 
     def _orphaned(self, consumer: Consumer) -> tuple[frozenset[int], GroupDescription | None]:
-        """The topic's partitions that no member of the stable group is assigned, with the description; nothing
-        when the group is not stable (a rebalance is under way) or cannot be read now."""
+        """The topic's partitions holding prompts that no member of the stable group is assigned, with the
+        description; nothing when none holds prompts elsewhere, the group is not stable (a rebalance is under
+        way), or the reads fail now."""
         try:
-            partitions = consumer.list_topics(self._topic, timeout=_DESCRIBE_S).topics[self._topic].partitions
-            group = describe_group(self._config, self._group_id, _DESCRIBE_S)
+            waiting = self._waiting_elsewhere(consumer)
+            group = describe_group(self._config, self._group_id, _DESCRIBE_S) if waiting else None
         except (KafkaException, KafkaIOError, KeyError) as exc:
             log.debug("cannot look for orphaned partitions of %s in group %s: %s", self._topic, self._group_id, exc)
             return frozenset(), None
-        if group.state != "STABLE":
+        if group is None or group.state != "STABLE":
             return frozenset(), None
         assigned = {p for m in group.members for t, p in m.assignment if t == self._topic}
-        return frozenset(set(partitions or {}) - assigned), group
+        return frozenset(waiting - assigned), group
+
+    def _waiting_elsewhere(self, consumer: Consumer) -> set[int]:
+        """Partitions this member does not own that end past the group's committed offset (prompts wait there)."""
+        partitions = consumer.list_topics(self._topic, timeout=_DESCRIBE_S).topics[self._topic].partitions or {}
+        owned = {tp.partition for tp in consumer.assignment()}
+        others = [TopicPartition(self._topic, p) for p in sorted(set(partitions) - owned)]
+        if not others:
+            return set()
+        committed = consumer.committed(others, timeout=_DESCRIBE_S)
+        return {tp.partition for tp in committed
+                if consumer.get_watermark_offsets(tp, timeout=_DESCRIBE_S, cached=False)[1] > max(tp.offset, 0)}
 
     def _asks_first(self, consumer: Consumer, group: GroupDescription) -> bool:
         """Whether this member owns the fewest of the topic's partitions (on a tie, has the lowest member id)."""
