@@ -7,8 +7,9 @@ membership: it gets its prompt partitions back and continues what it finds check
 in namespaces of their own: in-flight checkpoints off (``--checkpoint-interval 0``), then on (``--interval``).
 
 Measured per run: the tokens the server generated (its ``vllm:generation_tokens_total``) against the tokens of the
-groups published (each group id once) and of the groups published twice (a group published and not yet
-committed at a kill, or whose partition a stalled session lost, is generated again whole, checkpoints or not):
+groups published (each group id once) and what the groups published twice cost again (a group published and not
+yet committed at a kill, or whose partition a stalled session lost, is generated again: whole, or from the
+checkpoints its first producer left when it was killed between publishing and deleting them; `_generated_twice`):
 what is left is the generation of unpublished samples lost (done again) to the kills, turned into sample-seconds
 with the run's own per-sample rate (tokens per sample over the group's generation time, median).
 
@@ -46,6 +47,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 from rollstream.infra import KafkaConfig, TopicNames, TopicPlan, create_topics
 from rollstream.infra.broker import BrokerSpec, free_port
 from rollstream.schemas import ScoredGroup
@@ -153,9 +155,7 @@ def run(args: argparse.Namespace, server: Server, config: KafkaConfig, interval:
     groups = _first_of_each(records)
     generated = int(server.generated_tokens() - generated_before)
     needed = sum(len(s.tokens) for g in groups.values() for s in g.samples)
-    # a group published and not yet committed at a kill (or whose partition a stalled session lost) is generated
-    # again whole, checkpoints or not: counted apart, as the trainer skips it
-    twice = sum(len(s.tokens) for g in records for s in g.samples) - needed
+    twice = _generated_twice(records, groups)  # counted apart: the trainer skips those groups
     if sorted(g.prompt_id for g in groups.values()) != sorted(prompts):
         failures.append(f"prompts without a group: {sorted(set(prompts) - {g.prompt_id for g in groups.values()})}")
     failures += [f"group {g.group_id} failed: {g.error}" for g in groups.values() if g.status != "ok"]
@@ -199,6 +199,23 @@ def _owned(log: Path) -> set[int]:
             partitions = {int(p) for p in line.split("partitions [", 1)[1].split("]", 1)[0].split(",") if p.strip()}
             owned = owned | partitions if "INFO assigned" in line else owned - partitions
     return owned
+
+
+def _generated_twice(records: list[ScoredGroup], first: dict[str, ScoredGroup]) -> int:
+    """Tokens generated for the groups published twice, beyond their first record: a later record's sample shares
+    the first one's tokens up to the furthest of its resume points within their common prefix (resumed from a
+    checkpoint of the first record's producer, killed after publishing it); from there it was generated again."""
+    again = 0
+    for group in records:
+        original = first[group.group_id]
+        if group is original:
+            continue
+        for sample, before in zip(group.samples, original.samples, strict=True):
+            n = min(len(sample.tokens), len(before.tokens))
+            differ = np.flatnonzero(np.asarray(sample.tokens[:n]) != np.asarray(before.tokens[:n]))
+            common = int(differ[0]) if differ.size else n
+            again += len(sample.tokens) - max((p for p in sample.resume_points if p <= common), default=0)
+    return again
 
 
 def _first_of_each(groups: list[ScoredGroup]) -> dict[str, ScoredGroup]:
