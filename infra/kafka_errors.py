@@ -21,6 +21,9 @@ UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaErro
 # A partition without a leader for a moment (librdkafka says "unknown partition" until metadata has one).
 NO_LEADER = frozenset({"_UNKNOWN_PARTITION", "LEADER_NOT_AVAILABLE", "NOT_LEADER_FOR_PARTITION"})
 NO_TOPIC = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC})
+# A consumer group's coordinator moving (its __consumer_offsets partition led by another node, loading there): the
+# broker asked is not, or not yet, the coordinator; librdkafka looks it up again, and the next request finds it.
+NO_COORDINATOR = frozenset({"NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS"})
 # What to do about the errors a user can fix, by librdkafka error name.
 HINTS = {
     "MSG_SIZE_TOO_LARGE": "the record exceeds max.message.bytes: raise it (rollstream topics create "
@@ -28,6 +31,8 @@ HINTS = {
     "_MSG_TIMED_OUT": "the broker did not acknowledge in time: is the cluster healthy (rollstream broker status)?",
     "UNKNOWN_TOPIC_OR_PART": "run 'rollstream topics create' first",
     "_UNKNOWN_TOPIC": "run 'rollstream topics create' first",
+    **dict.fromkeys(NO_COORDINATOR, "the group's coordinator is moving (a broker node restarting, stalled or just "
+                                    "started): retrying may help; is the cluster healthy (rollstream broker status)?"),
     "TOPIC_AUTHORIZATION_FAILED": "not authorized: grant this principal access to the topic (rollstream acls --apply)",
     "GROUP_AUTHORIZATION_FAILED": "not authorized: grant this principal access to its consumer group "
                                   "(rollstream acls --apply)",
@@ -104,7 +109,7 @@ def kafka_error(what: str, error: KafkaException | KafkaError, *, topic: str | N
         text, code, fatal, retriable = str(error), None, False, True
     else:
         text, code, fatal = err.str(), err.name(), err.fatal()
-        retriable = not fatal and (err.retriable() or err.code() in UNREACHABLE)
+        retriable = not fatal and (err.retriable() or err.code() in UNREACHABLE or code in NO_COORDINATOR)
     if fatal:
         hint = "the client cannot recover: close it and start again"
     elif code in HINTS:

@@ -30,6 +30,7 @@ from rollstream.infra.config import KafkaConfig
 from rollstream.infra.deadline import Deadline
 from rollstream.infra.kafka_errors import (
     HINTS,
+    NO_COORDINATOR,
     NO_LEADER,
     NO_TOPIC,
     NOT_AUTHORIZED,
@@ -249,13 +250,21 @@ def committed_offsets(consumer: Consumer, topic: str, partitions: Sequence[int],
 def committed_with_metadata(consumer: Consumer, topic: str, partitions: Sequence[int], *, timeout: float | Deadline
                             ) -> dict[int, tuple[int | None, str | None]]:
     """`committed_offsets`, each with the metadata string committed with it (None: none). Blocks and
-    raises as `committed_offsets` does."""
+    raises as `committed_offsets` does; while the group's coordinator moves (a broker node restarting or
+    stalled: ``NOT_COORDINATOR``, ``COORDINATOR_LOAD_IN_PROGRESS``) it asks again within `timeout`."""
+    deadline, backoff = Deadline.of(timeout), _FIRST_BACKOFF_S
     what = f"cannot read committed offsets on {topic}"
-    wait_s = time_left(Deadline.of(timeout), what, topic=topic)
-    try:
-        tps = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=wait_s)
-    except KafkaException as exc:
-        raise kafka_error(f"cannot read committed offsets on {topic}", exc, topic=topic) from exc
+    while True:
+        try:
+            tps = consumer.committed([TopicPartition(topic, p) for p in partitions],
+                                     timeout=time_left(deadline, what, topic=topic))
+            break
+        except KafkaException as exc:
+            error = kafka_error(what, exc, topic=topic)
+            if error.code not in NO_COORDINATOR or deadline.remaining() <= backoff:
+                raise error from exc
+        time.sleep(backoff)
+        backoff = min(2 * backoff, _MAX_BACKOFF_S)
     for tp in tps:
         if tp.error is not None:
             raise kafka_error(f"cannot read the committed offset of {topic}[{tp.partition}]", tp.error, topic=topic,

@@ -35,6 +35,9 @@ def test_one_retriable_rule_and_the_place_in_the_message() -> None:
     # a node that left the cluster while a request waited on it (librdkafka >= 2.10; seen in `make chaos NODES=3`)
     decommissioned = kafka_error("cannot read the offsets", KafkaException(KafkaError(KafkaError._DESTROY_BROKER)))
     assert decommissioned.retriable and decommissioned.code == "_DESTROY_BROKER"
+    # a group's coordinator moving while a node stalled (a trainer's start died of it in `make chaos NODES=3`)
+    moving = kafka_error("cannot read committed offsets", KafkaException(KafkaError(KafkaError.NOT_COORDINATOR)))
+    assert moving.retriable and moving.code == "NOT_COORDINATOR" and "coordinator is moving" in str(moving)
 
 
 def test_missing_topic_names_the_command() -> None:
