@@ -30,9 +30,11 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer
 from rollstream.infra import KafkaConfig, KafkaIOError
+from rollstream.infra.deadline import Deadline
 from rollstream.infra.group_members import GroupDescription, describe_group
+from rollstream.infra.kafka_io import committed_offsets, partitions_of, watermarks
 
 log = logging.getLogger(__name__)
 _DESCRIBE_S = 5.0
@@ -84,7 +86,7 @@ class OrphanWatch:
         try:
             waiting = self._waiting_elsewhere(consumer)
             group = describe_group(self._config, self._group_id, _DESCRIBE_S) if waiting else None
-        except (KafkaException, KafkaIOError, KeyError) as exc:
+        except KafkaIOError as exc:
             log.debug("cannot look for orphaned partitions of %s in group %s: %s", self._topic, self._group_id, exc)
             return frozenset(), None
         if group is None or group.state != "STABLE":
@@ -94,14 +96,12 @@ class OrphanWatch:
 
     def _waiting_elsewhere(self, consumer: Consumer) -> set[int]:
         """Partitions this member does not own that end past the group's committed offset (prompts wait there)."""
-        partitions = consumer.list_topics(self._topic, timeout=_DESCRIBE_S).topics[self._topic].partitions or {}
+        deadline = Deadline.after(_DESCRIBE_S)
         owned = {tp.partition for tp in consumer.assignment()}
-        others = [TopicPartition(self._topic, p) for p in sorted(set(partitions) - owned)]
-        if not others:
-            return set()
-        committed = consumer.committed(others, timeout=_DESCRIBE_S)
-        return {tp.partition for tp in committed
-                if consumer.get_watermark_offsets(tp, timeout=_DESCRIBE_S, cached=False)[1] > max(tp.offset, 0)}
+        others = [p for p in partitions_of(consumer, self._topic, timeout=deadline) if p not in owned]
+        committed = committed_offsets(consumer, self._topic, others, timeout=deadline) if others else {}
+        return {p for p, offset in committed.items()
+                if watermarks(consumer, self._topic, p, timeout=deadline)[1] > (offset or 0)}
 
     def _asks_first(self, consumer: Consumer, group: GroupDescription) -> bool:
         """Whether this member owns the fewest of the topic's partitions (on a tie, has the lowest member id)."""
